@@ -1,0 +1,160 @@
+//! Benchmark of the MNIST set-up, printed as a Markdown table next to the original's
+//! numbers measured on this 2-core machine.
+//!
+//! Each row is a separate `mnist` process, so start-up time and peak memory are the
+//! process's own. Build both binaries first:
+//!
+//! ```text
+//! cargo build --release -p examples
+//! target/release/bench --data-dir ../shared/data/mnist
+//! ```
+
+use clap::Parser;
+use gym_core::RunSummary;
+use std::path::PathBuf;
+use std::process::{Command, ExitCode};
+
+/// Time the MNIST set-up (4 nodes, MLP, 200 steps, batch 64, lr 3e-4, H = 20, p = 0.005)
+/// per strategy.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Cli {
+    /// Folder holding the MNIST IDX files.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Strategies to time, comma-separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "allreduce,diloco,sparta,fedavg,sparta-diloco"
+    )]
+    strategies: Vec<String>,
+    /// Folder for the runs' logs.
+    #[arg(long, default_value = "logs/bench")]
+    log_dir: PathBuf,
+    /// Steps per run.
+    #[arg(long, default_value_t = 200)]
+    max_steps: usize,
+}
+
+/// The original Python implementation measured on this machine with the same set-up:
+/// strategy, loop it/s, wall s, start-up s, memory MiB, accuracy (None: not measured).
+const ORIGINAL: &[(&str, f64, Option<(f64, f64, f64)>, f64)] = &[
+    ("allreduce", 20.9, Some((26.0, 17.0, 2.8 * 1024.0)), 0.918),
+    ("diloco", 64.0, None, 0.907),
+    ("sparta", 23.5, None, 0.911),
+    ("fedavg", 70.0, None, 0.911),
+];
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let exe = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(|d| d.join("mnist")))
+        .filter(|p| p.is_file());
+    let Some(mnist) = exe else {
+        eprintln!(
+            "error: the `mnist` binary is not next to `bench`; run `cargo build --release -p examples` first"
+        );
+        return ExitCode::FAILURE;
+    };
+    let mut rows = Vec::new();
+    for strategy in &cli.strategies {
+        let run_name = format!("bench-{strategy}");
+        let mut cmd = Command::new(&mnist);
+        cmd.args([
+            "--strategy",
+            strategy,
+            "--num-nodes",
+            "4",
+            "--model",
+            "mlp",
+            "--batch-size",
+            "64",
+        ])
+        .args([
+            "--lr",
+            "3e-4",
+            "--max-steps",
+            &cli.max_steps.to_string(),
+            "--no-progress",
+        ])
+        .args(["--inner-steps", "20", "--p-sparta", "0.005"])
+        .args(["--run-name", &run_name, "--log-dir"])
+        .arg(&cli.log_dir);
+        if let Some(dir) = &cli.data_dir {
+            cmd.arg("--data-dir").arg(dir);
+        }
+        eprintln!("running {strategy} …");
+        match cmd.output() {
+            Ok(out) if out.status.success() => {}
+            Ok(out) => {
+                eprintln!(
+                    "error: {strategy} failed:\n{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                return ExitCode::FAILURE;
+            }
+            Err(e) => {
+                eprintln!("error: cannot run {}: {e}", mnist.display());
+                return ExitCode::FAILURE;
+            }
+        }
+        let path = cli.log_dir.join(&run_name).join("summary.json");
+        let summary: RunSummary = match std::fs::read_to_string(&path)
+            .map_err(|e| e.to_string())
+            .and_then(|s| serde_json::from_str(&s).map_err(|e| e.to_string()))
+        {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("error: cannot read {}: {e}", path.display());
+                return ExitCode::FAILURE;
+            }
+        };
+        rows.push(summary);
+    }
+    print_table(&rows);
+    ExitCode::SUCCESS
+}
+
+fn print_table(rows: &[RunSummary]) {
+    println!(
+        "| run | loop it/s | wall (s) | start-up (s) | peak RSS (MiB) | val acc | sent/node (MiB) | vs AllReduce bytes | it/s vs original |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for (name, its, timing, acc) in ORIGINAL {
+        let (wall, startup, rss) = timing
+            .map_or(("-".into(), "-".into(), "-".into()), |(w, s, r)| {
+                (format!("{w:.1}"), format!("{s:.1}"), format!("{r:.0}"))
+            });
+        println!(
+            "| original (Python) {name} | {its:.1} | {wall} | {startup} | {rss} | {:.1}% | - | - | 1.0× |",
+            acc * 100.0
+        );
+    }
+    let allreduce_bytes = rows
+        .iter()
+        .find(|s| s.strategy == "allreduce")
+        .map(|s| s.bytes_sent_per_node);
+    for s in rows {
+        let original = ORIGINAL.iter().find(|o| o.0 == s.strategy).map(|o| o.1);
+        println!(
+            "| {} ({}) | {:.1} | {:.2} | {:.2} | {} | {} | {:.2} | {} | {} |",
+            s.strategy,
+            s.backend,
+            s.loop_its_per_s,
+            s.wall_time_s,
+            s.startup_s,
+            s.peak_rss_bytes
+                .map_or("-".into(), |b| format!("{:.0}", b as f64 / 1048576.0)),
+            s.val_accuracy
+                .map_or("-".into(), |a| format!("{:.1}%", a * 100.0)),
+            s.bytes_sent_per_node / 1048576.0,
+            allreduce_bytes.map_or("-".into(), |a| format!(
+                "1/{:.0}",
+                a / s.bytes_sent_per_node.max(1.0)
+            )),
+            original.map_or("-".into(), |o| format!("{:.1}×", s.loop_its_per_s / o)),
+        );
+    }
+}

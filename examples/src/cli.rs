@@ -1,0 +1,247 @@
+//! The flag vocabulary every example binary shares (kebab-case, as clap users expect), so
+//! scripts can drive any of them the same way.
+
+use clap::{Args, ValueEnum};
+use gym_core::{
+    AdamSpec, AdamWSpec, InnerOptimizerConfig, LrScheduleConfig, OptimizerSpec, SgdSpec,
+    TrainerConfig,
+};
+use gym_strategies::{
+    AllReduceConfig, AveragingCommunicatorConfig, DiLoCoCommunicatorConfig, DiLoCoConfig,
+    FedAvgConfig, IndexSelectorKind, SparseCommunicatorConfig, SpartaConfig, SpartaDiLoCoConfig,
+};
+use std::path::PathBuf;
+
+/// The strategies the examples can run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StrategyName {
+    /// Gradients averaged every step (PyTorch DDP).
+    Allreduce,
+    /// H local steps, then an outer Nesterov step on the averaged replicas.
+    Diloco,
+    /// Replicas averaged every H steps, optionally within random islands.
+    Fedavg,
+    /// A fraction p of the parameters averaged every step.
+    Sparta,
+    /// SPARTA every --sparta-interval steps plus DiLoCo every H steps.
+    SpartaDiloco,
+}
+
+/// SPARTA's index selectors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SelectorName {
+    /// Each element with probability p.
+    Random,
+    /// Chunks of one fixed permutation, in turn.
+    ShuffledSequential,
+    /// Parts of a balanced random partition, in turn.
+    Partitioned,
+}
+
+/// The inner optimizers the examples can run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OptimizerName {
+    /// AdamW.
+    Adamw,
+    /// Adam.
+    Adam,
+    /// SGD.
+    Sgd,
+}
+
+/// Flags shared by every example.
+#[derive(Debug, Clone, Args)]
+pub struct CommonArgs {
+    /// Distributed training strategy.
+    #[arg(long, value_enum, default_value = "allreduce")]
+    pub strategy: StrategyName,
+    /// Number of simulated nodes (K).
+    #[arg(long, default_value_t = 4)]
+    pub num_nodes: usize,
+    /// Optimizer steps; overrides --epochs.
+    #[arg(long)]
+    pub max_steps: Option<usize>,
+    /// Epochs over each node's shard when --max-steps is not given.
+    #[arg(long, default_value_t = 1)]
+    pub epochs: usize,
+    /// Examples per node per step.
+    #[arg(long, default_value_t = 64)]
+    pub batch_size: usize,
+    /// Examples per forward pass (gradient accumulation); default: the whole batch.
+    #[arg(long)]
+    pub minibatch_size: Option<usize>,
+    /// Inner optimizer.
+    #[arg(long, value_enum, default_value = "adamw")]
+    pub optimizer: OptimizerName,
+    /// Learning rate of the inner optimizer.
+    #[arg(long, default_value_t = 3e-4)]
+    pub lr: f64,
+    /// Weight decay of the inner optimizer (default: the optimizer's own, 0.01 for AdamW).
+    #[arg(long)]
+    pub weight_decay: Option<f32>,
+    /// Linear warmup steps.
+    #[arg(long, default_value_t = 0)]
+    pub warmup_steps: usize,
+    /// Cosine decay to 10% of the lr after the warmup.
+    #[arg(long)]
+    pub cosine: bool,
+    /// Clip gradients to this global L2 norm.
+    #[arg(long)]
+    pub max_norm: Option<f64>,
+    /// Folder holding the dataset files (default: $GYM_DATA_DIR/<dataset> or a user cache,
+    /// downloaded if missing).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Seed of everything random.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Name of the run's log folder (default: <strategy>-n<K>-<UTC time>).
+    #[arg(long)]
+    pub run_name: Option<String>,
+    /// Folder for run logs.
+    #[arg(long, default_value = "logs")]
+    pub log_dir: PathBuf,
+    /// Validation examples per intermediate evaluation (0: none; the final one uses all).
+    #[arg(long, default_value_t = 512)]
+    pub val_size: usize,
+    /// Steps between evaluations.
+    #[arg(long, default_value_t = 50)]
+    pub val_interval: usize,
+    /// Hide the progress bar.
+    #[arg(long)]
+    pub no_progress: bool,
+    /// Inner steps between synchronisations (DiLoCo default 100, FedAvg default 1).
+    #[arg(short = 'H', long)]
+    pub inner_steps: Option<usize>,
+    /// DiLoCo's outer learning rate.
+    #[arg(long, default_value_t = 0.7)]
+    pub outer_lr: f64,
+    /// DiLoCo's outer Nesterov momentum.
+    #[arg(long, default_value_t = 0.9)]
+    pub outer_momentum: f64,
+    /// FedAvg: average within random islands of this many nodes (default: all nodes).
+    #[arg(long)]
+    pub island_size: Option<usize>,
+    /// SPARTA: fraction of the parameters averaged per synchronisation.
+    #[arg(long, default_value_t = 0.005)]
+    pub p_sparta: f64,
+    /// SPARTA: synchronise every this many steps.
+    #[arg(long, default_value_t = 1)]
+    pub sparta_interval: usize,
+    /// SPARTA: how the averaged elements are chosen.
+    #[arg(long, value_enum, default_value = "random")]
+    pub sparta_selector: SelectorName,
+}
+
+impl CommonArgs {
+    /// The trainer configuration these flags describe.
+    pub fn trainer_config(&self) -> TrainerConfig {
+        TrainerConfig::new(self.num_nodes)
+            .with_num_epochs(self.epochs)
+            .with_max_steps(self.max_steps)
+            .with_batch_size(self.batch_size)
+            .with_minibatch_size(self.minibatch_size)
+            .with_val_size(self.val_size)
+            .with_val_interval(self.val_interval)
+            .with_seed(self.seed)
+            .with_run_name(self.run_name.clone())
+            .with_log_dir(Some(self.log_dir.to_string_lossy().into_owned()))
+            .with_progress(!self.no_progress)
+    }
+
+    /// The inner optimizer these flags describe.
+    pub fn optimizer(&self) -> OptimizerSpec {
+        let spec = match self.optimizer {
+            OptimizerName::Adamw => OptimizerSpec::AdamW(AdamWSpec::new()),
+            OptimizerName::Adam => OptimizerSpec::Adam(AdamSpec::new()),
+            OptimizerName::Sgd => OptimizerSpec::Sgd(SgdSpec::new()),
+        };
+        let spec = match self.weight_decay {
+            Some(wd) => spec.with_weight_decay(wd),
+            None => spec,
+        };
+        spec.with_lr(self.lr)
+    }
+
+    /// The learning-rate schedule these flags describe.
+    pub fn schedule(&self) -> LrScheduleConfig {
+        LrScheduleConfig::new()
+            .with_warmup_steps(self.warmup_steps)
+            .with_cosine(self.cosine)
+    }
+
+    /// DiLoCo's synchronisation as these flags describe it.
+    fn diloco_communicator(&self) -> DiLoCoCommunicatorConfig {
+        DiLoCoCommunicatorConfig::new()
+            .with_inner_steps(self.inner_steps.unwrap_or(100))
+            .with_outer_optimizer(OptimizerSpec::Sgd(
+                SgdSpec::new()
+                    .with_lr(self.outer_lr)
+                    .with_momentum(self.outer_momentum)
+                    .with_nesterov(self.outer_momentum > 0.0),
+            ))
+    }
+
+    /// SPARTA's sparse averaging as these flags describe it.
+    fn sparse_communicator(&self) -> SparseCommunicatorConfig {
+        SparseCommunicatorConfig::new()
+            .with_p(self.p_sparta)
+            .with_interval(self.sparta_interval)
+            .with_selector(match self.sparta_selector {
+                SelectorName::Random => IndexSelectorKind::Random,
+                SelectorName::ShuffledSequential => IndexSelectorKind::ShuffledSequential,
+                SelectorName::Partitioned => IndexSelectorKind::Partitioned,
+            })
+    }
+
+    /// The DiLoCo strategy these flags describe.
+    pub fn diloco(&self) -> DiLoCoConfig {
+        DiLoCoConfig::new()
+            .with_inner(self.inner())
+            .with_communicator(self.diloco_communicator())
+    }
+
+    /// The FedAvg strategy these flags describe.
+    pub fn fedavg(&self) -> FedAvgConfig {
+        FedAvgConfig::new()
+            .with_inner(self.inner())
+            .with_communicator(
+                AveragingCommunicatorConfig::new()
+                    .with_inner_steps(self.inner_steps.unwrap_or(1))
+                    .with_island_size(self.island_size),
+            )
+    }
+
+    /// The SPARTA strategy these flags describe.
+    pub fn sparta(&self) -> SpartaConfig {
+        SpartaConfig::new()
+            .with_inner(self.inner())
+            .with_communicator(self.sparse_communicator())
+    }
+
+    /// The SPARTA + DiLoCo strategy these flags describe.
+    pub fn sparta_diloco(&self) -> SpartaDiLoCoConfig {
+        SpartaDiLoCoConfig::new()
+            .with_inner(self.inner())
+            .with_sparta(self.sparse_communicator())
+            .with_diloco(self.diloco_communicator())
+    }
+
+    /// The AllReduce strategy these flags describe.
+    pub fn all_reduce(&self) -> AllReduceConfig {
+        AllReduceConfig::new().with_inner(self.inner())
+    }
+
+    /// Each node's own optimizer as these flags describe it.
+    pub fn inner(&self) -> InnerOptimizerConfig {
+        InnerOptimizerConfig::new()
+            .with_optimizer(self.optimizer())
+            .with_schedule(self.schedule())
+            .with_max_norm(self.max_norm)
+    }
+
+    /// Where this run's logs go.
+    pub fn run_dir(&self, run_name: &str) -> PathBuf {
+        self.log_dir.join(run_name)
+    }
+}

@@ -1,0 +1,236 @@
+//! Collective operations between nodes, and what they would cost on a network.
+//!
+//! A [`Collective`] is the only way nodes talk to each other. Every strategy is written
+//! against this trait, exactly as it would run on a real cluster; the in-process
+//! implementation ([`InProcessGroup`]) simulates the cluster inside one process.
+//!
+//! # Cost model
+//!
+//! Each operation records the payload bytes that each node would send and receive on a
+//! real network, with `n` the size in bytes of one node's tensor and `k` the number of
+//! ranks taking part (the world, or a sub-group):
+//!
+//! | operation | sent per node | received per node | algorithm |
+//! |---|---|---|---|
+//! | [`all_reduce`](Collective::all_reduce) | ⌊2(k−1)·n / k⌋ | ⌊2(k−1)·n / k⌋ | ring: reduce-scatter, then all-gather |
+//! | [`broadcast`](Collective::broadcast) | `n`, except the last rank of the chain: 0 | `n`, except the root: 0 | pipelined chain from the root through the group in rank order |
+//! | [`all_gather`](Collective::all_gather) | (k−1)·n | (k−1)·n | ring |
+//! | [`barrier`](Collective::barrier) | 0 | 0 | |
+//!
+//! With `k = 1` nothing is sent. These counters are the project's bytes-communicated metric.
+//! Only payload bytes are counted: no headers, no latency. A tensor's byte size is its
+//! element count times the size of its element type.
+
+mod in_process;
+
+pub use in_process::{InProcessCollective, InProcessGroup};
+
+use crate::error::CollectiveError;
+use burn::tensor::Tensor;
+use serde::{Deserialize, Serialize};
+
+/// How [`Collective::all_reduce`] combines the contributions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ReduceOp {
+    /// Element-wise sum, added in rank order.
+    Sum,
+    /// Element-wise sum in rank order, divided by the number of ranks.
+    Mean,
+}
+
+/// A set of ranks that communicate together: the whole world or a sub-group (an island).
+///
+/// Members are kept sorted; reductions add contributions in this order.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Group {
+    members: Vec<usize>,
+}
+
+impl Group {
+    /// A group of the given ranks. Duplicates and order do not matter.
+    pub fn new(members: impl IntoIterator<Item = usize>) -> Self {
+        let mut members: Vec<usize> = members.into_iter().collect();
+        members.sort_unstable();
+        members.dedup();
+        Group { members }
+    }
+
+    /// All ranks `0..world_size`.
+    pub fn world(world_size: usize) -> Self {
+        Group {
+            members: (0..world_size).collect(),
+        }
+    }
+
+    /// The members in rank order.
+    pub fn members(&self) -> &[usize] {
+        &self.members
+    }
+
+    /// Number of members.
+    pub fn size(&self) -> usize {
+        self.members.len()
+    }
+
+    /// Whether `rank` belongs to the group.
+    pub fn contains(&self, rank: usize) -> bool {
+        self.members.binary_search(&rank).is_ok()
+    }
+
+    /// Checks that the group is usable by `rank` in a world of `world_size`.
+    pub fn validate(&self, rank: usize, world_size: usize) -> Result<(), CollectiveError> {
+        let why = if self.members.is_empty() {
+            Some("the group is empty")
+        } else if self.members.iter().any(|&m| m >= world_size) {
+            Some("a member is not a rank of the world")
+        } else if !self.contains(rank) {
+            Some("the calling rank is not a member")
+        } else {
+            None
+        };
+        match why {
+            None => Ok(()),
+            Some(why) => Err(CollectiveError::InvalidGroup {
+                members: self.members.clone(),
+                rank,
+                world_size,
+                why,
+            }),
+        }
+    }
+}
+
+/// Bytes a node sent and received, and how many calls it made, per kind of operation.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommStats {
+    /// Payload bytes sent, under the cost model of this module.
+    pub bytes_sent: u64,
+    /// Payload bytes received.
+    pub bytes_received: u64,
+    /// Number of all-reduce calls.
+    pub all_reduce_calls: u64,
+    /// Number of broadcast calls.
+    pub broadcast_calls: u64,
+    /// Number of all-gather calls.
+    pub all_gather_calls: u64,
+    /// Number of barrier calls.
+    pub barrier_calls: u64,
+}
+
+impl CommStats {
+    /// Adds another record to this one.
+    pub fn merge(&mut self, other: &CommStats) {
+        self.bytes_sent += other.bytes_sent;
+        self.bytes_received += other.bytes_received;
+        self.all_reduce_calls += other.all_reduce_calls;
+        self.broadcast_calls += other.broadcast_calls;
+        self.all_gather_calls += other.all_gather_calls;
+        self.barrier_calls += other.barrier_calls;
+    }
+}
+
+/// The kind of a collective call, as recorded and cross-checked between ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CollectiveOp {
+    /// [`Collective::all_reduce`] with its reduction.
+    AllReduce(ReduceOp),
+    /// [`Collective::broadcast`] from a root rank.
+    Broadcast {
+        /// The rank whose tensor is sent.
+        root: usize,
+    },
+    /// [`Collective::all_gather`].
+    AllGather,
+    /// [`Collective::barrier`].
+    Barrier,
+}
+
+/// Bytes `(sent, received)` that `rank` moves for one call of `op` in `group`, where
+/// `payload` is the byte size of one rank's tensor. This is the cost model of the module.
+pub fn cost(op: CollectiveOp, group: &Group, rank: usize, payload: u64) -> (u64, u64) {
+    let k = group.size() as u64;
+    if k <= 1 {
+        return (0, 0);
+    }
+    match op {
+        CollectiveOp::AllReduce(_) => {
+            let b = (2 * (k - 1) as u128 * payload as u128 / k as u128) as u64;
+            (b, b)
+        }
+        CollectiveOp::Broadcast { root } => {
+            let members = group.members();
+            let root_pos = members.iter().position(|&m| m == root).unwrap_or(0);
+            let pos = members.iter().position(|&m| m == rank).unwrap_or(0);
+            // Position along the chain root → root+1 → … (wrapping in member order).
+            let hop = (pos + members.len() - root_pos) % members.len();
+            let sent = if hop + 1 < members.len() { payload } else { 0 };
+            let received = if hop == 0 { 0 } else { payload };
+            (sent, received)
+        }
+        CollectiveOp::AllGather => ((k - 1) * payload, (k - 1) * payload),
+        CollectiveOp::Barrier => (0, 0),
+    }
+}
+
+/// Communication between the nodes of one run, as seen by one rank.
+///
+/// Every rank of a group must make the same sequence of calls on that group, with tensors
+/// of equal size; a rank that calls something else gets [`CollectiveError::Mismatch`].
+/// Tensors are exchanged as values: autodiff is dropped. Results land on the device of
+/// the caller's input tensor.
+///
+/// The `*_in` methods take a [`Group`]; the plain ones use the whole world.
+pub trait Collective: Send + Sync {
+    /// This node's rank, in `0..world_size()`.
+    fn rank(&self) -> usize;
+
+    /// The number of nodes in the run.
+    fn world_size(&self) -> usize;
+
+    /// Reduces `tensor` over the members of `group`; every member gets the result.
+    fn all_reduce_in(
+        &self,
+        group: &Group,
+        tensor: Tensor<1>,
+        op: ReduceOp,
+    ) -> Result<Tensor<1>, CollectiveError>;
+
+    /// Every member of `group` gets `root`'s tensor. Non-root ranks pass a tensor of the
+    /// same size (its values are ignored), as with `torch.distributed.broadcast`.
+    fn broadcast_in(
+        &self,
+        group: &Group,
+        tensor: Tensor<1>,
+        root: usize,
+    ) -> Result<Tensor<1>, CollectiveError>;
+
+    /// Every member of `group` gets every member's tensor, in member order.
+    fn all_gather_in(
+        &self,
+        group: &Group,
+        tensor: Tensor<1>,
+    ) -> Result<Vec<Tensor<1>>, CollectiveError>;
+
+    /// Returns once every member of `group` has called it.
+    fn barrier_in(&self, group: &Group) -> Result<(), CollectiveError>;
+
+    /// [`all_reduce_in`](Self::all_reduce_in) over the whole world.
+    fn all_reduce(&self, tensor: Tensor<1>, op: ReduceOp) -> Result<Tensor<1>, CollectiveError> {
+        self.all_reduce_in(&Group::world(self.world_size()), tensor, op)
+    }
+
+    /// [`broadcast_in`](Self::broadcast_in) over the whole world.
+    fn broadcast(&self, tensor: Tensor<1>, root: usize) -> Result<Tensor<1>, CollectiveError> {
+        self.broadcast_in(&Group::world(self.world_size()), tensor, root)
+    }
+
+    /// [`all_gather_in`](Self::all_gather_in) over the whole world.
+    fn all_gather(&self, tensor: Tensor<1>) -> Result<Vec<Tensor<1>>, CollectiveError> {
+        self.all_gather_in(&Group::world(self.world_size()), tensor)
+    }
+
+    /// [`barrier_in`](Self::barrier_in) over the whole world.
+    fn barrier(&self) -> Result<(), CollectiveError> {
+        self.barrier_in(&Group::world(self.world_size()))
+    }
+}

@@ -1,0 +1,115 @@
+//! One error type for the simulator.
+
+use std::path::PathBuf;
+
+/// Why a collective operation could not complete.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CollectiveError {
+    /// Another node failed; every pending and later collective returns this.
+    #[error("collective aborted because rank {rank} failed: {reason}")]
+    Aborted {
+        /// The rank that failed first.
+        rank: usize,
+        /// What that rank reported.
+        reason: String,
+    },
+    /// A member of the group finished its run while others still waited for it.
+    #[error("rank {rank} left the run while rank {waiting} waited for it in a collective")]
+    MemberLeft {
+        /// The rank that left.
+        rank: usize,
+        /// The rank that was waiting.
+        waiting: usize,
+    },
+    /// The members of one collective call disagree on the operation or the payload size.
+    #[error(
+        "ranks disagree on a collective call: rank {rank} called {got}, others called {expected}"
+    )]
+    Mismatch {
+        /// The rank whose call differs.
+        rank: usize,
+        /// What the others called.
+        expected: String,
+        /// What this rank called.
+        got: String,
+    },
+    /// A group was malformed (empty, duplicate or out-of-range ranks, caller not a member).
+    #[error("invalid group {members:?} for rank {rank} in a world of {world_size}: {why}")]
+    InvalidGroup {
+        /// The requested members.
+        members: Vec<usize>,
+        /// The calling rank.
+        rank: usize,
+        /// The world size.
+        world_size: usize,
+        /// What is wrong with it.
+        why: &'static str,
+    },
+}
+
+/// Every error the simulator can return.
+#[derive(Debug, thiserror::Error)]
+pub enum GymError {
+    /// The trainer configuration cannot run.
+    #[error("invalid configuration: {0}")]
+    InvalidConfig(String),
+    /// A dataset is unusable (empty, too small for the configuration, or failed to load an item).
+    #[error("data error: {0}")]
+    Data(String),
+    /// A node failed at a given step; `source` says how.
+    #[error("node {rank} failed at step {step}: {source}")]
+    NodeFailed {
+        /// The failing rank.
+        rank: usize,
+        /// The step (0-based) at which it failed.
+        step: usize,
+        /// What went wrong.
+        #[source]
+        source: Box<GymError>,
+    },
+    /// A node's code panicked.
+    #[error("panic: {0}")]
+    Panic(String),
+    /// The loss became NaN or infinite.
+    #[error("non-finite loss {loss}")]
+    NonFiniteLoss {
+        /// The offending value.
+        loss: f64,
+    },
+    /// A collective failed.
+    #[error(transparent)]
+    Collective(#[from] CollectiveError),
+    /// A strategy could not be built or stepped.
+    #[error("strategy error: {0}")]
+    Strategy(String),
+    /// Writing logs or reading files failed.
+    #[error("I/O error on {path}: {source}")]
+    Io {
+        /// The file or directory involved.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl GymError {
+    /// Wraps an I/O error with the path it concerns.
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        GymError::Io {
+            path: path.into(),
+            source,
+        }
+    }
+
+    /// The root cause for errors wrapped in [`GymError::NodeFailed`].
+    pub fn root(&self) -> &GymError {
+        match self {
+            GymError::NodeFailed { source, .. } => source.root(),
+            other => other,
+        }
+    }
+}
+
+/// Shorthand for results in this crate.
+pub type Result<T, E = GymError> = std::result::Result<T, E>;

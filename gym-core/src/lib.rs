@@ -1,0 +1,44 @@
+//! # gym-core: the simulator core
+//!
+//! K simulated nodes in one process, each with its own model replica, optimizer state,
+//! random stream and data shard, joined by real collective operations — a Rust
+//! re-creation of EXO Gym on Burn.
+//!
+//! Reading top-down, the data path of a run is:
+//! [`Trainer::fit`] validates the [`TrainerConfig`], builds one replica per node and runs
+//! every node on its own thread; each node's loop evaluates, accumulates gradients over
+//! minibatches into one flat buffer ([`ParamLayout`]), and hands them to its
+//! [`Strategy`], which communicates through a [`Collective`] (where all bytes are
+//! counted) and steps its optimizer; the [`metrics`] recorder turns the nodes' reports into
+//! records, CSV logs and a progress bar.
+//!
+//! Library code never names a backend: it takes a Burn [`Device`](burn::tensor::Device).
+
+#![warn(missing_docs)]
+
+pub mod batch;
+pub mod collective;
+mod data;
+pub mod error;
+pub mod metrics;
+mod model;
+mod node;
+pub mod optim;
+pub mod params;
+pub mod rng;
+mod strategy;
+mod trainer;
+
+pub use batch::ImageBatch;
+pub use collective::{Collective, CommStats, Group, InProcessCollective, InProcessGroup, ReduceOp};
+pub use data::{DistributedSampler, NodeData, SharedDataset, Split};
+pub use error::{CollectiveError, GymError, Result};
+pub use metrics::{RunReport, RunSummary, TrainRecord, ValRecord};
+pub use model::{EvalMetrics, TrainModel};
+pub use optim::{
+    AdamSpec, AdamWSpec, InnerOptimizer, InnerOptimizerConfig, LrScheduleConfig, OptimizerSpec,
+    SgdSpec,
+};
+pub use params::{ParamEntry, ParamLayout};
+pub use strategy::{NodeInfo, StepContext, Strategy, StrategyConfig};
+pub use trainer::{FitOutput, Trainer, TrainerConfig};

@@ -1,0 +1,519 @@
+//! What a run measures: per-step records, CSV logs, the progress bar and the run summary.
+
+use crate::collective::CommStats;
+use crate::error::{GymError, Result};
+use crate::model::EvalMetrics;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Instant;
+
+/// One training step, over all nodes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainRecord {
+    /// The step, from 0.
+    pub step: usize,
+    /// Training examples seen by all nodes after this step.
+    pub examples_seen: u64,
+    /// Mean over nodes of each node's loss (itself the mean over its minibatches).
+    pub train_loss: f64,
+    /// Learning rate used by this step (rank 0's).
+    pub lr: f64,
+    /// Wall time since the previous step completed on every node.
+    pub step_time_s: f64,
+    /// Steps per second since the loop started.
+    pub its_per_s: f64,
+    /// Cumulative payload bytes sent, mean per node.
+    pub bytes_sent: u64,
+    /// Cumulative payload bytes received, mean per node.
+    pub bytes_received: u64,
+}
+
+/// One evaluation: rank 0's own replica (local) and the average of all replicas (global).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ValRecord {
+    /// Steps taken before this evaluation.
+    pub step: usize,
+    /// Training examples seen by all nodes before it.
+    pub examples_seen: u64,
+    /// Loss of rank 0's replica.
+    pub local_loss: f64,
+    /// Loss of the parameter average of all replicas (equal to local with one node).
+    pub global_loss: f64,
+    /// Accuracy of rank 0's replica, for classifiers.
+    pub local_accuracy: Option<f64>,
+    /// Accuracy of the averaged replicas, for classifiers.
+    pub global_accuracy: Option<f64>,
+    /// Validation examples evaluated.
+    pub examples: usize,
+}
+
+/// Everything a run measured. Returned by [`Trainer::fit`](crate::Trainer::fit).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunReport {
+    /// The run's name (its log folder under the log directory).
+    pub run_name: String,
+    /// Where the logs were written, if anywhere.
+    pub log_dir: Option<PathBuf>,
+    /// Number of nodes.
+    pub num_nodes: usize,
+    /// Steps taken.
+    pub steps: usize,
+    /// Per-step records.
+    pub train: Vec<TrainRecord>,
+    /// Evaluations, the last over the whole validation set.
+    pub validation: Vec<ValRecord>,
+    /// Each node's training traffic.
+    pub comm: Vec<CommStats>,
+    /// Seconds spent in `fit` before the first step (replicas, data, logs).
+    pub setup_s: f64,
+    /// Seconds of the training loop, from the start of the nodes to the last step.
+    pub loop_s: f64,
+    /// Seconds of the whole `fit` call.
+    pub wall_s: f64,
+}
+
+impl RunReport {
+    /// Steps per second of the training loop.
+    pub fn loop_its_per_s(&self) -> f64 {
+        self.steps as f64 / self.loop_s.max(1e-9)
+    }
+
+    /// Mean over nodes of the bytes each sent.
+    pub fn bytes_sent_per_node(&self) -> f64 {
+        mean(self.comm.iter().map(|c| c.bytes_sent as f64))
+    }
+
+    /// Mean over nodes of the bytes each received.
+    pub fn bytes_received_per_node(&self) -> f64 {
+        mean(self.comm.iter().map(|c| c.bytes_received as f64))
+    }
+
+    /// The loss of the last step.
+    pub fn final_train_loss(&self) -> Option<f64> {
+        self.train.last().map(|r| r.train_loss)
+    }
+
+    /// The final evaluation (whole validation set).
+    pub fn final_validation(&self) -> Option<&ValRecord> {
+        self.validation.last()
+    }
+}
+
+fn mean(xs: impl Iterator<Item = f64>) -> f64 {
+    let (s, n) = xs.fold((0.0, 0usize), |(s, n), x| (s + x, n + 1));
+    if n == 0 { 0.0 } else { s / n as f64 }
+}
+
+/// The figures every example run writes to `<log-dir>/<run-name>/summary.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunSummary {
+    /// Run name.
+    pub run_name: String,
+    /// Strategy name.
+    pub strategy: String,
+    /// Model name.
+    pub model: String,
+    /// Backend the run used.
+    pub backend: String,
+    /// Number of nodes.
+    pub num_nodes: usize,
+    /// Steps taken.
+    pub steps: usize,
+    /// Loss of the last step (mean over nodes).
+    pub final_train_loss: Option<f64>,
+    /// Loss of the averaged model on the whole validation set.
+    pub final_val_loss: Option<f64>,
+    /// Accuracy of the averaged model on the whole validation set (classifiers).
+    pub val_accuracy: Option<f64>,
+    /// Loss of rank 0's replica on the whole validation set.
+    pub final_local_val_loss: Option<f64>,
+    /// Seconds from process start to the end of the run.
+    pub wall_time_s: f64,
+    /// Seconds from process start to the first training step.
+    pub startup_s: f64,
+    /// Seconds of `fit`.
+    pub fit_time_s: f64,
+    /// Steps per second of the training loop.
+    pub loop_its_per_s: f64,
+    /// Payload bytes each node sent (mean over nodes).
+    pub bytes_sent_per_node: f64,
+    /// Payload bytes each node received (mean over nodes).
+    pub bytes_received_per_node: f64,
+    /// Peak resident memory of the process, where the OS reports it.
+    pub peak_rss_bytes: Option<u64>,
+}
+
+impl RunSummary {
+    /// The summary of `report`, for a process that started at `process_start`.
+    pub fn new(
+        report: &RunReport,
+        strategy: &str,
+        model: &str,
+        backend: &str,
+        process_start: Instant,
+        fit_start: Instant,
+    ) -> Self {
+        let fin = report.final_validation();
+        let to_fit = fit_start.duration_since(process_start).as_secs_f64();
+        RunSummary {
+            run_name: report.run_name.clone(),
+            strategy: strategy.to_string(),
+            model: model.to_string(),
+            backend: backend.to_string(),
+            num_nodes: report.num_nodes,
+            steps: report.steps,
+            final_train_loss: report.final_train_loss(),
+            final_val_loss: fin.map(|v| v.global_loss),
+            val_accuracy: fin.and_then(|v| v.global_accuracy),
+            final_local_val_loss: fin.map(|v| v.local_loss),
+            wall_time_s: process_start.elapsed().as_secs_f64(),
+            startup_s: to_fit + report.setup_s,
+            fit_time_s: report.wall_s,
+            loop_its_per_s: report.loop_its_per_s(),
+            bytes_sent_per_node: report.bytes_sent_per_node(),
+            bytes_received_per_node: report.bytes_received_per_node(),
+            peak_rss_bytes: peak_rss_bytes(),
+        }
+    }
+
+    /// Writes `summary.json` into `dir`.
+    pub fn write(&self, dir: &Path) -> Result<PathBuf> {
+        let path = dir.join("summary.json");
+        std::fs::create_dir_all(dir).map_err(|e| GymError::io(dir, e))?;
+        let json = serde_json::to_string_pretty(self).expect("summary serialises");
+        std::fs::write(&path, json).map_err(|e| GymError::io(&path, e))?;
+        Ok(path)
+    }
+}
+
+/// Peak resident set size of this process (Linux: `VmHWM`), or `None` elsewhere.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// A run name from the strategy, node count and the current UTC time.
+pub fn default_run_name(strategy: &str, num_nodes: usize) -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{strategy}-n{num_nodes}-{y:04}{m:02}{d:02}-{:02}{:02}{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// Which replica an evaluation measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum EvalKind {
+    Local,
+    Global,
+}
+
+/// Collects what the nodes report, in step order, into records, CSV rows and the bar.
+pub(crate) struct Recorder {
+    num_nodes: usize,
+    examples_per_step: u64,
+    start: Instant,
+    bar: ProgressBar,
+    state: Mutex<RecorderState>,
+}
+
+struct RecorderState {
+    pending: BTreeMap<usize, PendingStep>,
+    next_step: usize,
+    last_emit: Instant,
+    last_step_done: Instant,
+    train: Vec<TrainRecord>,
+    pending_val: BTreeMap<usize, (Option<(EvalMetrics, usize)>, Option<(EvalMetrics, usize)>)>,
+    validation: Vec<ValRecord>,
+    logs: Option<CsvLogs>,
+    write_error: Option<GymError>,
+}
+
+struct PendingStep {
+    losses: Vec<Option<f64>>,
+    lr: f64,
+    sent: u64,
+    received: u64,
+}
+
+impl Recorder {
+    pub fn new(
+        num_nodes: usize,
+        examples_per_step: u64,
+        max_steps: usize,
+        progress: bool,
+        logs: Option<CsvLogs>,
+    ) -> Self {
+        let target = if progress {
+            ProgressDrawTarget::stderr()
+        } else {
+            ProgressDrawTarget::hidden()
+        };
+        let bar = ProgressBar::with_draw_target(Some(max_steps as u64), target);
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{bar:30.cyan/blue} {pos}/{len} [{elapsed_precise}<{eta_precise}, {per_sec}] {msg}",
+            )
+            .expect("valid template")
+            .progress_chars("=> "),
+        );
+        let now = Instant::now();
+        Recorder {
+            num_nodes,
+            examples_per_step,
+            start: now,
+            bar,
+            state: Mutex::new(RecorderState {
+                pending: BTreeMap::new(),
+                next_step: 0,
+                last_emit: now,
+                last_step_done: now,
+                train: Vec::new(),
+                pending_val: BTreeMap::new(),
+                validation: Vec::new(),
+                logs,
+                write_error: None,
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, RecorderState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A node finished `step` with mean loss `loss`, learning rate `lr` and cumulative traffic.
+    pub fn train_step(&self, rank: usize, step: usize, loss: f64, lr: f64, comm: CommStats) {
+        let mut st = self.lock();
+        let k = self.num_nodes;
+        let p = st.pending.entry(step).or_insert_with(|| PendingStep {
+            losses: vec![None; k],
+            lr: 0.0,
+            sent: 0,
+            received: 0,
+        });
+        p.losses[rank] = Some(loss);
+        if rank == 0 {
+            p.lr = lr;
+        }
+        p.sent += comm.bytes_sent;
+        p.received += comm.bytes_received;
+        // Emit every completed step in order.
+        while let Some(p) = st.pending.get(&st.next_step) {
+            if p.losses.iter().any(Option::is_none) {
+                break;
+            }
+            let step = st.next_step;
+            let p = st.pending.remove(&step).expect("present");
+            let now = Instant::now();
+            let rec = TrainRecord {
+                step,
+                examples_seen: (step as u64 + 1) * self.examples_per_step,
+                train_loss: p.losses.iter().map(|l| l.unwrap_or(f64::NAN)).sum::<f64>() / k as f64,
+                lr: p.lr,
+                step_time_s: now.duration_since(st.last_emit).as_secs_f64(),
+                its_per_s: (step + 1) as f64
+                    / now.duration_since(self.start).as_secs_f64().max(1e-9),
+                bytes_sent: p.sent / k as u64,
+                bytes_received: p.received / k as u64,
+            };
+            st.last_emit = now;
+            st.last_step_done = now;
+            self.bar.set_position(step as u64 + 1);
+            self.bar
+                .set_message(format!("loss {:.4} lr {:.6}", rec.train_loss, rec.lr));
+            if let Some(logs) = st.logs.as_mut()
+                && let Err(e) = logs.train_row(&rec)
+            {
+                st.write_error.get_or_insert(e);
+            }
+            st.train.push(rec);
+            st.next_step += 1;
+        }
+    }
+
+    /// An evaluation of `kind` at `step` over `examples` validation items.
+    pub fn eval(&self, step: usize, kind: EvalKind, metrics: EvalMetrics, examples: usize) {
+        let mut st = self.lock();
+        let entry = st.pending_val.entry(step).or_default();
+        match kind {
+            EvalKind::Local => entry.0 = Some((metrics, examples)),
+            EvalKind::Global => entry.1 = Some((metrics, examples)),
+        }
+        if let (Some((local, n)), Some((global, _))) = *entry {
+            st.pending_val.remove(&step);
+            let rec = ValRecord {
+                step,
+                examples_seen: step as u64 * self.examples_per_step,
+                local_loss: local.loss,
+                global_loss: global.loss,
+                local_accuracy: local.accuracy,
+                global_accuracy: global.accuracy,
+                examples: n,
+            };
+            if let Some(logs) = st.logs.as_mut()
+                && let Err(e) = logs.val_row(&rec)
+            {
+                st.write_error.get_or_insert(e);
+            }
+            st.validation.push(rec);
+        }
+    }
+
+    /// Seconds from the recorder's creation to the last completed step.
+    pub fn loop_seconds(&self) -> f64 {
+        self.lock()
+            .last_step_done
+            .duration_since(self.start)
+            .as_secs_f64()
+    }
+
+    /// Ends the bar and hands over the records; a failed log write is reported here.
+    pub fn finish(&self) -> Result<(Vec<TrainRecord>, Vec<ValRecord>)> {
+        self.bar.finish_and_clear();
+        let mut st = self.lock();
+        if let Some(e) = st.write_error.take() {
+            return Err(e);
+        }
+        let mut validation = std::mem::take(&mut st.validation);
+        validation.sort_by_key(|v| v.step);
+        Ok((std::mem::take(&mut st.train), validation))
+    }
+
+    /// Hides the bar (on failure).
+    pub fn abandon(&self) {
+        self.bar.abandon();
+    }
+}
+
+/// `train.csv` and `validation.csv` of a run.
+pub(crate) struct CsvLogs {
+    train: BufWriter<File>,
+    val: BufWriter<File>,
+    dir: PathBuf,
+}
+
+impl CsvLogs {
+    /// Creates the run folder, its `config.json` and the CSV headers.
+    pub fn create(dir: &Path, config: &serde_json::Value) -> Result<Self> {
+        std::fs::create_dir_all(dir).map_err(|e| GymError::io(dir, e))?;
+        let config_path = dir.join("config.json");
+        let json = serde_json::to_string_pretty(config).expect("config serialises");
+        std::fs::write(&config_path, json).map_err(|e| GymError::io(&config_path, e))?;
+        let open = |name: &str, header: &str| -> Result<BufWriter<File>> {
+            let path = dir.join(name);
+            let mut w = BufWriter::new(File::create(&path).map_err(|e| GymError::io(&path, e))?);
+            writeln!(w, "{header}")
+                .and_then(|_| w.flush())
+                .map_err(|e| GymError::io(&path, e))?;
+            Ok(w)
+        };
+        Ok(CsvLogs {
+            train: open(
+                "train.csv",
+                "step,examples_seen,train_loss,train_perplexity,lr,step_time_s,its_per_s,bytes_sent,bytes_received",
+            )?,
+            val: open(
+                "validation.csv",
+                "step,examples_seen,local_loss,local_perplexity,global_loss,global_perplexity,local_accuracy,global_accuracy",
+            )?,
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    fn train_row(&mut self, r: &TrainRecord) -> Result<()> {
+        writeln!(
+            self.train,
+            "{},{},{},{},{},{},{},{},{}",
+            r.step,
+            r.examples_seen,
+            r.train_loss,
+            r.train_loss.exp(),
+            r.lr,
+            r.step_time_s,
+            r.its_per_s,
+            r.bytes_sent,
+            r.bytes_received
+        )
+        .and_then(|_| self.train.flush())
+        .map_err(|e| GymError::io(self.dir.join("train.csv"), e))
+    }
+
+    fn val_row(&mut self, r: &ValRecord) -> Result<()> {
+        let opt = |x: Option<f64>| x.map(|v| v.to_string()).unwrap_or_default();
+        writeln!(
+            self.val,
+            "{},{},{},{},{},{},{},{}",
+            r.step,
+            r.examples_seen,
+            r.local_loss,
+            r.local_loss.exp(),
+            r.global_loss,
+            r.global_loss.exp(),
+            opt(r.local_accuracy),
+            opt(r.global_accuracy)
+        )
+        .and_then(|_| self.val.flush())
+        .map_err(|e| GymError::io(self.dir.join("validation.csv"), e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_run_name_has_strategy_nodes_and_a_timestamp() {
+        let name = default_run_name("allreduce", 4);
+        assert!(name.starts_with("allreduce-n4-20"), "{name}");
+        assert_eq!(name.len(), "allreduce-n4-".len() + 15);
+    }
+
+    #[test]
+    fn recorder_emits_steps_in_order_with_the_mean_loss_over_nodes() {
+        let r = Recorder::new(2, 8, 2, false, None);
+        let c = CommStats {
+            bytes_sent: 10,
+            bytes_received: 20,
+            ..CommStats::default()
+        };
+        r.train_step(1, 1, 4.0, 0.1, c); // step 1 before step 0: buffered
+        r.train_step(0, 0, 1.0, 0.5, c);
+        r.train_step(1, 0, 3.0, 0.9, c);
+        r.train_step(0, 1, 2.0, 0.6, c);
+        let (train, _) = r.finish().unwrap();
+        assert_eq!(train.len(), 2);
+        assert_eq!(
+            (train[0].step, train[0].train_loss, train[0].lr),
+            (0, 2.0, 0.5)
+        );
+        assert_eq!(
+            (train[1].step, train[1].train_loss, train[1].lr),
+            (1, 3.0, 0.6)
+        );
+        assert_eq!(train[1].examples_seen, 16);
+        assert_eq!(train[0].bytes_sent, 10);
+    }
+}

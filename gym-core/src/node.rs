@@ -1,0 +1,257 @@
+//! The per-node loop (spec §2.4–2.6): evaluate, accumulate gradients over minibatches, let
+//! the strategy step, report metrics; at the end, evaluate and average the replicas.
+
+use crate::collective::{Collective, InProcessCollective, ReduceOp};
+use crate::data::{NodeLoader, NodeView, get_item, validation_indices};
+use crate::error::{GymError, Result};
+use crate::metrics::{EvalKind, Recorder};
+use crate::model::{EvalMetrics, TrainModel};
+use crate::params::ParamLayout;
+use crate::rng;
+use crate::strategy::{NodeInfo, StepContext, Strategy, StrategyConfig};
+use crate::trainer::TrainerConfig;
+use burn::data::dataloader::batcher::Batcher;
+use burn::data::dataset::Dataset;
+use burn::tensor::{Device, Tensor};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// What every node of a run shares (read-only).
+pub(crate) struct NodeShared<'a, B, S> {
+    pub config: &'a TrainerConfig,
+    pub max_steps: usize,
+    pub devices: &'a [Device],
+    pub recorder: &'a Recorder,
+    pub batcher: &'a B,
+    pub strategy: &'a S,
+}
+
+/// What a node hands back.
+pub(crate) struct NodeOutcome<M> {
+    /// The averaged final model, from the rank that evaluated it.
+    pub final_model: Option<M>,
+    /// Rank 0's strategy master parameters loaded into a copy of its model, if any.
+    pub master: Option<M>,
+}
+
+/// Runs node `rank` to the end. `current_step` tells the trainer where a failure happened.
+pub(crate) fn run_node<M, I, B, S>(
+    rank: usize,
+    mut model: M,
+    view: NodeView<I>,
+    shared: &NodeShared<'_, B, S>,
+    comm: InProcessCollective,
+    current_step: &AtomicUsize,
+) -> Result<NodeOutcome<M>>
+where
+    M: TrainModel,
+    B: Batcher<I, M::Batch>,
+    S: StrategyConfig,
+{
+    let cfg = shared.config;
+    let k = cfg.num_nodes;
+    let device = &shared.devices[rank];
+    rng::seed_node(cfg.seed, rank);
+    let layout = ParamLayout::trainable(&model);
+    let mut strategy = shared.strategy.init(&NodeInfo {
+        rank,
+        world_size: k,
+        max_steps: shared.max_steps,
+        seed: cfg.seed,
+        device,
+        layout: &layout,
+        initial_params: layout.flatten(&model),
+    })?;
+    let eval = Evaluator {
+        rank,
+        comm: comm.observer(),
+        val: &*view.val,
+        minibatch: cfg.effective_minibatch(),
+        batcher: shared.batcher,
+        device: device.clone().inner(),
+        recorder: shared.recorder,
+    };
+    let subset = validation_indices(view.val.len(), Some(cfg.val_size), cfg.seed);
+    let mut loader = NodeLoader::new(view.train, view.sampler);
+    let minibatch = cfg.effective_minibatch();
+    let accumulation = cfg.batch_size / minibatch;
+
+    for step in 0..shared.max_steps {
+        current_step.store(step, Ordering::SeqCst);
+        if cfg.val_size > 0 && step % cfg.val_interval == 0 {
+            eval.evaluate(step, &model, &layout, &subset)?;
+        }
+        let mut grads: Option<Tensor<1>> = None;
+        let mut loss_sum = 0.0;
+        for _ in 0..accumulation {
+            let batch = shared.batcher.batch(loader.next_items(minibatch)?, device);
+            let loss = model.loss(&batch);
+            let value = loss.clone().into_scalar::<f64>();
+            if !value.is_finite() {
+                return Err(GymError::NonFiniteLoss { loss: value });
+            }
+            loss_sum += value;
+            let mut backward = loss.backward();
+            let g = layout.flatten_grads(&model, &mut backward);
+            grads = Some(match grads {
+                None => g,
+                Some(acc) => acc + g,
+            });
+        }
+        let mut grads = grads.expect("at least one minibatch");
+        if accumulation > 1 {
+            grads = grads.div_scalar(accumulation as f64);
+        }
+        let mut ctx = StepContext {
+            rank,
+            world_size: k,
+            step,
+            max_steps: shared.max_steps,
+            collective: &comm,
+            layout: &layout,
+        };
+        model = strategy.step(model, grads, &mut ctx)?;
+        shared.recorder.train_step(
+            rank,
+            step,
+            loss_sum / accumulation as f64,
+            strategy.lr(),
+            comm.stats(),
+        );
+    }
+    current_step.store(shared.max_steps, Ordering::SeqCst);
+    let master = match strategy.master_params() {
+        Some(flat) if rank == 0 => Some(layout.load(model.clone(), flat)),
+        _ => None,
+    };
+    let final_model = eval.finish(shared.max_steps, model)?;
+    Ok(NodeOutcome {
+        final_model,
+        master,
+    })
+}
+
+/// Evaluates rank 0's replica (local) and the average of all replicas (global), as the
+/// original does: every node takes part in the averaging; rank 0 evaluates its own model
+/// while rank 1 evaluates the average. Traffic goes through an observer handle, so it is
+/// not counted as the strategy's communication.
+struct Evaluator<'a, I, B> {
+    rank: usize,
+    comm: InProcessCollective,
+    val: &'a dyn Dataset<I>,
+    minibatch: usize,
+    batcher: &'a B,
+    device: Device,
+    recorder: &'a Recorder,
+}
+
+impl<I, B> Evaluator<'_, I, B> {
+    fn global_rank(&self) -> usize {
+        1 % self.comm.world_size()
+    }
+
+    fn evaluate<M>(
+        &self,
+        step: usize,
+        model: &M,
+        layout: &ParamLayout,
+        indices: &[usize],
+    ) -> Result<()>
+    where
+        M: TrainModel,
+        B: Batcher<I, M::Batch>,
+    {
+        let k = self.comm.world_size();
+        let average = if k > 1 {
+            Some(
+                self.comm
+                    .all_reduce(layout.flatten(model), ReduceOp::Mean)?,
+            )
+        } else {
+            None
+        };
+        if self.rank == 0 {
+            let local = self.metrics(&model.valid(), indices)?;
+            self.recorder
+                .eval(step, EvalKind::Local, local, indices.len());
+            if k == 1 {
+                self.recorder
+                    .eval(step, EvalKind::Global, local, indices.len());
+            }
+        }
+        if let Some(average) = average
+            && self.rank == self.global_rank()
+        {
+            let global = self.metrics(&layout.load(model.valid(), average), indices)?;
+            self.recorder
+                .eval(step, EvalKind::Global, global, indices.len());
+        }
+        Ok(())
+    }
+
+    /// The final evaluation, over the whole validation set. The global model is the
+    /// element-wise average of every float tensor of the replicas (parameters and buffers),
+    /// which is also the model `fit` returns.
+    fn finish<M>(&self, step: usize, model: M) -> Result<Option<M>>
+    where
+        M: TrainModel,
+        B: Batcher<I, M::Batch>,
+    {
+        let k = self.comm.world_size();
+        let all = validation_indices(self.val.len(), None, 0);
+        let state = ParamLayout::all_float(&model);
+        let average = if k > 1 {
+            Some(
+                self.comm
+                    .all_reduce(state.flatten(&model), ReduceOp::Mean)?,
+            )
+        } else {
+            None
+        };
+        if self.rank == 0 {
+            let local = self.metrics(&model.valid(), &all)?;
+            self.recorder.eval(step, EvalKind::Local, local, all.len());
+            if k == 1 {
+                self.recorder.eval(step, EvalKind::Global, local, all.len());
+                return Ok(Some(model));
+            }
+        }
+        match average {
+            Some(average) if self.rank == self.global_rank() => {
+                let averaged = state.load(model, average);
+                let global = self.metrics(&averaged.valid(), &all)?;
+                self.recorder
+                    .eval(step, EvalKind::Global, global, all.len());
+                Ok(Some(averaged))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Mean loss and accuracy of `model` over `indices`, weighted by batch size.
+    fn metrics<M>(&self, model: &M, indices: &[usize]) -> Result<EvalMetrics>
+    where
+        M: TrainModel,
+        B: Batcher<I, M::Batch>,
+    {
+        let (mut loss, mut acc, mut n, mut has_acc) = (0.0, 0.0, 0usize, true);
+        for chunk in indices.chunks(self.minibatch) {
+            let items = chunk
+                .iter()
+                .map(|&i| get_item(self.val, i))
+                .collect::<Result<Vec<I>>>()?;
+            let m = model.evaluate(&self.batcher.batch(items, &self.device));
+            let w = chunk.len() as f64;
+            loss += m.loss * w;
+            match m.accuracy {
+                Some(a) => acc += a * w,
+                None => has_acc = false,
+            }
+            n += chunk.len();
+        }
+        let n = n.max(1) as f64;
+        Ok(EvalMetrics {
+            loss: loss / n,
+            accuracy: has_acc.then_some(acc / n),
+        })
+    }
+}

@@ -1,0 +1,410 @@
+//! `Trainer::fit`: validate the configuration, build the replicas, run one node per thread,
+//! collect the final model and the run's metrics.
+
+use crate::collective::{Collective, InProcessGroup};
+use crate::data::NodeData;
+use crate::error::{GymError, Result};
+use crate::metrics::{CsvLogs, Recorder, RunReport, default_run_name};
+use crate::model::TrainModel;
+use crate::node::{NodeOutcome, NodeShared, run_node};
+use crate::params::ParamLayout;
+use crate::strategy::StrategyConfig;
+use burn::config::Config;
+use burn::data::dataloader::batcher::Batcher;
+use burn::tensor::Device;
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+/// The configuration of a run (the original's `fit` arguments).
+#[derive(Config, Debug)]
+pub struct TrainerConfig {
+    /// Number of simulated nodes (K).
+    pub num_nodes: usize,
+    /// Epochs to run when `max_steps` is not set (an epoch is one pass over a node's shard).
+    #[config(default = 1)]
+    pub num_epochs: usize,
+    /// Steps to run; overrides `num_epochs`, and the data wraps around as needed.
+    #[config(default = "None")]
+    pub max_steps: Option<usize>,
+    /// Examples per node per optimizer step.
+    #[config(default = 16)]
+    pub batch_size: usize,
+    /// Examples per forward/backward pass; `batch_size / minibatch_size` passes are
+    /// accumulated per step. `None`: the whole batch at once.
+    #[config(default = "None")]
+    pub minibatch_size: Option<usize>,
+    /// Shuffle the training data (a new order every epoch, from the seed).
+    #[config(default = true)]
+    pub shuffle: bool,
+    /// Validation examples per intermediate evaluation (0: none). The final evaluation
+    /// covers the whole validation set.
+    #[config(default = 64)]
+    pub val_size: usize,
+    /// Evaluate every this many steps (and at step 0 and at the end).
+    #[config(default = 100)]
+    pub val_interval: usize,
+    /// Seed of everything random: initialisation, data order, per-node streams.
+    #[config(default = 42)]
+    pub seed: u64,
+    /// Name of the run's log folder; default `<strategy>-n<K>-<UTC time>`.
+    #[config(default = "None")]
+    pub run_name: Option<String>,
+    /// Where run folders go; `None` writes no files.
+    #[config(default = "Some(String::from(\"logs\"))")]
+    pub log_dir: Option<String>,
+    /// Show a progress bar on stderr.
+    #[config(default = true)]
+    pub progress: bool,
+}
+
+impl TrainerConfig {
+    /// Examples per forward/backward pass.
+    pub fn effective_minibatch(&self) -> usize {
+        self.minibatch_size.unwrap_or(self.batch_size)
+    }
+
+    /// Checks what can be checked without the data.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |s: String| Err(GymError::InvalidConfig(s));
+        let mb = self.effective_minibatch();
+        if self.num_nodes == 0 {
+            return bad("num_nodes must be at least 1".into());
+        }
+        if self.batch_size == 0 {
+            return bad("batch_size must be at least 1".into());
+        }
+        if mb == 0 {
+            return bad("minibatch_size must be at least 1".into());
+        }
+        if mb > self.batch_size {
+            return bad(format!(
+                "minibatch_size ({mb}) is larger than batch_size ({})",
+                self.batch_size
+            ));
+        }
+        if self.batch_size % mb != 0 {
+            return bad(format!(
+                "batch_size ({}) is not a multiple of minibatch_size ({mb})",
+                self.batch_size
+            ));
+        }
+        if self.val_size > 0 && self.val_size < self.batch_size {
+            return bad(format!(
+                "val_size ({}) is smaller than batch_size ({}); use 0 to skip intermediate evaluations",
+                self.val_size, self.batch_size
+            ));
+        }
+        if self.val_interval == 0 {
+            return bad("val_interval must be at least 1".into());
+        }
+        if self.max_steps == Some(0) {
+            return bad("max_steps must be at least 1".into());
+        }
+        if self.max_steps.is_none() && self.num_epochs == 0 {
+            return bad("num_epochs must be at least 1 when max_steps is not set".into());
+        }
+        Ok(())
+    }
+}
+
+/// The trained model and what the run measured.
+pub struct FitOutput<M> {
+    /// The element-wise average of the final replicas (parameters and float buffers such as
+    /// batch-norm statistics), on the first device, in training mode.
+    pub model: M,
+    /// The master copy kept by the strategy (DiLoCo's outer model), for strategies that
+    /// keep one; in training mode on the first device.
+    pub master: Option<M>,
+    /// Metrics, logs and traffic of the run.
+    pub report: RunReport,
+}
+
+/// Runs K simulated nodes.
+///
+/// ```no_run
+/// # use gym_core::*;
+/// # fn demo<M: TrainModel, I: Send + 'static, B: burn::data::dataloader::batcher::Batcher<I, M::Batch>, S: StrategyConfig>(
+/// #     init: impl Fn(&burn::tensor::Device) -> M + Sync, data: NodeData<I>, batcher: B, strategy: S) -> Result<()> {
+/// let config = TrainerConfig::new(4).with_max_steps(Some(200)).with_batch_size(64);
+/// let out = Trainer::new(config).fit(init, &strategy, &data, &batcher)?;
+/// println!("final val loss {:?}", out.report.final_validation().map(|v| v.global_loss));
+/// # Ok(()) }
+/// ```
+pub struct Trainer {
+    config: TrainerConfig,
+    devices: Vec<Device>,
+}
+
+/// Serialises model construction: Burn's CPU backend has one process-wide random
+/// generator, so seeding it and drawing the initial weights must not interleave with
+/// another `fit` in the same process.
+static INIT_LOCK: Mutex<()> = Mutex::new(());
+
+impl Trainer {
+    /// A trainer on Burn's default device.
+    pub fn new(config: TrainerConfig) -> Self {
+        Trainer {
+            config,
+            devices: vec![Device::default()],
+        }
+    }
+
+    /// Runs rank `r` on `devices[r % devices.len()]` (several nodes may share a device).
+    /// Autodiff is enabled on each.
+    pub fn with_devices(mut self, devices: Vec<Device>) -> Self {
+        self.devices = devices;
+        self
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &TrainerConfig {
+        &self.config
+    }
+
+    /// Trains a model built by `init` on every node with `strategy`, reading `data` through
+    /// `batcher`.
+    ///
+    /// `init` is called once per node; rank 0's model (built after seeding the device with
+    /// the run seed) is copied into every other replica, so all nodes start equal. Nodes
+    /// run on a dedicated pool with one thread per node. The first node to fail aborts the
+    /// others, and the error names it and its step.
+    pub fn fit<M, I, B, S>(
+        &self,
+        init: impl Fn(&Device) -> M + Sync,
+        strategy: &S,
+        data: &NodeData<I>,
+        batcher: &B,
+    ) -> Result<FitOutput<M>>
+    where
+        M: TrainModel,
+        I: Send + 'static,
+        B: Batcher<I, M::Batch>,
+        S: StrategyConfig,
+    {
+        let fit_start = Instant::now();
+        let cfg = &self.config;
+        cfg.validate()?;
+        if self.devices.is_empty() {
+            return Err(GymError::InvalidConfig("no device given".into()));
+        }
+        let k = cfg.num_nodes;
+        let devices: Vec<Device> = (0..k)
+            .map(|r| self.devices[r % self.devices.len()].clone().autodiff())
+            .collect();
+
+        // Data: every node's view, checked before anything runs.
+        let views: Vec<_> = (0..k)
+            .map(|r| data.node_view(r, k, cfg.shuffle, cfg.seed))
+            .collect();
+        let mut steps_per_epoch = usize::MAX;
+        for (rank, v) in views.iter().enumerate() {
+            let shard = v.sampler.shard_len();
+            if v.train.is_empty() {
+                return Err(GymError::Data(format!(
+                    "the training dataset of rank {rank} is empty"
+                )));
+            }
+            if shard < cfg.batch_size {
+                return Err(GymError::Data(format!(
+                    "rank {rank} has {shard} training examples, less than one batch of {}",
+                    cfg.batch_size
+                )));
+            }
+            if v.val.is_empty() {
+                return Err(GymError::Data(format!(
+                    "the validation dataset of rank {rank} is empty"
+                )));
+            }
+            steps_per_epoch = steps_per_epoch.min(shard / cfg.batch_size);
+        }
+        let max_steps = cfg.max_steps.unwrap_or(cfg.num_epochs * steps_per_epoch);
+
+        // Replicas: rank 0 from the seed, the others copied from it. Every `init` draws from
+        // the backend's global generator, so all of them run under the lock.
+        let (base, replicas) = {
+            let _guard = INIT_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+            devices[0].seed(cfg.seed);
+            let base = init(&devices[0]);
+            let all_float = ParamLayout::all_float(&base);
+            let base_state = all_float.flatten(&base);
+            let mut replicas = vec![base.clone()];
+            for device in &devices[1..] {
+                let fresh = init(device);
+                if ParamLayout::all_float(&fresh).num_elements() != all_float.num_elements() {
+                    return Err(GymError::InvalidConfig(
+                        "the model built by `init` differs between calls".into(),
+                    ));
+                }
+                let state = base_state.clone().to_device(&device.clone().inner());
+                replicas.push(all_float.load(fresh, state));
+            }
+            (base, replicas)
+        };
+        let num_params = ParamLayout::trainable(&base).num_elements();
+        drop(base);
+
+        // Logs.
+        let run_name = cfg
+            .run_name
+            .clone()
+            .unwrap_or_else(|| default_run_name(&strategy.name(), k));
+        let log_dir: Option<PathBuf> = cfg
+            .log_dir
+            .as_ref()
+            .map(|d| PathBuf::from(d).join(&run_name));
+        let logs = match &log_dir {
+            Some(dir) => {
+                let config_json = serde_json::json!({
+                    "run_name": run_name,
+                    "trainer": serde_json::to_value(cfg).expect("config serialises"),
+                    "max_steps": max_steps,
+                    "strategy": { "name": strategy.name(), "config": strategy.to_json() },
+                    "model": { "type": std::any::type_name::<M>(), "trainable_parameters": num_params },
+                    "devices": devices.iter().map(|d| format!("{d:?}")).collect::<Vec<_>>(),
+                });
+                Some(CsvLogs::create(dir, &config_json)?)
+            }
+            None => None,
+        };
+
+        let group = InProcessGroup::new(k);
+        let setup_s = fit_start.elapsed().as_secs_f64();
+        let recorder = Recorder::new(
+            k,
+            (cfg.batch_size * k) as u64,
+            max_steps,
+            cfg.progress,
+            logs,
+        );
+        let shared = NodeShared {
+            config: cfg,
+            max_steps,
+            devices: &devices,
+            recorder: &recorder,
+            batcher,
+            strategy,
+        };
+        let slots: Vec<Mutex<Option<(M, _)>>> = replicas
+            .into_iter()
+            .zip(views)
+            .map(|r| Mutex::new(Some(r)))
+            .collect();
+        let current_step: Vec<AtomicUsize> = (0..k).map(|_| AtomicUsize::new(0)).collect();
+
+        let results = group
+            .run(|comm| {
+                let rank = comm.rank();
+                let (model, view) = slots[rank]
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .take()
+                    .expect("each rank runs once");
+                let outcome = run_node(rank, model, view, &shared, comm, &current_step[rank]);
+                match outcome {
+                    Ok(o) => {
+                        group.leave(rank);
+                        Ok(o)
+                    }
+                    Err(e) => {
+                        group.abort(rank, e.to_string());
+                        Err(e)
+                    }
+                }
+            })
+            .map_err(|e| GymError::InvalidConfig(format!("cannot start {k} node threads: {e}")))?;
+        let results: Vec<Result<NodeOutcome<M>>> = results
+            .into_iter()
+            .enumerate()
+            .map(|(rank, r)| {
+                r.unwrap_or_else(|msg| Err(GymError::Panic(msg)))
+                    .map_err(|e| GymError::NodeFailed {
+                        rank,
+                        step: current_step[rank].load(Ordering::SeqCst),
+                        source: Box::new(e),
+                    })
+            })
+            .collect();
+
+        // The first failure is the cause; the others are its echoes.
+        if let Some((first, _)) = group.abort_info() {
+            recorder.abandon();
+            let mut errors: Vec<GymError> = results.into_iter().filter_map(|r| r.err()).collect();
+            let pos = errors
+                .iter()
+                .position(|e| matches!(e, GymError::NodeFailed { rank, .. } if *rank == first))
+                .unwrap_or(0);
+            return Err(errors.swap_remove(pos));
+        }
+        let loop_s = recorder.loop_seconds();
+        let (train, validation) = recorder.finish()?;
+        let (mut model, mut master) = (None, None);
+        for r in results {
+            let outcome = r?;
+            model = model.or(outcome.final_model);
+            master = master.or(outcome.master);
+        }
+        let model = model.expect("one node returns the final model");
+        let model = model.fork(&devices[0]);
+        let master = master.map(|m| m.fork(&devices[0]));
+        let report = RunReport {
+            run_name,
+            log_dir,
+            num_nodes: k,
+            steps: max_steps,
+            train,
+            validation,
+            comm: (0..k).map(|r| group.stats(r)).collect(),
+            setup_s,
+            loop_s,
+            wall_s: fit_start.elapsed().as_secs_f64(),
+        };
+        Ok(FitOutput {
+            model,
+            master,
+            report,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn invalid(c: TrainerConfig) -> String {
+        match c.validate() {
+            Err(GymError::InvalidConfig(s)) => s,
+            other => panic!("expected InvalidConfig, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn invalid_configurations_are_typed_errors() {
+        assert!(invalid(TrainerConfig::new(0)).contains("num_nodes"));
+        assert!(invalid(TrainerConfig::new(2).with_batch_size(0)).contains("batch_size"));
+        assert!(
+            invalid(
+                TrainerConfig::new(2)
+                    .with_batch_size(8)
+                    .with_minibatch_size(Some(16))
+            )
+            .contains("larger than batch_size")
+        );
+        assert!(
+            invalid(
+                TrainerConfig::new(2)
+                    .with_batch_size(8)
+                    .with_minibatch_size(Some(3))
+            )
+            .contains("multiple")
+        );
+        assert!(
+            invalid(TrainerConfig::new(2).with_batch_size(64).with_val_size(32))
+                .contains("val_size")
+        );
+        assert!(invalid(TrainerConfig::new(2).with_val_interval(0)).contains("val_interval"));
+        assert!(invalid(TrainerConfig::new(2).with_max_steps(Some(0))).contains("max_steps"));
+        assert!(TrainerConfig::new(2).with_val_size(0).validate().is_ok());
+    }
+}

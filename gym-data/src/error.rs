@@ -1,0 +1,68 @@
+//! Errors of the data loaders.
+
+use std::path::PathBuf;
+
+/// Why a dataset could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    /// A file could not be read or written.
+    #[error("cannot access {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file's content does not match its known checksum (corrupted or truncated).
+    #[error("{path} is corrupted: md5 {actual}, expected {expected}")]
+    Checksum {
+        /// The file.
+        path: PathBuf,
+        /// The known md5.
+        expected: String,
+        /// What the file hashes to.
+        actual: String,
+    },
+    /// A file is not in the expected format.
+    #[error("{path} is not a valid {format} file: {why}")]
+    Format {
+        /// The file.
+        path: PathBuf,
+        /// The format expected.
+        format: &'static str,
+        /// What is wrong.
+        why: String,
+    },
+    /// A needed file is missing and could not be downloaded.
+    #[error("{path} not found{hint}")]
+    Missing {
+        /// The file looked for.
+        path: PathBuf,
+        /// How to get it.
+        hint: String,
+    },
+    /// A download failed.
+    #[error("download of {url} failed: {why}")]
+    Download {
+        /// The address.
+        url: String,
+        /// What went wrong.
+        why: String,
+    },
+}
+
+impl DataError {
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        DataError::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}
+
+impl From<DataError> for gym_core::GymError {
+    fn from(e: DataError) -> Self {
+        gym_core::GymError::Data(e.to_string())
+    }
+}

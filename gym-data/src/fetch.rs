@@ -1,0 +1,100 @@
+//! Locating, verifying and downloading data files.
+
+use crate::error::DataError;
+use md5::{Digest, Md5};
+use std::path::{Path, PathBuf};
+
+/// The directory of dataset `name`: `explicit` if given, else `$GYM_DATA_DIR/<name>`, else
+/// `$XDG_CACHE_HOME/exogym-rs/<name>` (or `~/.cache/exogym-rs/<name>`).
+pub fn data_dir(explicit: Option<&Path>, name: &str) -> PathBuf {
+    if let Some(dir) = explicit {
+        return dir.to_path_buf();
+    }
+    if let Some(root) = std::env::var_os("GYM_DATA_DIR") {
+        return PathBuf::from(root).join(name);
+    }
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(|| PathBuf::from("."));
+    cache.join("exogym-rs").join(name)
+}
+
+/// Hex md5 of `bytes`.
+pub(crate) fn md5_hex(bytes: &[u8]) -> String {
+    Md5::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Fails unless `bytes` (read from `path`) hash to `expected`.
+pub(crate) fn verify_md5(path: &Path, bytes: &[u8], expected: &str) -> Result<(), DataError> {
+    let actual = md5_hex(bytes);
+    if actual == expected {
+        Ok(())
+    } else {
+        Err(DataError::Checksum {
+            path: path.to_path_buf(),
+            expected: expected.to_string(),
+            actual,
+        })
+    }
+}
+
+/// Downloads `file` from the first mirror that serves it, checks its md5 and writes it into
+/// `dir` atomically (a temporary file renamed into place).
+#[cfg(feature = "download")]
+pub(crate) fn download(
+    mirrors: &[&str],
+    file: &str,
+    md5: &str,
+    dir: &Path,
+) -> Result<PathBuf, DataError> {
+    use std::io::Read;
+    std::fs::create_dir_all(dir).map_err(|e| DataError::io(dir, e))?;
+    let target = dir.join(file);
+    let mut last = None;
+    for mirror in mirrors {
+        let url = format!("{mirror}{file}");
+        let fetched = ureq::get(&url)
+            .call()
+            .map_err(|e| e.to_string())
+            .and_then(|resp| {
+                let mut bytes = Vec::new();
+                resp.into_body()
+                    .into_reader()
+                    .read_to_end(&mut bytes)
+                    .map(|_| bytes)
+                    .map_err(|e| e.to_string())
+            });
+        match fetched {
+            Ok(bytes) => {
+                verify_md5(Path::new(&url), &bytes, md5)?;
+                let tmp = dir.join(format!(".{file}.part"));
+                std::fs::write(&tmp, &bytes).map_err(|e| DataError::io(&tmp, e))?;
+                std::fs::rename(&tmp, &target).map_err(|e| DataError::io(&target, e))?;
+                return Ok(target);
+            }
+            Err(why) => last = Some(DataError::Download { url, why }),
+        }
+    }
+    Err(last.unwrap_or_else(|| DataError::Missing {
+        path: target,
+        hint: " (no mirror configured)".into(),
+    }))
+}
+
+/// Without the `download` feature, a missing file is an error that says how to get it.
+#[cfg(not(feature = "download"))]
+pub(crate) fn download(
+    _mirrors: &[&str],
+    file: &str,
+    _md5: &str,
+    dir: &Path,
+) -> Result<PathBuf, DataError> {
+    Err(DataError::Missing {
+        path: dir.join(file),
+        hint: " (built without the `download` feature: place the file there)".into(),
+    })
+}

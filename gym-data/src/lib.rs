@@ -1,0 +1,20 @@
+//! # gym-data
+//!
+//! Datasets for the simulator, as Burn [`Dataset`](burn::data::dataset::Dataset)s with
+//! [`Batcher`](burn::data::dataloader::batcher::Batcher)s that build the batch types of
+//! [`gym_core::batch`].
+//!
+//! Files are looked up in an explicit directory, else in `$GYM_DATA_DIR/<name>`, else in a
+//! user cache directory ([`data_dir`]). Every file is checked against its known checksum;
+//! with the `download` feature (default) missing files are fetched from the canonical
+//! mirrors and verified before use.
+
+#![warn(missing_docs)]
+
+mod error;
+mod fetch;
+pub mod mnist;
+
+pub use error::DataError;
+pub use fetch::data_dir;
+pub use mnist::{MnistBatcher, MnistDataset, MnistItem, MnistSplit};

@@ -1,0 +1,106 @@
+//! The original's MNIST CNN (`example/mnist.py`).
+
+use crate::classifier::{classification_metrics, cross_entropy};
+use crate::dropout::Dropout;
+use burn::config::Config;
+use burn::module::Module;
+use burn::nn::conv::{Conv2d, Conv2dConfig};
+use burn::nn::pool::{MaxPool2d, MaxPool2dConfig};
+use burn::nn::{BatchNorm, BatchNormConfig, Linear, LinearConfig, PaddingConfig2d};
+use burn::tensor::activation::relu;
+use burn::tensor::{Device, Tensor};
+use gym_core::{EvalMetrics, ImageBatch, TrainModel};
+
+/// Configuration of [`MnistCnn`].
+#[derive(Config, Debug)]
+pub struct MnistCnnConfig {
+    /// Output classes.
+    #[config(default = 10)]
+    pub classes: usize,
+    /// Channel dropout after each conv block.
+    #[config(default = 0.25)]
+    pub conv_dropout: f64,
+    /// Dropout before the last layer.
+    #[config(default = 0.5)]
+    pub head_dropout: f64,
+}
+
+/// One block: conv 3×3 → BN → ReLU → conv 3×3 → BN → ReLU → max-pool 2 → channel dropout.
+#[derive(Module, Debug)]
+pub struct ConvBlock {
+    conv1: Conv2d,
+    bn1: BatchNorm,
+    conv2: Conv2d,
+    bn2: BatchNorm,
+    pool: MaxPool2d,
+    dropout: Dropout,
+}
+
+impl ConvBlock {
+    fn new(input: usize, output: usize, dropout: f64, device: &Device) -> Self {
+        let conv = |i, o| {
+            Conv2dConfig::new([i, o], [3, 3])
+                .with_padding(PaddingConfig2d::Explicit(1, 1, 1, 1))
+                .init(device)
+        };
+        ConvBlock {
+            conv1: conv(input, output),
+            bn1: BatchNormConfig::new(output).init(device),
+            conv2: conv(output, output),
+            bn2: BatchNormConfig::new(output).init(device),
+            pool: MaxPool2dConfig::new([2, 2]).with_strides([2, 2]).init(),
+            dropout: Dropout::channels(dropout),
+        }
+    }
+
+    fn forward(&self, x: Tensor<4>) -> Tensor<4> {
+        let x = relu(self.bn1.forward(self.conv1.forward(x)));
+        let x = relu(self.bn2.forward(self.conv2.forward(x)));
+        self.dropout.forward(self.pool.forward(x))
+    }
+}
+
+/// Two conv blocks (1→64→64, 64→128→128, each halving the image), then
+/// `Linear(6272, 256) → ReLU → Dropout → Linear(256, classes)`; 1,868,234 parameters.
+#[derive(Module, Debug)]
+pub struct MnistCnn {
+    block1: ConvBlock,
+    block2: ConvBlock,
+    fc1: Linear,
+    dropout: Dropout,
+    fc2: Linear,
+}
+
+impl MnistCnnConfig {
+    /// Builds the model on `device`.
+    pub fn init(&self, device: &Device) -> MnistCnn {
+        MnistCnn {
+            block1: ConvBlock::new(1, 64, self.conv_dropout, device),
+            block2: ConvBlock::new(64, 128, self.conv_dropout, device),
+            fc1: LinearConfig::new(128 * 7 * 7, 256).init(device),
+            dropout: Dropout::new(self.head_dropout),
+            fc2: LinearConfig::new(256, self.classes).init(device),
+        }
+    }
+}
+
+impl MnistCnn {
+    /// Logits `[batch, classes]` of images `[batch, 1, 28, 28]`.
+    pub fn forward(&self, images: Tensor<4>) -> Tensor<2> {
+        let x = self.block2.forward(self.block1.forward(images));
+        let x = relu(self.fc1.forward(x.flatten::<2>(1, 3)));
+        self.fc2.forward(self.dropout.forward(x))
+    }
+}
+
+impl TrainModel for MnistCnn {
+    type Batch = ImageBatch;
+
+    fn loss(&self, batch: &ImageBatch) -> Tensor<1> {
+        cross_entropy(self.forward(batch.images.clone()), batch.targets.clone())
+    }
+
+    fn evaluate(&self, batch: &ImageBatch) -> EvalMetrics {
+        classification_metrics(self.forward(batch.images.clone()), batch.targets.clone())
+    }
+}

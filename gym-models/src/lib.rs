@@ -1,0 +1,21 @@
+//! # gym-models
+//!
+//! Burn modules that implement [`TrainModel`](gym_core::TrainModel), one model per file:
+//!
+//! * [`Mlp`]: 784-256-10 with ReLU, for fast CPU runs on MNIST;
+//! * [`MnistCnn`]: the original's MNIST CNN (two conv blocks with batch norm and dropout,
+//!   1,868,234 parameters);
+//! * [`Dropout`]: dropout whose masks come from the node's own random stream, so runs are
+//!   reproducible whatever the thread timing.
+
+#![warn(missing_docs)]
+
+mod classifier;
+mod cnn;
+mod dropout;
+mod mlp;
+
+pub use classifier::{accuracy, classification_metrics, cross_entropy};
+pub use cnn::{MnistCnn, MnistCnnConfig};
+pub use dropout::Dropout;
+pub use mlp::{Mlp, MlpConfig};

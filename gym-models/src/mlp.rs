@@ -1,0 +1,60 @@
+//! A two-layer perceptron for fast CPU runs.
+
+use crate::classifier::{classification_metrics, cross_entropy};
+use burn::config::Config;
+use burn::module::Module;
+use burn::nn::{Linear, LinearConfig};
+use burn::tensor::activation::relu;
+use burn::tensor::{Device, Tensor};
+use gym_core::{EvalMetrics, ImageBatch, TrainModel};
+
+/// Sizes of an [`Mlp`]; the defaults are MNIST's 784-256-10.
+#[derive(Config, Debug)]
+pub struct MlpConfig {
+    /// Input features (flattened image).
+    #[config(default = 784)]
+    pub input: usize,
+    /// Hidden units.
+    #[config(default = 256)]
+    pub hidden: usize,
+    /// Output classes.
+    #[config(default = 10)]
+    pub classes: usize,
+}
+
+/// `Linear(input, hidden) → ReLU → Linear(hidden, classes)`, with cross-entropy loss.
+#[derive(Module, Debug)]
+pub struct Mlp {
+    fc1: Linear,
+    fc2: Linear,
+}
+
+impl MlpConfig {
+    /// Builds the model on `device` with Burn's default initialisation.
+    pub fn init(&self, device: &Device) -> Mlp {
+        Mlp {
+            fc1: LinearConfig::new(self.input, self.hidden).init(device),
+            fc2: LinearConfig::new(self.hidden, self.classes).init(device),
+        }
+    }
+}
+
+impl Mlp {
+    /// Logits `[batch, classes]` of images `[batch, …]` (flattened).
+    pub fn forward(&self, images: Tensor<4>) -> Tensor<2> {
+        let x = images.flatten::<2>(1, 3);
+        self.fc2.forward(relu(self.fc1.forward(x)))
+    }
+}
+
+impl TrainModel for Mlp {
+    type Batch = ImageBatch;
+
+    fn loss(&self, batch: &ImageBatch) -> Tensor<1> {
+        cross_entropy(self.forward(batch.images.clone()), batch.targets.clone())
+    }
+
+    fn evaluate(&self, batch: &ImageBatch) -> EvalMetrics {
+        classification_metrics(self.forward(batch.images.clone()), batch.targets.clone())
+    }
+}

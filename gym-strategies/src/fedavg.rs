@@ -1,0 +1,135 @@
+//! Federated averaging (McMahan et al., 2017), with random islands.
+
+use crate::communicate::{
+    CommunicateOptimizeConfig, CommunicationModule, CommunicationModuleConfig, FlatParams,
+    composed_strategy, is_sync_step,
+};
+use burn::config::Config;
+use gym_core::rng::derive_seed;
+use gym_core::{Group, GymError, InnerOptimizerConfig, NodeInfo, ReduceOp, Result, StepContext};
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+use rand_chacha::ChaCha8Rng;
+
+/// A random split of the ranks into islands of `island_size` (the last may be smaller),
+/// drawn from the run seed and the step, so every node draws the same islands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IslandPartition {
+    islands: Vec<Group>,
+}
+
+impl IslandPartition {
+    /// The islands of `world_size` ranks at `step`.
+    pub fn draw(world_size: usize, island_size: usize, seed: u64, step: usize) -> Self {
+        let mut ranks: Vec<usize> = (0..world_size).collect();
+        let mut rng = ChaCha8Rng::seed_from_u64(derive_seed(seed, &[0x1514_4E44, step as u64]));
+        ranks.shuffle(&mut rng);
+        IslandPartition {
+            islands: ranks
+                .chunks(island_size.max(1))
+                .map(|c| Group::new(c.iter().copied()))
+                .collect(),
+        }
+    }
+
+    /// The islands.
+    pub fn islands(&self) -> &[Group] {
+        &self.islands
+    }
+
+    /// The island holding `rank`.
+    pub fn island_of(&self, rank: usize) -> &Group {
+        self.islands
+            .iter()
+            .find(|g| g.contains(rank))
+            .expect("every rank has an island")
+    }
+}
+
+/// Configuration of the averaging module.
+#[derive(Config, Debug)]
+pub struct AveragingCommunicatorConfig {
+    /// Steps between averagings (H).
+    #[config(default = 1)]
+    pub inner_steps: usize,
+    /// Average within random islands of this many nodes, redrawn at every averaging;
+    /// `None` (or ≥ K) averages all nodes.
+    #[config(default = "None")]
+    pub island_size: Option<usize>,
+}
+
+/// After every H-th inner step ([`is_sync_step`]), replaces each replica by the mean of its island
+/// (one ring all-reduce within the island; the original all-gathers every replica instead).
+pub struct AveragingCommunicator {
+    inner_steps: usize,
+    island_size: Option<usize>,
+    seed: u64,
+}
+
+impl CommunicationModuleConfig for AveragingCommunicatorConfig {
+    fn name(&self) -> String {
+        "averaging".into()
+    }
+
+    fn to_json(&self) -> serde_json::Value {
+        serde_json::to_value(self).expect("serialises")
+    }
+
+    fn init(&self, node: &NodeInfo<'_>) -> Result<Box<dyn CommunicationModule>> {
+        if self.inner_steps == 0 || self.island_size == Some(0) {
+            return Err(GymError::InvalidConfig(
+                "FedAvg needs inner_steps ≥ 1 and island_size ≥ 1".into(),
+            ));
+        }
+        Ok(Box::new(AveragingCommunicator {
+            inner_steps: self.inner_steps,
+            island_size: self.island_size,
+            seed: node.seed,
+        }))
+    }
+}
+
+impl CommunicationModule for AveragingCommunicator {
+    fn communicate(
+        &mut self,
+        params: &mut FlatParams<'_>,
+        ctx: &mut StepContext<'_>,
+    ) -> Result<()> {
+        if !is_sync_step(ctx.step, self.inner_steps) || ctx.world_size == 1 {
+            return Ok(());
+        }
+        let average = match self.island_size {
+            Some(size) if size < ctx.world_size => {
+                let islands = IslandPartition::draw(ctx.world_size, size, self.seed, ctx.step);
+                let island = islands.island_of(ctx.rank);
+                ctx.collective
+                    .all_reduce_in(island, params.get(), ReduceOp::Mean)?
+            }
+            _ => ctx.collective.all_reduce(params.get(), ReduceOp::Mean)?,
+        };
+        params.set(average);
+        Ok(())
+    }
+}
+
+/// FedAvg: each node steps its own inner optimizer (the user's, which the original
+/// ignores), and every `inner_steps` the replicas are averaged, optionally within islands.
+#[derive(Config, Debug)]
+pub struct FedAvgConfig {
+    /// Each node's own optimizer (default AdamW), clipping its local gradient.
+    #[config(default = "InnerOptimizerConfig::new()")]
+    pub inner: InnerOptimizerConfig,
+    /// The averaging.
+    #[config(default = "AveragingCommunicatorConfig::new()")]
+    pub communicator: AveragingCommunicatorConfig,
+}
+
+impl FedAvgConfig {
+    /// The composed strategy it describes.
+    pub fn compose(&self) -> CommunicateOptimizeConfig {
+        CommunicateOptimizeConfig::new(gym_core::StrategyConfig::name(self), self.inner.clone())
+            .with_module(self.communicator.clone())
+    }
+}
+
+composed_strategy!(FedAvgConfig, "fedavg");

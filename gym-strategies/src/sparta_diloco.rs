@@ -1,0 +1,34 @@
+//! SPARTA + DiLoCo: sparse averaging every `sparta_interval` steps and a DiLoCo outer step
+//! every H steps.
+
+use crate::communicate::{CommunicateOptimizeConfig, composed_strategy};
+use crate::diloco::DiLoCoCommunicatorConfig;
+use crate::sparta::SparseCommunicatorConfig;
+use burn::config::Config;
+use gym_core::InnerOptimizerConfig;
+
+/// The hybrid of the original's `SPARTADiLoCoStrategy`, with its `sparta_interval` honoured
+/// (the original stores and ignores it): modules `[sparse averaging, DiLoCo]`, in that order.
+#[derive(Config, Debug)]
+pub struct SpartaDiLoCoConfig {
+    /// Each node's own optimizer (default AdamW), clipping its local gradient.
+    #[config(default = "InnerOptimizerConfig::new()")]
+    pub inner: InnerOptimizerConfig,
+    /// The sparse averaging (its `interval` is SPARTA's interval).
+    #[config(default = "SparseCommunicatorConfig::new()")]
+    pub sparta: SparseCommunicatorConfig,
+    /// The DiLoCo synchronisation.
+    #[config(default = "DiLoCoCommunicatorConfig::new()")]
+    pub diloco: DiLoCoCommunicatorConfig,
+}
+
+impl SpartaDiLoCoConfig {
+    /// The composed strategy it describes.
+    pub fn compose(&self) -> CommunicateOptimizeConfig {
+        CommunicateOptimizeConfig::new(gym_core::StrategyConfig::name(self), self.inner.clone())
+            .with_module(self.sparta.clone())
+            .with_module(self.diloco.clone())
+    }
+}
+
+composed_strategy!(SpartaDiLoCoConfig, "sparta-diloco");

@@ -1,0 +1,121 @@
+//! Helpers shared by the workspace integration tests: a synthetic classification task and
+//! the location of the shared data sets.
+
+#![warn(missing_docs)]
+
+use burn::data::dataloader::batcher::Batcher;
+use burn::data::dataset::{Dataset, DatasetError};
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use gym_core::ImageBatch;
+use std::path::PathBuf;
+
+/// `<repo>/../shared/data/<name>`, or `$GYM_DATA_DIR/<name>`. Panics with a clear message
+/// when the folder is missing: these tests must not pass silently without their data.
+pub fn shared_data(name: &str) -> PathBuf {
+    let root = std::env::var_os("GYM_DATA_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"));
+    let dir = root.join(name);
+    assert!(
+        dir.is_dir(),
+        "data folder {} not found: set GYM_DATA_DIR to the folder holding `{name}/`",
+        dir.display()
+    );
+    dir
+}
+
+/// One synthetic example: `features` and a class from a fixed linear rule.
+#[derive(Debug, Clone)]
+pub struct Example {
+    /// Inputs.
+    pub features: Vec<f32>,
+    /// Class in `0..classes`.
+    pub label: usize,
+}
+
+/// A deterministic, learnable classification task: inputs from a hash of the index, class =
+/// arg-max of a fixed linear map.
+#[derive(Debug, Clone)]
+pub struct Synthetic {
+    items: Vec<Example>,
+}
+
+impl Synthetic {
+    /// `len` examples of `features` inputs and `classes` classes.
+    pub fn new(len: usize, features: usize, classes: usize, seed: u64) -> Self {
+        let value = |i: u64| {
+            let x = gym_core::rng::derive_seed(seed, &[i]);
+            (x >> 11) as f32 / (1u64 << 53) as f32 * 2.0 - 1.0
+        };
+        let items = (0..len)
+            .map(|i| {
+                let f: Vec<f32> = (0..features)
+                    .map(|j| value((i * features + j) as u64))
+                    .collect();
+                let label = (0..classes)
+                    .max_by(|&a, &b| {
+                        let s = |c: usize| -> f32 {
+                            f.iter()
+                                .enumerate()
+                                .map(|(j, x)| x * (((c * 7 + j * 3) % 5) as f32 - 2.0))
+                                .sum()
+                        };
+                        s(a).total_cmp(&s(b))
+                    })
+                    .unwrap_or(0);
+                Example { features: f, label }
+            })
+            .collect();
+        Synthetic { items }
+    }
+}
+
+impl Dataset<Example> for Synthetic {
+    fn get(&self, index: usize) -> Result<Example, DatasetError> {
+        self.items.get(index).cloned().ok_or_else(|| {
+            DatasetError::new(std::io::Error::other(format!("index {index} out of range")))
+        })
+    }
+
+    fn len(&self) -> usize {
+        self.items.len()
+    }
+}
+
+/// Batches [`Example`]s as `[batch, 1, 1, features]` images.
+#[derive(Debug, Clone, Copy)]
+pub struct SyntheticBatcher;
+
+impl Batcher<Example, ImageBatch> for SyntheticBatcher {
+    fn batch(&self, items: Vec<Example>, device: &Device) -> ImageBatch {
+        let n = items.len();
+        let f = items.first().map_or(0, |e| e.features.len());
+        let x: Vec<f32> = items
+            .iter()
+            .flat_map(|e| e.features.iter().copied())
+            .collect();
+        let y: Vec<i64> = items.iter().map(|e| e.label as i64).collect();
+        ImageBatch {
+            images: Tensor::from_data(TensorData::new(x, [n, 1, 1, f]), device),
+            targets: Tensor::<1, Int>::from_data(TensorData::new(y, [n]), device),
+        }
+    }
+}
+
+/// Largest absolute difference between two flat tensors, relative to the largest |b|.
+pub fn relative_error(a: Tensor<1>, b: Tensor<1>) -> f64 {
+    let a: Vec<f32> = a.into_data().try_to_vec::<f32>().expect("f32 data");
+    let b: Vec<f32> = b.into_data().try_to_vec::<f32>().expect("f32 data");
+    assert_eq!(a.len(), b.len());
+    let diff = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0f32, f32::max);
+    let scale = b
+        .iter()
+        .map(|y| y.abs())
+        .fold(0.0f32, f32::max)
+        .max(f32::MIN_POSITIVE);
+    (diff / scale) as f64
+}

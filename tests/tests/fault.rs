@@ -1,0 +1,212 @@
+//! Bad input and failing nodes give typed errors, quickly, with nothing left blocked.
+//! `cargo test -- fault` selects these.
+
+use burn::module::Module;
+use burn::tensor::{Device, Tensor};
+use gym_core::{
+    GymError, ImageBatch, NodeData, NodeInfo, Result, StepContext, Strategy, StrategyConfig,
+    TrainModel, Trainer, TrainerConfig,
+};
+use gym_models::{Mlp, MlpConfig};
+use gym_strategies::AllReduceConfig;
+use std::cell::Cell;
+use std::time::{Duration, Instant};
+use tests::{Synthetic, SyntheticBatcher};
+
+thread_local!(static TRAIN_CALLS: Cell<usize> = const { Cell::new(0) });
+
+/// An MLP that misbehaves on one rank at one step: it panics, or returns NaN.
+#[derive(Module, Debug)]
+struct Faulty {
+    mlp: Mlp,
+    rank: usize,
+    step: usize,
+    nan: bool,
+}
+
+impl TrainModel for Faulty {
+    type Batch = ImageBatch;
+
+    fn loss(&self, batch: &ImageBatch) -> Tensor<1> {
+        let loss = self.mlp.loss(batch);
+        if batch.images.is_autodiff() {
+            // Training forward passes only; node threads are named `gym-node-<rank>`.
+            let step = TRAIN_CALLS.with(|c| c.replace(c.get() + 1));
+            let me = std::thread::current().name() == Some(&format!("gym-node-{}", self.rank));
+            if me && step == self.step {
+                if self.nan {
+                    return loss.mul_scalar(f32::NAN);
+                }
+                panic!("injected failure");
+            }
+        }
+        loss
+    }
+}
+
+fn config(k: usize) -> TrainerConfig {
+    TrainerConfig::new(k)
+        .with_max_steps(Some(20))
+        .with_batch_size(4)
+        .with_val_size(0)
+        .with_log_dir(None)
+        .with_progress(false)
+}
+
+fn data() -> NodeData<tests::Example> {
+    NodeData::shared(Synthetic::new(256, 8, 3, 1), Synthetic::new(16, 8, 3, 2))
+}
+
+fn faulty(rank: usize, step: usize, nan: bool) -> impl Fn(&Device) -> Faulty + Sync {
+    move |d| Faulty {
+        mlp: MlpConfig::new()
+            .with_input(8)
+            .with_hidden(8)
+            .with_classes(3)
+            .init(d),
+        rank,
+        step,
+        nan,
+    }
+}
+
+#[test]
+fn fault_panic_on_rank_2_at_step_7_of_8_nodes_names_them_within_seconds() {
+    let start = Instant::now();
+    let err = Trainer::new(config(8))
+        .fit(
+            faulty(2, 7, false),
+            &AllReduceConfig::new(),
+            &data(),
+            &SyntheticBatcher,
+        )
+        .err()
+        .expect("the run fails");
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        start.elapsed()
+    );
+    match &err {
+        GymError::NodeFailed {
+            rank: 2,
+            step: 7,
+            source,
+        } => {
+            assert!(
+                matches!(**source, GymError::Panic(ref m) if m.contains("injected failure")),
+                "{source}"
+            )
+        }
+        other => panic!("expected rank 2 at step 7, got {other}"),
+    }
+    assert!(err.to_string().contains("node 2 failed at step 7"), "{err}");
+}
+
+#[test]
+fn fault_nan_loss_is_a_typed_error_naming_rank_and_step() {
+    let err = Trainer::new(config(4))
+        .fit(
+            faulty(1, 3, true),
+            &AllReduceConfig::new(),
+            &data(),
+            &SyntheticBatcher,
+        )
+        .err()
+        .expect("the run fails");
+    match err {
+        GymError::NodeFailed {
+            rank: 1,
+            step: 3,
+            source,
+        } => {
+            assert!(matches!(*source, GymError::NonFiniteLoss { loss } if loss.is_nan()))
+        }
+        other => panic!("expected a NaN loss on rank 1 at step 3, got {other}"),
+    }
+}
+
+/// A user-written strategy whose step fails on rank 3 at step 5 (and otherwise does nothing).
+struct FailingConfig;
+struct Failing {
+    rank: usize,
+}
+
+impl StrategyConfig for FailingConfig {
+    type Strategy = Failing;
+    fn name(&self) -> String {
+        "failing".into()
+    }
+    fn to_json(&self) -> serde_json::Value {
+        serde_json::Value::Null
+    }
+    fn init(&self, node: &NodeInfo<'_>) -> Result<Failing> {
+        Ok(Failing { rank: node.rank })
+    }
+}
+
+impl Strategy for Failing {
+    fn step<M: Module>(
+        &mut self,
+        model: M,
+        _grads: Tensor<1>,
+        ctx: &mut StepContext<'_>,
+    ) -> Result<M> {
+        if self.rank == 3 && ctx.step == 5 {
+            return Err(GymError::Strategy("link down".into()));
+        }
+        ctx.collective.barrier()?;
+        Ok(model)
+    }
+    fn lr(&self) -> f64 {
+        0.0
+    }
+}
+
+#[test]
+fn fault_strategy_error_names_rank_and_step() {
+    let err = Trainer::new(config(4))
+        .fit(
+            faulty(99, 0, false),
+            &FailingConfig,
+            &data(),
+            &SyntheticBatcher,
+        )
+        .err()
+        .expect("the run fails");
+    assert!(
+        matches!(&err, GymError::NodeFailed { rank: 3, step: 5, source } if matches!(**source, GymError::Strategy(_))),
+        "{err}"
+    );
+}
+
+fn mlp(d: &Device) -> Mlp {
+    MlpConfig::new()
+        .with_input(8)
+        .with_hidden(8)
+        .with_classes(3)
+        .init(d)
+}
+
+#[test]
+fn fault_bad_configurations_and_data_are_typed_errors() {
+    let fit = |config: TrainerConfig, data: NodeData<tests::Example>| {
+        Trainer::new(config)
+            .fit(mlp, &AllReduceConfig::new(), &data, &SyntheticBatcher)
+            .err()
+            .expect("rejected")
+    };
+    assert!(matches!(fit(config(0), data()), GymError::InvalidConfig(_)));
+    let tiny = NodeData::shared(Synthetic::new(10, 8, 3, 1), Synthetic::new(16, 8, 3, 2));
+    let err = fit(config(4), tiny);
+    assert!(
+        matches!(&err, GymError::Data(m) if m.contains("less than one batch")),
+        "{err}"
+    );
+    let empty = NodeData::shared(Synthetic::new(0, 8, 3, 1), Synthetic::new(16, 8, 3, 2));
+    assert!(matches!(fit(config(2), empty), GymError::Data(m) if m.contains("empty")));
+    let no_val = NodeData::shared(Synthetic::new(64, 8, 3, 1), Synthetic::new(0, 8, 3, 2));
+    assert!(matches!(fit(config(2), no_val), GymError::Data(m) if m.contains("validation")));
+    let unwritable = config(2).with_log_dir(Some("/proc/no-such-dir".into()));
+    assert!(matches!(fit(unwritable, data()), GymError::Io { .. }));
+}
