@@ -110,6 +110,9 @@ pub struct CommonArgs {
     /// Hide the progress bar.
     #[arg(long)]
     pub no_progress: bool,
+    /// Threads each node's tensor kernels may use (0: share all node threads).
+    #[arg(long, default_value_t = 1)]
+    pub kernel_threads_per_node: usize,
     /// Inner steps between synchronisations (DiLoCo default 100, FedAvg default 1).
     #[arg(short = 'H', long)]
     pub inner_steps: Option<usize>,
@@ -147,6 +150,7 @@ impl CommonArgs {
             .with_run_name(self.run_name.clone())
             .with_log_dir(Some(self.log_dir.to_string_lossy().into_owned()))
             .with_progress(!self.no_progress)
+            .with_kernel_threads_per_node(self.kernel_threads_per_node)
     }
 
     /// The inner optimizer these flags describe.

@@ -197,7 +197,7 @@ pub(crate) fn get_item<I>(dataset: &dyn Dataset<I>, index: usize) -> Result<I> {
 pub(crate) fn validation_indices(len: usize, size: Option<usize>, seed: u64) -> Vec<usize> {
     let mut all: Vec<usize> = (0..len).collect();
     if let Some(size) = size.filter(|&s| s < len) {
-        let mut rng = ChaCha8Rng::seed_from_u64(derive_seed(seed, &[0x7661_6C]));
+        let mut rng = ChaCha8Rng::seed_from_u64(derive_seed(seed, &[0x0076_616C]));
         all.shuffle(&mut rng);
         all.truncate(size);
     }

@@ -246,11 +246,14 @@ struct RecorderState {
     last_emit: Instant,
     last_step_done: Instant,
     train: Vec<TrainRecord>,
-    pending_val: BTreeMap<usize, (Option<(EvalMetrics, usize)>, Option<(EvalMetrics, usize)>)>,
+    pending_val: BTreeMap<usize, PendingEval>,
     validation: Vec<ValRecord>,
     logs: Option<CsvLogs>,
     write_error: Option<GymError>,
 }
+
+/// The local and global evaluations of a step, with their example counts, as they arrive.
+type PendingEval = (Option<(EvalMetrics, usize)>, Option<(EvalMetrics, usize)>);
 
 struct PendingStep {
     losses: Vec<Option<f64>>,

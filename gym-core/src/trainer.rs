@@ -57,6 +57,10 @@ pub struct TrainerConfig {
     /// Show a progress bar on stderr.
     #[config(default = true)]
     pub progress: bool,
+    /// Threads each node's tensor kernels may use (a pool of its own); 0 lets them spread
+    /// over the pool of all node threads.
+    #[config(default = 1)]
+    pub kernel_threads_per_node: usize,
 }
 
 impl TrainerConfig {
@@ -84,7 +88,7 @@ impl TrainerConfig {
                 self.batch_size
             ));
         }
-        if self.batch_size % mb != 0 {
+        if !self.batch_size.is_multiple_of(mb) {
             return bad(format!(
                 "batch_size ({}) is not a multiple of minibatch_size ({mb})",
                 self.batch_size
@@ -301,7 +305,23 @@ impl Trainer {
                     .unwrap_or_else(|p| p.into_inner())
                     .take()
                     .expect("each rank runs once");
-                let outcome = run_node(rank, model, view, &shared, comm, &current_step[rank]);
+                let run = || run_node(rank, model, view, &shared, comm, &current_step[rank]);
+                // Burn's CPU kernels split work with rayon, in the pool of the calling thread.
+                // A node's own small pool keeps that work from spreading over the other nodes'
+                // threads (see `kernel_threads_per_node`).
+                let outcome = match cfg.kernel_threads_per_node {
+                    0 => run(),
+                    n => match rayon::ThreadPoolBuilder::new()
+                        .num_threads(n)
+                        .thread_name(move |_| format!("gym-node-{rank}"))
+                        .build()
+                    {
+                        Ok(pool) => pool.install(run),
+                        Err(e) => Err(GymError::InvalidConfig(format!(
+                            "cannot start node threads: {e}"
+                        ))),
+                    },
+                };
                 match outcome {
                     Ok(o) => {
                         group.leave(rank);

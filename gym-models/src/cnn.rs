@@ -104,3 +104,30 @@ impl TrainModel for MnistCnn {
         classification_metrics(self.forward(batch.images.clone()), batch.targets.clone())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gym_core::ParamLayout;
+
+    #[test]
+    fn the_cnn_has_the_originals_parameter_count_and_shapes() {
+        let device = Device::default().autodiff();
+        let model = MnistCnnConfig::new().init(&device);
+        // conv 1→64, 64→64, 64→128, 128→128 (3×3, with bias), four batch norms (γ, β),
+        // Linear 6272→256 and 256→10: 1,868,234 trainable parameters.
+        let expected = (9 + 1) * 64
+            + (64 * 9 + 1) * 64
+            + (64 * 9 + 1) * 128
+            + (128 * 9 + 1) * 128
+            + 2 * (64 + 64 + 128 + 128)
+            + 6272 * 256
+            + 256
+            + 256 * 10
+            + 10;
+        assert_eq!(expected, 1_868_234);
+        assert_eq!(ParamLayout::trainable(&model).num_elements(), expected);
+        let logits = model.forward(Tensor::zeros([3, 1, 28, 28], &device));
+        assert_eq!(logits.dims(), [3, 10]);
+    }
+}

@@ -48,7 +48,7 @@ impl<'a> FlatParams<'a> {
 /// round has exactly `period` local steps. (The original syncs when `t > 0 && t % H == 0`,
 /// which makes its first round `H+1` steps long.)
 pub fn is_sync_step(step: usize, period: usize) -> bool {
-    period > 0 && (step + 1) % period == 0
+    period > 0 && (step + 1).is_multiple_of(period)
 }
 
 /// One communication step of a composed strategy, run after every inner optimizer step.

@@ -186,7 +186,7 @@ fn outer_nesterov_matches_a_hand_computed_three_step_sequence() {
     let got = drive(&module, initial.clone(), &replicas, 3);
     // PyTorch SGD-Nesterov, dampening 0: b ← Δ (first), b ← μb + Δ; θ ← θ − lr(Δ + μb).
     let mut master: Vec<f64> = initial.iter().map(|&x| x as f64).collect();
-    let mut b = vec![0.0f64; 3];
+    let mut b = [0.0f64; 3];
     for (s, replica) in replicas.iter().enumerate() {
         for i in 0..3 {
             let delta = master[i] - replica[i] as f64;

@@ -125,3 +125,41 @@ fn mnist_mlp_on_four_nodes_learns_and_writes_its_logs() {
     assert_eq!(config["trainer"]["num_nodes"], 4);
     std::fs::remove_dir_all(log_dir).ok();
 }
+
+#[test]
+fn a_per_node_factory_is_called_once_per_node_and_split() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counter = calls.clone();
+    let data = NodeData::per_node(
+        move |rank, num_nodes, split| -> gym_core::SharedDataset<tests::Example> {
+            counter.fetch_add(1, Ordering::SeqCst);
+            assert_eq!(num_nodes, 3);
+            let seed = 10 * rank as u64 + u64::from(split == gym_core::Split::Validation);
+            Arc::new(Synthetic::new(64, 16, 4, seed))
+        },
+    );
+    let config = TrainerConfig::new(3)
+        .with_max_steps(Some(5))
+        .with_batch_size(8)
+        .with_val_size(16)
+        .with_log_dir(None)
+        .with_progress(false);
+    let out = Trainer::new(config)
+        .fit(
+            |d: &Device| {
+                MlpConfig::new()
+                    .with_input(16)
+                    .with_hidden(8)
+                    .with_classes(4)
+                    .init(d)
+            },
+            &AllReduceConfig::new(),
+            &data,
+            &SyntheticBatcher,
+        )
+        .unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 3 * 2);
+    assert_eq!(out.report.train.len(), 5);
+}

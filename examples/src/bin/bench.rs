@@ -37,13 +37,40 @@ struct Cli {
     max_steps: usize,
 }
 
-/// The original Python implementation measured on this machine with the same set-up:
-/// strategy, loop it/s, wall s, start-up s, memory MiB, accuracy (None: not measured).
-const ORIGINAL: &[(&str, f64, Option<(f64, f64, f64)>, f64)] = &[
-    ("allreduce", 20.9, Some((26.0, 17.0, 2.8 * 1024.0)), 0.918),
-    ("diloco", 64.0, None, 0.907),
-    ("sparta", 23.5, None, 0.911),
-    ("fedavg", 70.0, None, 0.911),
+/// The original Python implementation, measured on this machine with the same set-up.
+struct Reference {
+    strategy: &'static str,
+    its_per_s: f64,
+    /// Wall time, start-up and memory (MiB), where measured.
+    process: Option<(f64, f64, f64)>,
+    accuracy: f64,
+}
+
+const ORIGINAL: &[Reference] = &[
+    Reference {
+        strategy: "allreduce",
+        its_per_s: 20.9,
+        process: Some((26.0, 17.0, 2.8 * 1024.0)),
+        accuracy: 0.918,
+    },
+    Reference {
+        strategy: "diloco",
+        its_per_s: 64.0,
+        process: None,
+        accuracy: 0.907,
+    },
+    Reference {
+        strategy: "sparta",
+        its_per_s: 23.5,
+        process: None,
+        accuracy: 0.911,
+    },
+    Reference {
+        strategy: "fedavg",
+        its_per_s: 70.0,
+        process: None,
+        accuracy: 0.911,
+    },
 ];
 
 fn main() -> ExitCode {
@@ -122,14 +149,17 @@ fn print_table(rows: &[RunSummary]) {
         "| run | loop it/s | wall (s) | start-up (s) | peak RSS (MiB) | val acc | sent/node (MiB) | vs AllReduce bytes | it/s vs original |"
     );
     println!("|---|---|---|---|---|---|---|---|---|");
-    for (name, its, timing, acc) in ORIGINAL {
-        let (wall, startup, rss) = timing
-            .map_or(("-".into(), "-".into(), "-".into()), |(w, s, r)| {
-                (format!("{w:.1}"), format!("{s:.1}"), format!("{r:.0}"))
+    for r in ORIGINAL {
+        let (wall, startup, rss) = r
+            .process
+            .map_or(("-".into(), "-".into(), "-".into()), |(w, s, m)| {
+                (format!("{w:.1}"), format!("{s:.1}"), format!("{m:.0}"))
             });
         println!(
-            "| original (Python) {name} | {its:.1} | {wall} | {startup} | {rss} | {:.1}% | - | - | 1.0× |",
-            acc * 100.0
+            "| original (Python) {} | {:.1} | {wall} | {startup} | {rss} | {:.1}% | - | - | 1.0× |",
+            r.strategy,
+            r.its_per_s,
+            r.accuracy * 100.0
         );
     }
     let allreduce_bytes = rows
@@ -137,7 +167,10 @@ fn print_table(rows: &[RunSummary]) {
         .find(|s| s.strategy == "allreduce")
         .map(|s| s.bytes_sent_per_node);
     for s in rows {
-        let original = ORIGINAL.iter().find(|o| o.0 == s.strategy).map(|o| o.1);
+        let original = ORIGINAL
+            .iter()
+            .find(|o| o.strategy == s.strategy)
+            .map(|o| o.its_per_s);
         println!(
             "| {} ({}) | {:.1} | {:.2} | {:.2} | {} | {} | {:.2} | {} | {} |",
             s.strategy,

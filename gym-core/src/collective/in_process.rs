@@ -52,7 +52,7 @@ struct RvState {
 }
 
 enum Outcome {
-    One(Tensor<1>),
+    One(Box<Tensor<1>>),
     All(Vec<Tensor<1>>),
     Done,
 }
@@ -345,17 +345,14 @@ fn combine(op: CollectiveOp, group: &Group, inputs: Vec<Option<Tensor<1>>>) -> O
             let device = first.device();
             let sum = inputs.fold(first, |acc, t| acc + t.to_device(&device));
             match reduce {
-                ReduceOp::Sum => Outcome::One(sum),
-                ReduceOp::Mean => Outcome::One(sum.div_scalar(group.size() as f64)),
+                ReduceOp::Sum => Outcome::One(Box::new(sum)),
+                ReduceOp::Mean => Outcome::One(Box::new(sum.div_scalar(group.size() as f64))),
             }
         }
         CollectiveOp::Broadcast { root } => {
             let root_pos = group.members().iter().position(|&m| m == root);
-            Outcome::One(
-                inputs
-                    .nth(root_pos.expect("root is a member"))
-                    .expect("root input"),
-            )
+            let root_input = inputs.nth(root_pos.expect("root is a member"));
+            Outcome::One(Box::new(root_input.expect("root input")))
         }
         CollectiveOp::AllGather => Outcome::All(inputs.collect()),
         CollectiveOp::Barrier => Outcome::Done,
@@ -379,7 +376,7 @@ impl Collective for InProcessCollective {
     ) -> Result<Tensor<1>, CollectiveError> {
         let device = tensor.device();
         match &*self.exchange(group, CollectiveOp::AllReduce(op), Some(tensor))? {
-            Outcome::One(t) => Ok(t.clone().to_device(&device.inner())),
+            Outcome::One(t) => Ok((**t).clone().to_device(&device.inner())),
             _ => unreachable!("all-reduce yields one tensor"),
         }
     }
@@ -392,7 +389,7 @@ impl Collective for InProcessCollective {
     ) -> Result<Tensor<1>, CollectiveError> {
         let device = tensor.device();
         match &*self.exchange(group, CollectiveOp::Broadcast { root }, Some(tensor))? {
-            Outcome::One(t) => Ok(t.clone().to_device(&device.inner())),
+            Outcome::One(t) => Ok((**t).clone().to_device(&device.inner())),
             _ => unreachable!("broadcast yields one tensor"),
         }
     }
