@@ -88,14 +88,14 @@ pub struct CommonArgs {
     /// Clip gradients to this global L2 norm.
     #[arg(long)]
     pub max_norm: Option<f64>,
-    /// Folder holding the dataset files (default: $GYM_DATA_DIR/<dataset> or a user cache,
+    /// Folder holding the dataset files (default: $GYM_DATA_DIR/DATASET or a user cache,
     /// downloaded if missing).
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
     /// Seed of everything random.
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
-    /// Name of the run's log folder (default: <strategy>-n<K>-<UTC time>).
+    /// Name of the run's log folder (default: STRATEGY-nK-UTCTIME).
     #[arg(long)]
     pub run_name: Option<String>,
     /// Folder for run logs.

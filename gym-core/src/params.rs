@@ -78,6 +78,7 @@ impl ParamLayout {
         let mut g = Gather {
             layout: self,
             index: 0,
+            grads: None,
             parts: Vec::with_capacity(self.entries.len()),
         };
         model.visit(&mut g);
@@ -107,10 +108,10 @@ impl ParamLayout {
     /// no gradient (unused in the forward pass) contributes zeros, so every node's buffer has
     /// the same layout.
     pub fn flatten_grads<M: Module>(&self, model: &M, grads: &mut Gradients) -> Tensor<1> {
-        let mut g = GatherGrads {
+        let mut g = Gather {
             layout: self,
             index: 0,
-            grads,
+            grads: Some(grads),
             parts: Vec::with_capacity(self.entries.len()),
         };
         model.visit(&mut g);
@@ -186,54 +187,38 @@ impl ModuleVisitor for LayoutVisitor {
     }
 }
 
+impl ParamLayout {
+    /// Whether the float tensor visited `index`-th belongs to the layout.
+    fn selects(&self, index: usize) -> bool {
+        self.selected.get(index).copied().unwrap_or(false)
+    }
+}
+
+/// Collects the selected tensors' values, or with `grads` their gradients, as flat parts.
 struct Gather<'a> {
     layout: &'a ParamLayout,
     index: usize,
+    grads: Option<&'a mut Gradients>,
     parts: Vec<Tensor<1>>,
 }
 
 impl ModuleVisitor for Gather<'_> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-        let keep = self
-            .layout
-            .selected
-            .get(self.index)
-            .copied()
-            .unwrap_or(false);
+        let keep = self.layout.selects(self.index);
         self.index += 1;
-        if keep {
-            let t = param.val().inner();
-            let n = t.shape().num_elements();
-            self.parts.push(t.reshape([n]));
+        if !keep {
+            return;
         }
-    }
-}
-
-struct GatherGrads<'a> {
-    layout: &'a ParamLayout,
-    index: usize,
-    grads: &'a mut Gradients,
-    parts: Vec<Tensor<1>>,
-}
-
-impl ModuleVisitor for GatherGrads<'_> {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-        let keep = self
-            .layout
-            .selected
-            .get(self.index)
-            .copied()
-            .unwrap_or(false);
-        self.index += 1;
-        if keep {
-            let value = param.val();
-            let n = value.shape().num_elements();
-            let grad = match value.grad_remove(self.grads) {
+        let value = param.val();
+        let n = value.shape().num_elements();
+        let part = match self.grads.as_deref_mut() {
+            None => value.inner().reshape([n]),
+            Some(grads) => match value.grad_remove(grads) {
                 Some(g) => g.reshape([n]),
                 None => Tensor::zeros([n], &value.device().inner()),
-            };
-            self.parts.push(grad);
-        }
+            },
+        };
+        self.parts.push(part);
     }
 }
 
@@ -246,12 +231,7 @@ struct Scatter<'a> {
 
 impl ModuleMapper for Scatter<'_> {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
-        let keep = self
-            .layout
-            .selected
-            .get(self.index)
-            .copied()
-            .unwrap_or(false);
+        let keep = self.layout.selects(self.index);
         self.index += 1;
         if !keep {
             return param;

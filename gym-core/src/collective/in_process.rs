@@ -139,8 +139,7 @@ impl InProcessGroup {
     /// Marks `rank` as finished: ranks still waiting for it in a collective get
     /// [`CollectiveError::MemberLeft`] instead of waiting forever.
     pub fn leave(&self, rank: usize) {
-        self.shared.left[rank].store(true, Ordering::SeqCst);
-        self.shared.wake_all();
+        self.handle(rank).leave();
     }
 
     /// Bytes and calls of `rank` counted for training (the project's communication metric).
