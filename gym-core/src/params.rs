@@ -129,6 +129,11 @@ impl ParamLayout {
         out
     }
 
+    /// Whether the float tensor visited `index`-th belongs to the layout.
+    fn selects(&self, index: usize) -> bool {
+        self.selected.get(index).copied().unwrap_or(false)
+    }
+
     /// The slice of `flat` holding parameter `index` (in [`entries`](Self::entries) order).
     pub fn slice(&self, flat: &Tensor<1>, index: usize) -> Tensor<1> {
         let e = &self.entries[index];
@@ -184,13 +189,6 @@ impl ModuleVisitor for LayoutVisitor {
             });
             self.layout.num_elements += numel;
         }
-    }
-}
-
-impl ParamLayout {
-    /// Whether the float tensor visited `index`-th belongs to the layout.
-    fn selects(&self, index: usize) -> bool {
-        self.selected.get(index).copied().unwrap_or(false)
     }
 }
 
