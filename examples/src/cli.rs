@@ -4,11 +4,12 @@
 use clap::{Args, ValueEnum};
 use gym_core::{
     AdamSpec, AdamWSpec, InnerOptimizerConfig, LrScheduleConfig, OptimizerSpec, SgdSpec,
-    TrainerConfig,
+    StrategyConfig, TrainerConfig,
 };
 use gym_strategies::{
-    AllReduceConfig, AveragingCommunicatorConfig, DiLoCoCommunicatorConfig, DiLoCoConfig,
-    FedAvgConfig, IndexSelectorKind, SparseCommunicatorConfig, SpartaConfig, SpartaDiLoCoConfig,
+    AllReduceConfig, AveragingCommunicatorConfig, DeMoConfig, DiLoCoCommunicatorConfig,
+    DiLoCoConfig, FedAvgConfig, IndexSelectorKind, SparseCommunicatorConfig, SpartaConfig,
+    SpartaDiLoCoConfig,
 };
 use std::path::PathBuf;
 
@@ -25,6 +26,8 @@ pub enum StrategyName {
     Sparta,
     /// SPARTA every --sparta-interval steps plus DiLoCo every H steps.
     SpartaDiloco,
+    /// DeMo: top-k DCT coefficients of a local gradient buffer, sign step (lr: --lr).
+    Demo,
 }
 
 /// SPARTA's index selectors.
@@ -73,10 +76,11 @@ pub struct CommonArgs {
     /// Inner optimizer.
     #[arg(long, value_enum, default_value = "adamw")]
     pub optimizer: OptimizerName,
-    /// Learning rate of the inner optimizer.
+    /// Learning rate of the inner optimizer (DeMo: of its sign step).
     #[arg(long, default_value_t = 3e-4)]
     pub lr: f64,
-    /// Weight decay of the inner optimizer (default: the optimizer's own, 0.01 for AdamW).
+    /// Weight decay of the inner optimizer (default: the optimizer's own, 0.01 for AdamW;
+    /// DeMo: decoupled, default 0).
     #[arg(long)]
     pub weight_decay: Option<f32>,
     /// Linear warmup steps.
@@ -134,9 +138,40 @@ pub struct CommonArgs {
     /// SPARTA: how the averaged elements are chosen.
     #[arg(long, value_enum, default_value = "random")]
     pub sparta_selector: SelectorName,
+    /// DeMo: decay of the error-feedback buffer, in [0, 1).
+    #[arg(long, default_value_t = 0.999)]
+    pub compression_decay: f64,
+    /// DeMo: DCT coefficients sent per chunk.
+    #[arg(long, default_value_t = 32)]
+    pub compression_topk: usize,
+    /// DeMo: target chunk length per dimension.
+    #[arg(long, default_value_t = 64)]
+    pub compression_chunk: usize,
+}
+
+/// A job to run with whichever strategy the flags name (see [`CommonArgs::dispatch`]):
+/// strategies are different types, so the job is generic over them.
+pub trait WithStrategy {
+    /// What the job returns.
+    type Output;
+
+    /// Runs the job with `strategy`.
+    fn run<S: StrategyConfig>(self, strategy: &S) -> Self::Output;
 }
 
 impl CommonArgs {
+    /// Runs `job` with the strategy named by `--strategy`, configured by these flags.
+    pub fn dispatch<J: WithStrategy>(&self, job: J) -> J::Output {
+        match self.strategy {
+            StrategyName::Allreduce => job.run(&self.all_reduce()),
+            StrategyName::Diloco => job.run(&self.diloco()),
+            StrategyName::Fedavg => job.run(&self.fedavg()),
+            StrategyName::Sparta => job.run(&self.sparta()),
+            StrategyName::SpartaDiloco => job.run(&self.sparta_diloco()),
+            StrategyName::Demo => job.run(&self.demo()),
+        }
+    }
+
     /// The trainer configuration these flags describe.
     pub fn trainer_config(&self) -> TrainerConfig {
         TrainerConfig::new(self.num_nodes)
@@ -229,6 +264,19 @@ impl CommonArgs {
             .with_inner(self.inner())
             .with_sparta(self.sparse_communicator())
             .with_diloco(self.diloco_communicator())
+    }
+
+    /// The DeMo strategy these flags describe (it has no inner optimizer: --optimizer is
+    /// not used).
+    pub fn demo(&self) -> DeMoConfig {
+        DeMoConfig::new()
+            .with_lr(self.lr)
+            .with_schedule(self.schedule())
+            .with_max_norm(self.max_norm)
+            .with_compression_decay(self.compression_decay)
+            .with_compression_topk(self.compression_topk)
+            .with_compression_chunk(self.compression_chunk)
+            .with_weight_decay(self.weight_decay.map_or(0.0, f64::from))
     }
 
     /// The AllReduce strategy these flags describe.

@@ -24,6 +24,10 @@ pub fn print_summary(s: &RunSummary) {
     );
     println!("loop speed        {:.1} it/s", s.loop_its_per_s);
     println!(
+        "per step          {:.1} ms forward/backward, {:.1} ms strategy",
+        s.compute_ms_per_step, s.strategy_ms_per_step
+    );
+    println!(
         "bytes per node    {} sent, {} received",
         human_bytes(s.bytes_sent_per_node),
         human_bytes(s.bytes_received_per_node)

@@ -27,6 +27,10 @@ pub struct TrainRecord {
     pub step_time_s: f64,
     /// Steps per second since the loop started.
     pub its_per_s: f64,
+    /// Seconds in forward and backward passes (data included), mean over nodes.
+    pub compute_s: f64,
+    /// Seconds in the strategy's step (communication and update), mean over nodes.
+    pub strategy_s: f64,
     /// Cumulative payload bytes sent, mean per node.
     pub bytes_sent: u64,
     /// Cumulative payload bytes received, mean per node.
@@ -93,6 +97,16 @@ impl RunReport {
         mean(self.comm.iter().map(|c| c.bytes_received as f64))
     }
 
+    /// Mean seconds per step in forward and backward passes (per node).
+    pub fn compute_s_per_step(&self) -> f64 {
+        mean(self.train.iter().map(|r| r.compute_s))
+    }
+
+    /// Mean seconds per step in the strategy: communication, compression and update.
+    pub fn strategy_s_per_step(&self) -> f64 {
+        mean(self.train.iter().map(|r| r.strategy_s))
+    }
+
     /// The loss of the last step.
     pub fn final_train_loss(&self) -> Option<f64> {
         self.train.last().map(|r| r.train_loss)
@@ -140,6 +154,10 @@ pub struct RunSummary {
     pub fit_time_s: f64,
     /// Steps per second of the training loop.
     pub loop_its_per_s: f64,
+    /// Milliseconds per step in forward and backward passes, per node.
+    pub compute_ms_per_step: f64,
+    /// Milliseconds per step in the strategy (communication, compression, update), per node.
+    pub strategy_ms_per_step: f64,
     /// Payload bytes each node sent (mean over nodes).
     pub bytes_sent_per_node: f64,
     /// Payload bytes each node received (mean over nodes).
@@ -175,6 +193,8 @@ impl RunSummary {
             startup_s: to_fit + report.setup_s,
             fit_time_s: report.wall_s,
             loop_its_per_s: report.loop_its_per_s(),
+            compute_ms_per_step: report.compute_s_per_step() * 1e3,
+            strategy_ms_per_step: report.strategy_s_per_step() * 1e3,
             bytes_sent_per_node: report.bytes_sent_per_node(),
             bytes_received_per_node: report.bytes_received_per_node(),
             peak_rss_bytes: peak_rss_bytes(),
@@ -260,6 +280,23 @@ struct PendingStep {
     lr: f64,
     sent: u64,
     received: u64,
+    compute_s: f64,
+    strategy_s: f64,
+}
+
+/// What one node reports after a step.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct NodeStep {
+    /// Mean loss over the node's minibatches.
+    pub loss: f64,
+    /// Learning rate of the step.
+    pub lr: f64,
+    /// The node's cumulative traffic.
+    pub comm: CommStats,
+    /// Seconds in forward and backward passes.
+    pub compute_s: f64,
+    /// Seconds in the strategy's step.
+    pub strategy_s: f64,
 }
 
 impl Recorder {
@@ -307,8 +344,8 @@ impl Recorder {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A node finished `step` with mean loss `loss`, learning rate `lr` and cumulative traffic.
-    pub fn train_step(&self, rank: usize, step: usize, loss: f64, lr: f64, comm: CommStats) {
+    /// Node `rank` finished `step`.
+    pub fn train_step(&self, rank: usize, step: usize, node: NodeStep) {
         let mut st = self.lock();
         let k = self.num_nodes;
         let p = st.pending.entry(step).or_insert_with(|| PendingStep {
@@ -316,13 +353,17 @@ impl Recorder {
             lr: 0.0,
             sent: 0,
             received: 0,
+            compute_s: 0.0,
+            strategy_s: 0.0,
         });
-        p.losses[rank] = Some(loss);
+        p.losses[rank] = Some(node.loss);
         if rank == 0 {
-            p.lr = lr;
+            p.lr = node.lr;
         }
-        p.sent += comm.bytes_sent;
-        p.received += comm.bytes_received;
+        p.sent += node.comm.bytes_sent;
+        p.received += node.comm.bytes_received;
+        p.compute_s += node.compute_s;
+        p.strategy_s += node.strategy_s;
         // Emit every completed step in order.
         while let Some(p) = st.pending.get(&st.next_step) {
             if p.losses.iter().any(Option::is_none) {
@@ -339,6 +380,8 @@ impl Recorder {
                 step_time_s: now.duration_since(st.last_emit).as_secs_f64(),
                 its_per_s: (step + 1) as f64
                     / now.duration_since(self.start).as_secs_f64().max(1e-9),
+                compute_s: p.compute_s / k as f64,
+                strategy_s: p.strategy_s / k as f64,
                 bytes_sent: p.sent / k as u64,
                 bytes_received: p.received / k as u64,
             };
@@ -436,7 +479,7 @@ impl CsvLogs {
         Ok(CsvLogs {
             train: open(
                 "train.csv",
-                "step,examples_seen,train_loss,train_perplexity,lr,step_time_s,its_per_s,bytes_sent,bytes_received",
+                "step,examples_seen,train_loss,train_perplexity,lr,step_time_s,its_per_s,compute_s,strategy_s,bytes_sent,bytes_received",
             )?,
             val: open(
                 "validation.csv",
@@ -449,7 +492,7 @@ impl CsvLogs {
     fn train_row(&mut self, r: &TrainRecord) -> Result<()> {
         writeln!(
             self.train,
-            "{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{}",
             r.step,
             r.examples_seen,
             r.train_loss,
@@ -457,6 +500,8 @@ impl CsvLogs {
             r.lr,
             r.step_time_s,
             r.its_per_s,
+            r.compute_s,
+            r.strategy_s,
             r.bytes_sent,
             r.bytes_received
         )
@@ -502,10 +547,17 @@ mod tests {
             bytes_received: 20,
             ..CommStats::default()
         };
-        r.train_step(1, 1, 4.0, 0.1, c); // step 1 before step 0: buffered
-        r.train_step(0, 0, 1.0, 0.5, c);
-        r.train_step(1, 0, 3.0, 0.9, c);
-        r.train_step(0, 1, 2.0, 0.6, c);
+        let node = |loss, lr, compute_s| NodeStep {
+            loss,
+            lr,
+            comm: c,
+            compute_s,
+            strategy_s: 0.5,
+        };
+        r.train_step(1, 1, node(4.0, 0.1, 1.0)); // step 1 before step 0: buffered
+        r.train_step(0, 0, node(1.0, 0.5, 2.0));
+        r.train_step(1, 0, node(3.0, 0.9, 4.0));
+        r.train_step(0, 1, node(2.0, 0.6, 3.0));
         let (train, _) = r.finish().unwrap();
         assert_eq!(train.len(), 2);
         assert_eq!(
@@ -518,5 +570,7 @@ mod tests {
         );
         assert_eq!(train[1].examples_seen, 16);
         assert_eq!(train[0].bytes_sent, 10);
+        assert_eq!((train[0].compute_s, train[1].compute_s), (3.0, 2.0));
+        assert_eq!(train[0].strategy_s, 0.5);
     }
 }

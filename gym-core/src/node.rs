@@ -4,7 +4,7 @@
 use crate::collective::{Collective, InProcessCollective, ReduceOp};
 use crate::data::{NodeLoader, NodeView, get_item, validation_indices};
 use crate::error::{GymError, Result};
-use crate::metrics::{EvalKind, Recorder};
+use crate::metrics::{EvalKind, NodeStep, Recorder};
 use crate::model::{EvalMetrics, TrainModel};
 use crate::params::ParamLayout;
 use crate::rng;
@@ -14,6 +14,7 @@ use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::Dataset;
 use burn::tensor::{Device, Tensor};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
 
 /// What every node of a run shares (read-only).
 pub(crate) struct NodeShared<'a, B, S> {
@@ -80,6 +81,7 @@ where
         if cfg.val_size > 0 && step % cfg.val_interval == 0 {
             eval.evaluate(step, &model, &layout, &subset)?;
         }
+        let compute_start = Instant::now();
         let mut grads: Option<Tensor<1>> = None;
         let mut loss_sum = 0.0;
         for _ in 0..accumulation {
@@ -101,6 +103,8 @@ where
         if accumulation > 1 {
             grads = grads.div_scalar(accumulation as f64);
         }
+        let compute_s = compute_start.elapsed().as_secs_f64();
+        let strategy_start = Instant::now();
         let mut ctx = StepContext {
             rank,
             world_size: k,
@@ -113,9 +117,13 @@ where
         shared.recorder.train_step(
             rank,
             step,
-            loss_sum / accumulation as f64,
-            strategy.lr(),
-            comm.stats(),
+            NodeStep {
+                loss: loss_sum / accumulation as f64,
+                lr: strategy.lr(),
+                comm: comm.stats(),
+                compute_s,
+                strategy_s: strategy_start.elapsed().as_secs_f64(),
+            },
         );
     }
     current_step.store(shared.max_steps, Ordering::SeqCst);

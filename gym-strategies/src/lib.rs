@@ -8,9 +8,11 @@
 //! * [`DiLoCoConfig`]: H local steps, then an outer Nesterov step on the averaged replicas;
 //! * [`FedAvgConfig`]: replicas averaged every H steps, optionally within random islands;
 //! * [`SpartaConfig`]: a random fraction `p` of the parameters averaged every step;
-//! * [`SpartaDiLoCoConfig`]: both SPARTA and DiLoCo.
+//! * [`SpartaDiLoCoConfig`]: both SPARTA and DiLoCo;
+//! * [`DeMoConfig`]: each node sends the largest DCT coefficients of its local gradient
+//!   buffer, and every node steps with the sign of their average.
 //!
-//! All but AllReduce are compositions ([`CommunicateOptimizeConfig`]): a local optimizer
+//! All but AllReduce and DeMo are compositions ([`CommunicateOptimizeConfig`]): a local optimizer
 //! step followed by [`communicate::CommunicationModule`]s that each decide their own
 //! timing. Compose your own modules, or implement [`Strategy`](gym_core::Strategy)
 //! directly.
@@ -19,6 +21,8 @@
 
 mod all_reduce;
 pub mod communicate;
+pub mod dct;
+mod demo;
 mod diloco;
 mod fedavg;
 mod sparta;
@@ -26,6 +30,7 @@ mod sparta_diloco;
 
 pub use all_reduce::{AllReduce, AllReduceConfig};
 pub use communicate::{CommunicateOptimize, CommunicateOptimizeConfig};
+pub use demo::{DeMo, DeMoConfig, IndexWidth, SparseCoefficients};
 pub use diloco::{
     DiLoCoCommunicator, DiLoCoCommunicatorConfig, DiLoCoConfig, default_outer_optimizer,
 };

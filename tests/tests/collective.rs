@@ -100,6 +100,56 @@ fn all_gather_returns_every_ranks_tensor_in_rank_order() {
 }
 
 #[test]
+fn all_gather_bytes_returns_every_ranks_buffer_in_rank_order_and_counts_its_length() {
+    let group = InProcessGroup::new(3);
+    let got = group
+        .run(|c| {
+            let mine: Vec<u8> = (0..7).map(|i| (10 * c.rank() + i) as u8).collect();
+            c.all_gather_bytes(mine).unwrap()
+        })
+        .unwrap();
+    let expected: Vec<Vec<u8>> = (0..3)
+        .map(|r| (0..7).map(|i| (10 * r + i) as u8).collect())
+        .collect();
+    for per_rank in got {
+        assert_eq!(per_rank.unwrap(), expected);
+    }
+    // Ring all-gather of a 7-byte buffer among 3 ranks: 2·7 bytes each way.
+    for r in 0..3 {
+        let s = group.stats(r);
+        assert_eq!(
+            (s.bytes_sent, s.bytes_received, s.all_gather_calls),
+            (14, 14, 1)
+        );
+    }
+}
+
+#[test]
+fn a_byte_gather_meeting_a_tensor_gather_is_a_mismatch() {
+    let results = within(Duration::from_secs(30), || {
+        InProcessGroup::new(2)
+            .run(|c| {
+                if c.rank() == 0 {
+                    c.all_gather_bytes(vec![0; 8]).map(|_| ())
+                } else {
+                    c.all_gather(tensor(vec![0.0; 2])).map(|_| ())
+                }
+            })
+            .unwrap()
+    });
+    assert!(
+        results
+            .iter()
+            .any(|r| matches!(r, Ok(Err(CollectiveError::Mismatch { .. })))),
+        "{results:?}"
+    );
+    assert!(
+        results.iter().all(|r| matches!(r, Ok(Err(_)))),
+        "{results:?}"
+    );
+}
+
+#[test]
 fn sub_groups_reduce_independently_and_concurrently() {
     // Islands {0, 2} and {1, 3} reduce at the same time; then {1, 2, 3} gathers.
     let got = on_ranks(4, |c| {

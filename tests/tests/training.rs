@@ -113,7 +113,7 @@ fn mnist_mlp_on_four_nodes_learns_and_writes_its_logs() {
     let mut lines = train_csv.lines();
     assert_eq!(
         lines.next().unwrap(),
-        "step,examples_seen,train_loss,train_perplexity,lr,step_time_s,its_per_s,bytes_sent,bytes_received"
+        "step,examples_seen,train_loss,train_perplexity,lr,step_time_s,its_per_s,compute_s,strategy_s,bytes_sent,bytes_received"
     );
     assert_eq!(lines.count(), 60);
     let val_csv = std::fs::read_to_string(run_dir.join("validation.csv")).unwrap();

@@ -14,8 +14,9 @@ use gym_core::RunSummary;
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
-/// Time the MNIST set-up (4 nodes, MLP, 200 steps, batch 64, lr 3e-4, H = 20, p = 0.005)
-/// per strategy.
+/// Time the MNIST set-up (4 nodes, MLP, 200 steps, batch 64, lr 3e-4 — DeMo 1e-3 —,
+/// H = 20, p = 0.005) per strategy, then a few steps of the CNN (1.87M parameters) to set
+/// DeMo's compression against the forward/backward time of a larger model.
 #[derive(Debug, Parser)]
 #[command(version, about)]
 struct Cli {
@@ -26,9 +27,15 @@ struct Cli {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "allreduce,diloco,sparta,fedavg,sparta-diloco"
+        default_value = "allreduce,diloco,sparta,fedavg,sparta-diloco,demo"
     )]
     strategies: Vec<String>,
+    /// Strategies to time on the CNN, comma-separated (empty: none).
+    #[arg(long, value_delimiter = ',', default_value = "allreduce,demo")]
+    cnn_strategies: Vec<String>,
+    /// Steps per CNN run.
+    #[arg(long, default_value_t = 10)]
+    cnn_steps: usize,
     /// Folder for the runs' logs.
     #[arg(long, default_value = "logs/bench")]
     log_dir: PathBuf,
@@ -71,6 +78,12 @@ const ORIGINAL: &[Reference] = &[
         process: None,
         accuracy: 0.911,
     },
+    Reference {
+        strategy: "demo",
+        its_per_s: 14.5,
+        process: None,
+        accuracy: 0.947,
+    },
 ];
 
 fn main() -> ExitCode {
@@ -85,34 +98,44 @@ fn main() -> ExitCode {
         );
         return ExitCode::FAILURE;
     };
+    let jobs = cli
+        .strategies
+        .iter()
+        .map(|s| ("mlp", s, cli.max_steps))
+        .chain(cli.cnn_strategies.iter().map(|s| ("cnn", s, cli.cnn_steps)))
+        .filter(|(_, s, _)| !s.is_empty());
     let mut rows = Vec::new();
-    for strategy in &cli.strategies {
-        let run_name = format!("bench-{strategy}");
+    for (model, strategy, steps) in jobs {
+        let run_name = format!("bench-{model}-{strategy}");
+        // DeMo's sign step wants a larger lr (its own default, and the original's set-up).
+        let lr = if strategy == "demo" { "1e-3" } else { "3e-4" };
         let mut cmd = Command::new(&mnist);
-        cmd.args([
-            "--strategy",
-            strategy,
-            "--num-nodes",
-            "4",
-            "--model",
-            "mlp",
-            "--batch-size",
-            "64",
-        ])
-        .args([
-            "--lr",
-            "3e-4",
-            "--max-steps",
-            &cli.max_steps.to_string(),
-            "--no-progress",
-        ])
-        .args(["--inner-steps", "20", "--p-sparta", "0.005"])
-        .args(["--run-name", &run_name, "--log-dir"])
-        .arg(&cli.log_dir);
+        cmd.args(["--strategy", strategy, "--num-nodes", "4", "--model", model])
+            .args([
+                "--batch-size",
+                "64",
+                "--lr",
+                lr,
+                "--max-steps",
+                &steps.to_string(),
+            ])
+            .args([
+                "--no-progress",
+                "--inner-steps",
+                "20",
+                "--p-sparta",
+                "0.005",
+            ])
+            .args(["--run-name", &run_name, "--log-dir"])
+            .arg(&cli.log_dir);
+        if model == "cnn" {
+            // Intermediate evaluations of the CNN would dwarf the few steps timed.
+            cmd.args(["--val-size", "0"]);
+        }
         if let Some(dir) = &cli.data_dir {
             cmd.arg("--data-dir").arg(dir);
         }
-        eprintln!("running {strategy} …");
+        eprintln!("running {strategy} on the {model} …");
         match cmd.output() {
             Ok(out) if out.status.success() => {}
             Ok(out) => {
@@ -146,9 +169,9 @@ fn main() -> ExitCode {
 
 fn print_table(rows: &[RunSummary]) {
     println!(
-        "| run | loop it/s | wall (s) | start-up (s) | peak RSS (MiB) | val acc | sent/node (MiB) | vs AllReduce bytes | it/s vs original |"
+        "| run | loop it/s | fwd/bwd ms/step | strategy ms/step | wall (s) | start-up (s) | peak RSS (MiB) | val acc | sent/node/step (KiB) | vs AllReduce bytes | it/s vs original |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for r in ORIGINAL {
         let (wall, startup, rss) = r
             .process
@@ -156,36 +179,40 @@ fn print_table(rows: &[RunSummary]) {
                 (format!("{w:.1}"), format!("{s:.1}"), format!("{m:.0}"))
             });
         println!(
-            "| original (Python) {} | {:.1} | {wall} | {startup} | {rss} | {:.1}% | - | - | 1.0× |",
+            "| original (Python) mlp {} | {:.1} | - | - | {wall} | {startup} | {rss} | {:.1}% | - | - | 1.0× |",
             r.strategy,
             r.its_per_s,
             r.accuracy * 100.0
         );
     }
-    let allreduce_bytes = rows
-        .iter()
-        .find(|s| s.strategy == "allreduce")
-        .map(|s| s.bytes_sent_per_node);
+    let per_step = |s: &RunSummary| s.bytes_sent_per_node / s.steps.max(1) as f64;
     for s in rows {
+        let allreduce_bytes = rows
+            .iter()
+            .find(|a| a.strategy == "allreduce" && a.model == s.model)
+            .map(per_step);
         let original = ORIGINAL
             .iter()
-            .find(|o| o.strategy == s.strategy)
+            .find(|o| o.strategy == s.strategy && s.model == "mlp")
             .map(|o| o.its_per_s);
         println!(
-            "| {} ({}) | {:.1} | {:.2} | {:.2} | {} | {} | {:.2} | {} | {} |",
+            "| {} {} ({}) | {:.1} | {:.1} | {:.1} | {:.2} | {:.2} | {} | {} | {:.1} | {} | {} |",
+            s.model,
             s.strategy,
             s.backend,
             s.loop_its_per_s,
+            s.compute_ms_per_step,
+            s.strategy_ms_per_step,
             s.wall_time_s,
             s.startup_s,
             s.peak_rss_bytes
                 .map_or("-".into(), |b| format!("{:.0}", b as f64 / 1048576.0)),
             s.val_accuracy
                 .map_or("-".into(), |a| format!("{:.1}%", a * 100.0)),
-            s.bytes_sent_per_node / 1048576.0,
+            per_step(s) / 1024.0,
             allreduce_bytes.map_or("-".into(), |a| format!(
                 "1/{:.0}",
-                a / s.bytes_sent_per_node.max(1.0)
+                a / per_step(s).max(1e-9)
             )),
             original.map_or("-".into(), |o| format!("{:.1}×", s.loop_its_per_s / o)),
         );

@@ -7,7 +7,7 @@
 
 use burn::tensor::Device;
 use clap::{Parser, ValueEnum};
-use examples::cli::{CommonArgs, StrategyName};
+use examples::cli::{CommonArgs, WithStrategy};
 use examples::{backend, report};
 use gym_core::{ImageBatch, NodeData, RunSummary, StrategyConfig, TrainModel, Trainer};
 use gym_data::{MnistBatcher, MnistDataset, MnistItem, MnistSplit};
@@ -66,13 +66,7 @@ fn run(cli: &Cli, process_start: Instant) -> Result<(), Box<dyn std::error::Erro
         backend,
         process_start,
     };
-    match cli.common.strategy {
-        StrategyName::Allreduce => run.with_strategy(&cli.common.all_reduce()),
-        StrategyName::Diloco => run.with_strategy(&cli.common.diloco()),
-        StrategyName::Fedavg => run.with_strategy(&cli.common.fedavg()),
-        StrategyName::Sparta => run.with_strategy(&cli.common.sparta()),
-        StrategyName::SpartaDiloco => run.with_strategy(&cli.common.sparta_diloco()),
-    }
+    cli.common.dispatch(&run)
 }
 
 /// Everything a run needs besides the strategy and the model.
@@ -84,17 +78,18 @@ struct Run<'a> {
     process_start: Instant,
 }
 
-impl Run<'_> {
-    fn with_strategy<S: StrategyConfig>(
-        &self,
-        strategy: &S,
-    ) -> Result<(), Box<dyn std::error::Error>> {
+impl WithStrategy for &Run<'_> {
+    type Output = Result<(), Box<dyn std::error::Error>>;
+
+    fn run<S: StrategyConfig>(self, strategy: &S) -> Self::Output {
         match self.cli.model {
             ModelName::Mlp => self.fit(|d| MlpConfig::new().init(d), "mlp", strategy),
             ModelName::Cnn => self.fit(|d| MnistCnnConfig::new().init(d), "cnn", strategy),
         }
     }
+}
 
+impl Run<'_> {
     fn fit<M, S>(
         &self,
         init: impl Fn(&Device) -> M + Sync,

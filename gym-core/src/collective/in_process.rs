@@ -47,13 +47,20 @@ struct RvState {
     generation: u64,
     arrived: usize,
     call: Option<(CollectiveOp, usize)>,
-    inputs: Vec<Option<Tensor<1>>>,
+    inputs: Vec<Option<Payload>>,
     outcome: Option<Arc<Outcome>>,
+}
+
+/// What one rank deposits at a rendezvous.
+enum Payload {
+    Tensor(Box<Tensor<1>>),
+    Bytes(Vec<u8>),
 }
 
 enum Outcome {
     One(Box<Tensor<1>>),
     All(Vec<Tensor<1>>),
+    AllBytes(Vec<Vec<u8>>),
     Done,
 }
 
@@ -190,7 +197,7 @@ impl Shared {
             .or_insert_with(|| {
                 Arc::new(Rendezvous {
                     state: Mutex::new(RvState {
-                        inputs: vec![None; group.size()],
+                        inputs: (0..group.size()).map(|_| None).collect(),
                         ..RvState::default()
                     }),
                     cv: Condvar::new(),
@@ -234,7 +241,7 @@ impl InProcessCollective {
         &self,
         group: &Group,
         op: CollectiveOp,
-        tensor: Option<Tensor<1>>,
+        payload: Option<Payload>,
     ) -> Result<Arc<Outcome>, CollectiveError> {
         group.validate(self.rank, self.shared.world_size)?;
         if let CollectiveOp::Broadcast { root } = op
@@ -250,11 +257,18 @@ impl InProcessCollective {
         if let Some(err) = self.shared.aborted_error() {
             return Err(err);
         }
-        let tensor = tensor.map(|t| t.inner());
-        let numel = tensor.as_ref().map_or(0, |t| t.shape().num_elements());
-        let payload = tensor
-            .as_ref()
-            .map_or(0, |t| (numel * t.dtype().size()) as u64);
+        let payload = payload.map(|p| match p {
+            Payload::Tensor(t) => Payload::Tensor(Box::new(t.inner())),
+            bytes => bytes,
+        });
+        let (numel, payload_bytes) = match &payload {
+            Some(Payload::Tensor(t)) => {
+                let numel = t.shape().num_elements();
+                (numel, (numel * t.dtype().size()) as u64)
+            }
+            Some(Payload::Bytes(b)) => (b.len(), b.len() as u64),
+            None => (0, 0),
+        };
         let pos = group
             .members()
             .iter()
@@ -277,13 +291,12 @@ impl InProcessCollective {
             }
             Some(_) => {}
         }
-        state.inputs[pos] = tensor;
+        state.inputs[pos] = payload;
         state.arrived += 1;
         let my_generation = state.generation;
 
         let outcome = if state.arrived == group.size() {
-            let inputs: Vec<Option<Tensor<1>>> =
-                state.inputs.iter_mut().map(Option::take).collect();
+            let inputs: Vec<Option<Payload>> = state.inputs.iter_mut().map(Option::take).collect();
             let outcome = Arc::new(combine(op, group, inputs));
             state.arrived = 0;
             state.call = None;
@@ -318,7 +331,7 @@ impl InProcessCollective {
         };
         drop(state);
 
-        let (sent, received) = cost(op, group, self.rank, payload);
+        let (sent, received) = cost(op, group, self.rank, payload_bytes);
         let mut stats = lock(&self.shared.stats[self.rank]);
         let s = &mut stats[self.accounting as usize];
         s.bytes_sent += sent;
@@ -326,7 +339,7 @@ impl InProcessCollective {
         match op {
             CollectiveOp::AllReduce(_) => s.all_reduce_calls += 1,
             CollectiveOp::Broadcast { .. } => s.broadcast_calls += 1,
-            CollectiveOp::AllGather => s.all_gather_calls += 1,
+            CollectiveOp::AllGather | CollectiveOp::AllGatherBytes => s.all_gather_calls += 1,
             CollectiveOp::Barrier => s.barrier_calls += 1,
         }
         Ok(outcome)
@@ -334,10 +347,24 @@ impl InProcessCollective {
 }
 
 /// Computes the result of a call from every member's input, in member (rank) order.
-fn combine(op: CollectiveOp, group: &Group, inputs: Vec<Option<Tensor<1>>>) -> Outcome {
-    let mut inputs = inputs
+fn combine(op: CollectiveOp, group: &Group, inputs: Vec<Option<Payload>>) -> Outcome {
+    if op == CollectiveOp::Barrier {
+        return Outcome::Done;
+    }
+    let inputs = inputs
         .into_iter()
-        .map(|t| t.expect("every member deposited"));
+        .map(|p| p.expect("every member deposited"));
+    if op == CollectiveOp::AllGatherBytes {
+        let bytes = inputs.map(|p| match p {
+            Payload::Bytes(b) => b,
+            Payload::Tensor(_) => unreachable!("the op check keeps payload kinds apart"),
+        });
+        return Outcome::AllBytes(bytes.collect());
+    }
+    let mut inputs = inputs.map(|p| match p {
+        Payload::Tensor(t) => *t,
+        Payload::Bytes(_) => unreachable!("the op check keeps payload kinds apart"),
+    });
     match op {
         CollectiveOp::AllReduce(reduce) => {
             let first = inputs.next().expect("non-empty group");
@@ -354,7 +381,7 @@ fn combine(op: CollectiveOp, group: &Group, inputs: Vec<Option<Tensor<1>>>) -> O
             Outcome::One(Box::new(root_input.expect("root input")))
         }
         CollectiveOp::AllGather => Outcome::All(inputs.collect()),
-        CollectiveOp::Barrier => Outcome::Done,
+        CollectiveOp::AllGatherBytes | CollectiveOp::Barrier => Outcome::Done,
     }
 }
 
@@ -374,7 +401,11 @@ impl Collective for InProcessCollective {
         op: ReduceOp,
     ) -> Result<Tensor<1>, CollectiveError> {
         let device = tensor.device();
-        match &*self.exchange(group, CollectiveOp::AllReduce(op), Some(tensor))? {
+        match &*self.exchange(
+            group,
+            CollectiveOp::AllReduce(op),
+            Some(Payload::Tensor(Box::new(tensor))),
+        )? {
             Outcome::One(t) => Ok((**t).clone().to_device(&device.inner())),
             _ => unreachable!("all-reduce yields one tensor"),
         }
@@ -387,7 +418,11 @@ impl Collective for InProcessCollective {
         root: usize,
     ) -> Result<Tensor<1>, CollectiveError> {
         let device = tensor.device();
-        match &*self.exchange(group, CollectiveOp::Broadcast { root }, Some(tensor))? {
+        match &*self.exchange(
+            group,
+            CollectiveOp::Broadcast { root },
+            Some(Payload::Tensor(Box::new(tensor))),
+        )? {
             Outcome::One(t) => Ok((**t).clone().to_device(&device.inner())),
             _ => unreachable!("broadcast yields one tensor"),
         }
@@ -399,9 +434,28 @@ impl Collective for InProcessCollective {
         tensor: Tensor<1>,
     ) -> Result<Vec<Tensor<1>>, CollectiveError> {
         let device = tensor.device().inner();
-        match &*self.exchange(group, CollectiveOp::AllGather, Some(tensor))? {
+        match &*self.exchange(
+            group,
+            CollectiveOp::AllGather,
+            Some(Payload::Tensor(Box::new(tensor))),
+        )? {
             Outcome::All(ts) => Ok(ts.iter().map(|t| t.clone().to_device(&device)).collect()),
             _ => unreachable!("all-gather yields every tensor"),
+        }
+    }
+
+    fn all_gather_bytes_in(
+        &self,
+        group: &Group,
+        bytes: Vec<u8>,
+    ) -> Result<Vec<Vec<u8>>, CollectiveError> {
+        match &*self.exchange(
+            group,
+            CollectiveOp::AllGatherBytes,
+            Some(Payload::Bytes(bytes)),
+        )? {
+            Outcome::AllBytes(all) => Ok(all.clone()),
+            _ => unreachable!("a byte all-gather yields every buffer"),
         }
     }
 

@@ -14,12 +14,12 @@
 //! |---|---|---|---|
 //! | [`all_reduce`](Collective::all_reduce) | ⌊2(k−1)·n / k⌋ | ⌊2(k−1)·n / k⌋ | ring: reduce-scatter, then all-gather |
 //! | [`broadcast`](Collective::broadcast) | `n`, except the last rank of the chain: 0 | `n`, except the root: 0 | pipelined chain from the root through the group in rank order |
-//! | [`all_gather`](Collective::all_gather) | (k−1)·n | (k−1)·n | ring |
+//! | [`all_gather`](Collective::all_gather), [`all_gather_bytes`](Collective::all_gather_bytes) | (k−1)·n | (k−1)·n | ring |
 //! | [`barrier`](Collective::barrier) | 0 | 0 | |
 //!
 //! With `k = 1` nothing is sent. These counters are the project's bytes-communicated metric.
 //! Only payload bytes are counted: no headers, no latency. A tensor's byte size is its
-//! element count times the size of its element type.
+//! element count times the size of its element type; a byte buffer's is its length.
 
 mod in_process;
 
@@ -141,6 +141,8 @@ pub enum CollectiveOp {
     },
     /// [`Collective::all_gather`].
     AllGather,
+    /// [`Collective::all_gather_bytes`].
+    AllGatherBytes,
     /// [`Collective::barrier`].
     Barrier,
 }
@@ -167,7 +169,9 @@ pub fn cost(op: CollectiveOp, group: &Group, rank: usize, payload: u64) -> (u64,
             let received = if hop == 0 { 0 } else { payload };
             (sent, received)
         }
-        CollectiveOp::AllGather => ((k - 1) * payload, (k - 1) * payload),
+        CollectiveOp::AllGather | CollectiveOp::AllGatherBytes => {
+            ((k - 1) * payload, (k - 1) * payload)
+        }
         CollectiveOp::Barrier => (0, 0),
     }
 }
@@ -211,6 +215,15 @@ pub trait Collective: Send + Sync {
         tensor: Tensor<1>,
     ) -> Result<Vec<Tensor<1>>, CollectiveError>;
 
+    /// Every member of `group` gets every member's byte buffer, in member order. For
+    /// payloads built on the host, such as DeMo's compressed (index, value) pairs, whose
+    /// indices are narrower than any float. Buffers must have equal lengths.
+    fn all_gather_bytes_in(
+        &self,
+        group: &Group,
+        bytes: Vec<u8>,
+    ) -> Result<Vec<Vec<u8>>, CollectiveError>;
+
     /// Returns once every member of `group` has called it.
     fn barrier_in(&self, group: &Group) -> Result<(), CollectiveError>;
 
@@ -227,6 +240,11 @@ pub trait Collective: Send + Sync {
     /// [`all_gather_in`](Self::all_gather_in) over the whole world.
     fn all_gather(&self, tensor: Tensor<1>) -> Result<Vec<Tensor<1>>, CollectiveError> {
         self.all_gather_in(&Group::world(self.world_size()), tensor)
+    }
+
+    /// [`all_gather_bytes_in`](Self::all_gather_bytes_in) over the whole world.
+    fn all_gather_bytes(&self, bytes: Vec<u8>) -> Result<Vec<Vec<u8>>, CollectiveError> {
+        self.all_gather_bytes_in(&Group::world(self.world_size()), bytes)
     }
 
     /// [`barrier_in`](Self::barrier_in) over the whole world.
