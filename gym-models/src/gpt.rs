@@ -25,7 +25,8 @@ use burn::config::Config;
 use burn::module::Module;
 use burn::nn::{Embedding, Initializer, LayerNorm, LayerNormConfig, Linear};
 use burn::tensor::activation::{gelu, softmax};
-use burn::tensor::module::linear;
+use burn::tensor::module::{attention, linear};
+use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 use gym_core::{EvalMetrics, TokenBatch, TrainModel};
 use rand::Rng;
@@ -287,7 +288,7 @@ impl CausalSelfAttention {
     fn forward(&self, x: Tensor<3>) -> Tensor<3> {
         let [b, t, c] = x.dims();
         let (nh, hs) = (self.n_head, c / self.n_head);
-        let device = x.device();
+        let training = x.is_autodiff();
         // [b, t, 3c] → three [b, nh, t, hs].
         let heads = |y: Tensor<3>| y.reshape([b, t, nh, hs]).swap_dims(1, 2);
         let mut qkv = self.c_attn.forward(x).chunk(3, 2).into_iter().map(heads);
@@ -296,16 +297,40 @@ impl CausalSelfAttention {
             qkv.next().expect("k"),
             qkv.next().expect("v"),
         );
-        // Scores [b, nh, t, t]; position i must not see j > i (true above the diagonal).
-        let att = q.matmul(k.swap_dims(2, 3)).div_scalar((hs as f64).sqrt());
-        let future = Tensor::<2, Bool>::tril_mask([t, t], 0, &device)
-            .unsqueeze::<4>()
-            .expand([b, nh, t, t]);
-        let att = softmax(att.mask_fill(future, f32::NEG_INFINITY), 3);
-        let y = self.attn_dropout.forward(att).matmul(v); // [b, nh, t, hs]
-        let y = y.swap_dims(1, 2).reshape([b, t, c]);
+        let y = if training {
+            // Written out, so dropout can act on the attention weights (as in nanoGPT's
+            // training) and the softmax keeps its fused backward pass.
+            let att = self.attn_dropout.forward(causal_attention_weights(q, k));
+            att.matmul(v)
+        } else {
+            // Inference: the backend's fused attention (flash attention on GPUs).
+            attention(
+                q,
+                k,
+                v,
+                None,
+                None,
+                AttentionModuleOptions {
+                    is_causal: true,
+                    ..Default::default()
+                },
+            )
+        };
+        let y = y.swap_dims(1, 2).reshape([b, t, c]); // [b, nh, t, hs] → [b, t, c]
         self.resid_dropout.forward(self.c_proj.forward(y))
     }
+}
+
+/// `softmax(q·kᵀ/√head_size)` `[b, nh, t, t]`, where position i gives weight 0 to every
+/// later position j > i.
+fn causal_attention_weights(q: Tensor<4>, k: Tensor<4>) -> Tensor<4> {
+    let [b, nh, t, hs] = q.dims();
+    let scores = q.matmul(k.swap_dims(2, 3)).div_scalar((hs as f64).sqrt());
+    // `tril_mask` is true strictly above the diagonal: the future.
+    let future = Tensor::<2, Bool>::tril_mask([t, t], 0, &scores.device())
+        .unsqueeze::<4>()
+        .expand([b, nh, t, t]);
+    softmax(scores.mask_fill(future, f32::NEG_INFINITY), 3)
 }
 
 /// The feed-forward part of a block: `n_embd → 4·n_embd → GELU → n_embd`.
@@ -622,6 +647,24 @@ mod tests {
         let bad = GptConfig::new(10, 8).with_dropout(1.0);
         assert!(matches!(bad.validate(), Err(GptError::InvalidConfig(_))));
         assert!(GptConfig::new(0, 8).validate().is_err());
+    }
+
+    #[test]
+    fn the_written_out_attention_matches_the_fused_one() {
+        let device = Device::default();
+        let r = |seed| {
+            device.seed(seed);
+            Tensor::<4>::random([2, 3, 7, 4], burn::tensor::Distribution::Default, &device)
+        };
+        let (q, k, v) = (r(1), r(2), r(3));
+        let manual = causal_attention_weights(q.clone(), k.clone()).matmul(v.clone());
+        let options = AttentionModuleOptions {
+            is_causal: true,
+            ..Default::default()
+        };
+        let fused = attention(q, k, v, None, None, options);
+        let diff = (manual - fused).abs().max().into_scalar::<f32>();
+        assert!(diff < 1e-5, "max difference {diff}");
     }
 
     #[test]

@@ -63,24 +63,27 @@ fn nanogpt_formula(vocab: usize, n_layer: usize, d: usize) -> usize {
     vocab * d + n_layer * (2 * ln + attn + mlp) + ln
 }
 
-#[test]
-fn the_output_at_t_does_not_depend_on_later_tokens() {
-    let device = Device::default();
-    let model = tiny(&device);
+/// Asserts that positions `< changed_from` of `model`'s logits are the same for two inputs
+/// that differ from `changed_from` on, and that later positions differ. `before_each` runs
+/// before each forward pass.
+fn assert_causal(model: &Gpt, device: &Device, before_each: impl Fn()) {
+    let changed_from = 4;
     let a = ids(
         &[&[1, 2, 3, 4, 5, 6, 7, 8], &[9, 9, 0, 1, 2, 3, 4, 5]],
-        &device,
+        device,
     );
     let b = ids(
         &[&[1, 2, 3, 4, 0, 0, 10, 3], &[9, 9, 0, 1, 7, 7, 7, 7]],
-        &device,
+        device,
     );
+    before_each();
     let (la, [_, t, v]) = values(model.forward(a));
+    before_each();
     let (lb, _) = values(model.forward(b));
     for row in 0..2 {
         for pos in 0..t {
             let at = |l: &[f32]| l[(row * t + pos) * v..(row * t + pos + 1) * v].to_vec();
-            if pos < 4 {
+            if pos < changed_from {
                 assert_eq!(at(&la), at(&lb), "row {row}, position {pos} saw the future");
             } else {
                 assert_ne!(
@@ -91,6 +94,42 @@ fn the_output_at_t_does_not_depend_on_later_tokens() {
             }
         }
     }
+}
+
+#[test]
+fn the_output_at_t_does_not_depend_on_later_tokens() {
+    // Inference: the backend's fused attention.
+    let device = Device::default();
+    assert_causal(&tiny(&device), &device, || {});
+    // Training (autodiff), with dropout: the written-out attention. Reseeding the node's
+    // stream gives both passes the same dropout masks.
+    let device = Device::default().autodiff();
+    let model = seeded(5, || {
+        GptConfig::new(VOCAB, BLOCK)
+            .with_n_layer(2)
+            .with_n_head(2)
+            .with_n_embd(16)
+            .with_dropout(0.3)
+            .init(&device)
+            .unwrap()
+    });
+    assert_causal(&model, &device, || gym_core::rng::seed_node(3, 0));
+}
+
+#[test]
+fn training_and_inference_forward_passes_agree_without_dropout() {
+    let device = Device::default();
+    let model = tiny(&device);
+    let trained = model.clone().fork(&device.clone().autodiff());
+    let input = ids(&[&[1, 2, 3, 4, 5, 6, 7, 8]], &device);
+    let (a, _) = values(model.forward(input.clone()));
+    let (b, _) = values(trained.forward(input.clone().autodiff()).inner());
+    let diff = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max);
+    assert!(diff < 1e-5, "max difference {diff}");
 }
 
 /// Every float parameter's id and shape.
