@@ -11,3 +11,12 @@ pub struct ImageBatch {
     /// `[batch]` class indices.
     pub targets: Tensor<1, Int>,
 }
+
+/// Token sequences with their next-token targets, for language models.
+#[derive(Debug, Clone)]
+pub struct TokenBatch {
+    /// `[batch, time]` token ids.
+    pub inputs: Tensor<2, Int>,
+    /// `[batch, time]` the token that follows each input token.
+    pub targets: Tensor<2, Int>,
+}

@@ -29,7 +29,7 @@ pub mod rng;
 mod strategy;
 mod trainer;
 
-pub use batch::ImageBatch;
+pub use batch::{ImageBatch, TokenBatch};
 pub use collective::{Collective, CommStats, Group, InProcessCollective, InProcessGroup, ReduceOp};
 pub use data::{DistributedSampler, NodeData, SharedDataset, Split};
 pub use error::{CollectiveError, GymError, Result};

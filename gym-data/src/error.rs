@@ -42,6 +42,47 @@ pub enum DataError {
         /// How to get it.
         hint: String,
     },
+    /// A text to build a vocabulary or dataset from is empty.
+    #[error("{origin} is empty: there is no text to learn from")]
+    EmptyText {
+        /// Where the text came from.
+        origin: String,
+    },
+    /// A text is too short for what was asked of it.
+    #[error("{what} has {tokens} tokens, but at least {needed} are needed{hint}")]
+    TooShort {
+        /// Which text or part of it.
+        what: String,
+        /// Tokens it has.
+        tokens: usize,
+        /// Tokens needed.
+        needed: usize,
+        /// How to fix it.
+        hint: String,
+    },
+    /// A character that the vocabulary does not contain.
+    #[error(
+        "character {ch:?} at position {position} is not in the vocabulary of {vocab_size} characters"
+    )]
+    UnknownChar {
+        /// The character.
+        ch: char,
+        /// Its index (in characters) in the text.
+        position: usize,
+        /// Size of the vocabulary.
+        vocab_size: usize,
+    },
+    /// A token id outside the vocabulary.
+    #[error("token id {id} is outside the vocabulary of {vocab_size} tokens")]
+    UnknownToken {
+        /// The id.
+        id: u32,
+        /// Size of the vocabulary.
+        vocab_size: usize,
+    },
+    /// An argument out of its range (a block size of 0, a split fraction outside (0, 1), …).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
     /// A download failed.
     #[error("download of {url} failed: {why}")]
     Download {

@@ -2,10 +2,10 @@
 //!
 //! Datasets for the simulator, as Burn [`Dataset`](burn::data::dataset::Dataset)s with
 //! [`Batcher`](burn::data::dataloader::batcher::Batcher)s that build the batch types of
-//! [`gym_core::batch`].
+//! [`gym_core::batch`]: [`mnist`] images and character-level [`text`] for language models.
 //!
 //! Files are looked up in an explicit directory, else in `$GYM_DATA_DIR/<name>`, else in a
-//! user cache directory ([`data_dir`]). Every file is checked against its known checksum;
+//! user cache directory ([`data_dir`]). Every known file is checked against its checksum;
 //! with the `download` feature (default) missing files are fetched from the canonical
 //! mirrors and verified before use.
 
@@ -14,7 +14,9 @@
 mod error;
 mod fetch;
 pub mod mnist;
+pub mod text;
 
 pub use error::DataError;
 pub use fetch::data_dir;
 pub use mnist::{MnistBatcher, MnistDataset, MnistItem, MnistSplit};
+pub use text::{CharCorpus, CharVocab, TokenBatcher, TokenWindow, TokenWindows};

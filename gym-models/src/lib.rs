@@ -5,6 +5,8 @@
 //! * [`Mlp`]: 784-256-10 with ReLU, for fast CPU runs on MNIST;
 //! * [`MnistCnn`]: the original's MNIST CNN (two conv blocks with batch norm and dropout,
 //!   1,868,234 parameters);
+//! * [`Gpt`]: nanoGPT's GPT (presets from 4 layers × 128 dimensions to GPT-2 XL), with
+//!   weight tying and sampling;
 //! * [`Dropout`]: dropout whose masks come from the node's own random stream, so runs are
 //!   reproducible whatever the thread timing.
 
@@ -13,9 +15,11 @@
 mod classifier;
 mod cnn;
 mod dropout;
+pub mod gpt;
 mod mlp;
 
 pub use classifier::{accuracy, classification_metrics, cross_entropy};
 pub use cnn::{MnistCnn, MnistCnnConfig};
 pub use dropout::Dropout;
+pub use gpt::{Gpt, GptConfig, GptError, GptSize, SamplingConfig, sample_logits};
 pub use mlp::{Mlp, MlpConfig};

@@ -1,48 +1,68 @@
-//! Benchmark of the MNIST set-up, printed as a Markdown table next to the original's
-//! numbers measured on this 2-core machine.
+//! Benchmark of the MNIST set-up (`--task mnist`, the default) or the nanoGPT set-up
+//! (`--task nanogpt`), printed as a Markdown table next to the original's numbers measured
+//! on this 2-core machine.
 //!
-//! Each row is a separate `mnist` process, so start-up time and peak memory are the
-//! process's own. Build both binaries first:
+//! Each row is a separate `mnist` or `nanogpt` process, so start-up time and peak memory are
+//! the process's own. Build the binaries first:
 //!
 //! ```text
 //! cargo build --release -p examples
 //! target/release/bench --data-dir ../shared/data/mnist
+//! target/release/bench --task nanogpt --data-dir ../shared/data/shakespeare
 //! ```
 
-use clap::Parser;
+use clap::{Parser, ValueEnum};
 use gym_core::RunSummary;
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
-/// Time the MNIST set-up (4 nodes, MLP, 200 steps, batch 64, lr 3e-4 — DeMo 1e-3 —,
-/// H = 20, p = 0.005) per strategy, then a few steps of the CNN (1.87M parameters) to set
-/// DeMo's compression against the forward/backward time of a larger model.
+/// The set-ups the benchmark can time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Task {
+    /// MNIST MLP: 4 nodes, 200 steps, batch 64, lr 3e-4 (DeMo: 1e-3), H = 20, p = 0.005;
+    /// then a few steps of the CNN (1.87M parameters), to set DeMo's compression against
+    /// the forward/backward time of a larger model.
+    Mnist,
+    /// nanoGPT on tiny-shakespeare: 4 nodes, 2 layers, 2 heads, 64 dims, context 64,
+    /// 16 sequences per node, 100 steps, lr 1e-3, warmup 10, H = 20.
+    Nanogpt,
+}
+
+/// Time the MNIST or nanoGPT set-up per strategy.
 #[derive(Debug, Parser)]
 #[command(version, about)]
 struct Cli {
-    /// Folder holding the MNIST IDX files.
+    /// Which set-up to time.
+    #[arg(long, value_enum, default_value = "mnist")]
+    task: Task,
+    /// Folder holding the data (the MNIST IDX files, or tiny-shakespeare's input.txt).
     #[arg(long)]
     data_dir: Option<PathBuf>,
-    /// Strategies to time, comma-separated.
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "allreduce,diloco,sparta,fedavg,sparta-diloco,demo"
-    )]
-    strategies: Vec<String>,
-    /// Strategies to time on the CNN, comma-separated (empty: none).
-    #[arg(long, value_delimiter = ',', default_value = "allreduce,demo")]
-    cnn_strategies: Vec<String>,
-    /// Steps per CNN run.
-    #[arg(long, default_value_t = 10)]
-    cnn_steps: usize,
+    /// Strategies to time, comma-separated (default: all for mnist, allreduce and diloco
+    /// for nanogpt).
+    #[arg(long, value_delimiter = ',')]
+    strategies: Option<Vec<String>>,
     /// Folder for the runs' logs.
     #[arg(long, default_value = "logs/bench")]
     log_dir: PathBuf,
-    /// Steps per run.
-    #[arg(long, default_value_t = 200)]
-    max_steps: usize,
+    /// Steps per run (default: 200 for mnist, 100 for nanogpt).
+    #[arg(long)]
+    max_steps: Option<usize>,
+    /// mnist: strategies to time on the CNN, comma-separated (empty: none).
+    #[arg(long, value_delimiter = ',', default_value = "allreduce,demo")]
+    cnn_strategies: Vec<String>,
+    /// mnist: steps per CNN run.
+    #[arg(long, default_value_t = 10)]
+    cnn_steps: usize,
 }
+
+/// Sequences per node per step and their length in the nanoGPT set-up.
+const GPT_BATCH: usize = 16;
+const GPT_BLOCK: usize = 64;
+const GPT_NODES: usize = 4;
+
+/// The original on this machine with the nanoGPT set-up: strategy, it/s, val loss.
+const ORIGINAL_GPT: &[(&str, f64, f64)] = &[("allreduce", 3.46, 2.62), ("diloco", 12.1, 2.70)];
 
 /// The original Python implementation, measured on this machine with the same set-up.
 struct Reference {
@@ -88,54 +108,80 @@ const ORIGINAL: &[Reference] = &[
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let binary = match cli.task {
+        Task::Mnist => "mnist",
+        Task::Nanogpt => "nanogpt",
+    };
     let exe = std::env::current_exe()
         .ok()
-        .and_then(|p| p.parent().map(|d| d.join("mnist")))
+        .and_then(|p| p.parent().map(|d| d.join(binary)))
         .filter(|p| p.is_file());
-    let Some(mnist) = exe else {
+    let Some(exe) = exe else {
         eprintln!(
-            "error: the `mnist` binary is not next to `bench`; run `cargo build --release -p examples` first"
+            "error: the `{binary}` binary is not next to `bench`; run `cargo build --release -p examples` first"
         );
         return ExitCode::FAILURE;
     };
-    let jobs = cli
-        .strategies
+    let strategies = cli.strategies.clone().unwrap_or_else(|| {
+        let all: &[&str] = match cli.task {
+            Task::Mnist => &[
+                "allreduce",
+                "diloco",
+                "sparta",
+                "fedavg",
+                "sparta-diloco",
+                "demo",
+            ],
+            Task::Nanogpt => &["allreduce", "diloco"],
+        };
+        all.iter().map(|s| s.to_string()).collect()
+    });
+    let cnn: &[String] = match cli.task {
+        Task::Mnist => &cli.cnn_strategies,
+        Task::Nanogpt => &[],
+    };
+    let jobs = strategies
         .iter()
-        .map(|s| ("mlp", s, cli.max_steps))
-        .chain(cli.cnn_strategies.iter().map(|s| ("cnn", s, cli.cnn_steps)))
-        .filter(|(_, s, _)| !s.is_empty());
+        .map(|s| (false, s))
+        .chain(cnn.iter().filter(|s| !s.is_empty()).map(|s| (true, s)));
     let mut rows = Vec::new();
-    for (model, strategy, steps) in jobs {
-        let run_name = format!("bench-{model}-{strategy}");
+    for (on_cnn, strategy) in jobs {
+        let run_name = match (cli.task, on_cnn) {
+            (Task::Mnist, false) => format!("bench-mlp-{strategy}"),
+            (Task::Mnist, true) => format!("bench-cnn-{strategy}"),
+            (Task::Nanogpt, _) => format!("bench-nanogpt-{strategy}"),
+        };
         // DeMo's sign step wants a larger lr (its own default, and the original's set-up).
         let lr = if strategy == "demo" { "1e-3" } else { "3e-4" };
-        let mut cmd = Command::new(&mnist);
-        cmd.args(["--strategy", strategy, "--num-nodes", "4", "--model", model])
-            .args([
-                "--batch-size",
-                "64",
-                "--lr",
-                lr,
-                "--max-steps",
-                &steps.to_string(),
-            ])
-            .args([
-                "--no-progress",
-                "--inner-steps",
-                "20",
-                "--p-sparta",
-                "0.005",
-            ])
-            .args(["--run-name", &run_name, "--log-dir"])
+        let mut cmd = Command::new(&exe);
+        cmd.args(["--strategy", strategy, "--num-nodes", "4", "--no-progress"]);
+        match cli.task {
+            Task::Mnist if on_cnn => cmd
+                .args(["--model", "cnn", "--batch-size", "64", "--lr", lr])
+                .args(["--max-steps", &cli.cnn_steps.to_string()])
+                // Intermediate evaluations of the CNN would dwarf the few steps timed.
+                .args(["--val-size", "0"]),
+            Task::Mnist => cmd
+                .args(["--model", "mlp", "--batch-size", "64", "--lr", lr])
+                .args(["--max-steps", &cli.max_steps.unwrap_or(200).to_string()])
+                .args(["--inner-steps", "20", "--p-sparta", "0.005"]),
+            Task::Nanogpt => cmd
+                .args(["--n-layer", "2", "--n-head", "2", "--n-embd", "64"])
+                .args(["--block-size", &GPT_BLOCK.to_string()])
+                .args(["--batch-size", &GPT_BATCH.to_string()])
+                .args(["--lr", "1e-3", "--warmup-steps", "10"])
+                .args(["--max-steps", &cli.max_steps.unwrap_or(100).to_string()])
+                .args(["--inner-steps", "20", "--num-tokens", "0"]),
+        };
+        cmd.args(["--run-name", &run_name, "--log-dir"])
             .arg(&cli.log_dir);
-        if model == "cnn" {
-            // Intermediate evaluations of the CNN would dwarf the few steps timed.
-            cmd.args(["--val-size", "0"]);
-        }
         if let Some(dir) = &cli.data_dir {
             cmd.arg("--data-dir").arg(dir);
         }
-        eprintln!("running {strategy} on the {model} …");
+        eprintln!(
+            "running {strategy}{} …",
+            if on_cnn { " on the CNN" } else { "" }
+        );
         match cmd.output() {
             Ok(out) if out.status.success() => {}
             Ok(out) => {
@@ -146,7 +192,7 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
             Err(e) => {
-                eprintln!("error: cannot run {}: {e}", mnist.display());
+                eprintln!("error: cannot run {}: {e}", exe.display());
                 return ExitCode::FAILURE;
             }
         }
@@ -163,8 +209,51 @@ fn main() -> ExitCode {
         };
         rows.push(summary);
     }
-    print_table(&rows);
+    match cli.task {
+        Task::Mnist => print_table(&rows),
+        Task::Nanogpt => print_gpt_table(&rows),
+    }
     ExitCode::SUCCESS
+}
+
+/// The nanoGPT table: tokens/s counts every node's tokens (4 × 16 × 64 per step).
+fn print_gpt_table(rows: &[RunSummary]) {
+    let tokens_per_step = (GPT_NODES * GPT_BATCH * GPT_BLOCK) as f64;
+    println!(
+        "| run | loop it/s | tokens/s | wall (s) | start-up (s) | peak RSS (MiB) | val loss | sent/node (MiB) | vs AllReduce bytes | it/s vs original |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for (strategy, its, loss) in ORIGINAL_GPT {
+        println!(
+            "| original (Python) {strategy} | {its:.2} | {:.0} | - | - | - | {loss:.2} | - | - | 1.0× |",
+            its * tokens_per_step
+        );
+    }
+    let allreduce_bytes = rows
+        .iter()
+        .find(|s| s.strategy == "allreduce")
+        .map(|s| s.bytes_sent_per_node);
+    for s in rows {
+        let original = ORIGINAL_GPT.iter().find(|o| o.0 == s.strategy).map(|o| o.1);
+        println!(
+            "| {} ({}) | {:.2} | {:.0} | {:.2} | {:.2} | {} | {} | {:.2} | {} | {} |",
+            s.strategy,
+            s.backend,
+            s.loop_its_per_s,
+            s.loop_its_per_s * tokens_per_step,
+            s.wall_time_s,
+            s.startup_s,
+            s.peak_rss_bytes
+                .map_or("-".into(), |b| format!("{:.0}", b as f64 / 1048576.0)),
+            s.final_val_loss.map_or("-".into(), |l| format!("{l:.3}")),
+            s.bytes_sent_per_node / 1048576.0,
+            allreduce_bytes.map_or("-".into(), |a| format!(
+                "1/{:.0}",
+                a / s.bytes_sent_per_node.max(1.0)
+            )),
+            original.map_or("-".into(), |o| format!("{:.2}×", s.loop_its_per_s / o)),
+        );
+    }
 }
 
 fn print_table(rows: &[RunSummary]) {

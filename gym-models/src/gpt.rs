@@ -1,0 +1,682 @@
+//! GPT, as Karpathy's nanoGPT `model.py` (the original's `example/nanogpt/model.py`), in one
+//! file: token and learned position embeddings, pre-LayerNorm blocks of causal
+//! self-attention and a 4× MLP with GELU, a final LayerNorm and a language-model head that
+//! reuses the token embedding matrix (weight tying).
+//!
+//! ```
+//! use burn::tensor::{Device, Int, Tensor};
+//! use gym_models::{GptConfig, GptSize, SamplingConfig};
+//! use rand::SeedableRng;
+//!
+//! let device = Device::default();
+//! let config = GptConfig::preset(GptSize::Small, 65, 32).with_n_layer(1);
+//! let model = config.init(&device)?;
+//! let logits = model.forward(Tensor::<2, Int>::zeros([2, 8], &device));
+//! assert_eq!(logits.dims(), [2, 8, 65]);
+//! let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
+//! let sampled = model.generate(&[0, 1, 2], &SamplingConfig::new(5), &mut rng)?;
+//! assert_eq!(sampled.len(), 5);
+//! # Ok::<(), gym_models::GptError>(())
+//! ```
+
+use crate::classifier::{classification_metrics, cross_entropy};
+use crate::dropout::Dropout;
+use burn::config::Config;
+use burn::module::Module;
+use burn::nn::{Embedding, Initializer, LayerNorm, LayerNormConfig, Linear};
+use burn::tensor::activation::{gelu, softmax};
+use burn::tensor::module::{attention, linear};
+use burn::tensor::ops::AttentionModuleOptions;
+use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
+use gym_core::{EvalMetrics, TokenBatch, TrainModel};
+use rand::Rng;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+/// Standard deviation of the initial weights (GPT-2's).
+const INIT_STD: f64 = 0.02;
+
+/// File names of a saved model, inside its folder.
+pub const CONFIG_FILE: &str = "gpt.json";
+/// See [`CONFIG_FILE`]: the parameters, as a Burn record (burnpack).
+pub const MODEL_FILE: &str = "model.bpk";
+
+/// Why a GPT could not be built, run or loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum GptError {
+    /// A configuration that cannot build a model.
+    #[error("invalid GPT configuration: {0}")]
+    InvalidConfig(String),
+    /// Generation without a prompt.
+    #[error("the prompt is empty: generation needs at least one token")]
+    EmptyPrompt,
+    /// A token id outside the vocabulary.
+    #[error("token {token} at position {position} is outside the vocabulary of {vocab_size}")]
+    TokenOutOfRange {
+        /// The token.
+        token: u32,
+        /// Its position in the prompt.
+        position: usize,
+        /// The model's vocabulary size.
+        vocab_size: usize,
+    },
+    /// Sampling settings out of range.
+    #[error("invalid sampling setting: {0}")]
+    InvalidSampling(String),
+    /// A preset name that does not exist.
+    #[error("unknown model size {0:?} (small, sbase, base, medium, large, xl)")]
+    UnknownSize(String),
+    /// A saved model that cannot be written or read back.
+    #[error("cannot {action} {path}: {why}")]
+    Record {
+        /// `"read"` or `"write"`.
+        action: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        why: String,
+    },
+}
+
+/// The presets of the original's `gpt2_size_map` (`GPTConfig.gpt2_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GptSize {
+    /// 4 layers, 4 heads, 128 dimensions (0.80M parameters at vocabulary 66).
+    Small,
+    /// 8 layers, 8 heads, 512 dimensions (51.5M at vocabulary 50257).
+    Sbase,
+    /// 12 layers, 12 heads, 768 dimensions: GPT-2 (124M).
+    Base,
+    /// 24 layers, 16 heads, 1024 dimensions: GPT-2 medium (355M).
+    Medium,
+    /// 36 layers, 20 heads, 1280 dimensions: GPT-2 large (774M).
+    Large,
+    /// 48 layers, 25 heads, 1600 dimensions: GPT-2 XL (1.56B).
+    Xl,
+}
+
+impl GptSize {
+    /// Every preset, smallest first.
+    pub const ALL: [GptSize; 6] = [
+        GptSize::Small,
+        GptSize::Sbase,
+        GptSize::Base,
+        GptSize::Medium,
+        GptSize::Large,
+        GptSize::Xl,
+    ];
+
+    /// `(n_layer, n_head, n_embd)`.
+    pub fn dims(self) -> (usize, usize, usize) {
+        match self {
+            GptSize::Small => (4, 4, 128),
+            GptSize::Sbase => (8, 8, 512),
+            GptSize::Base => (12, 12, 768),
+            GptSize::Medium => (24, 16, 1024),
+            GptSize::Large => (36, 20, 1280),
+            GptSize::Xl => (48, 25, 1600),
+        }
+    }
+
+    /// The preset's name, as `--model-size` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            GptSize::Small => "small",
+            GptSize::Sbase => "sbase",
+            GptSize::Base => "base",
+            GptSize::Medium => "medium",
+            GptSize::Large => "large",
+            GptSize::Xl => "xl",
+        }
+    }
+}
+
+impl FromStr for GptSize {
+    type Err = GptError;
+
+    fn from_str(s: &str) -> Result<Self, GptError> {
+        GptSize::ALL
+            .into_iter()
+            .find(|p| p.name() == s.to_ascii_lowercase())
+            .ok_or_else(|| GptError::UnknownSize(s.to_string()))
+    }
+}
+
+/// Sizes of a [`Gpt`] (nanoGPT's `GPTConfig`).
+#[derive(Config, Debug, PartialEq)]
+pub struct GptConfig {
+    /// Number of tokens.
+    pub vocab_size: usize,
+    /// Longest context, in tokens (rows of the position embedding).
+    pub block_size: usize,
+    /// Transformer blocks.
+    #[config(default = 12)]
+    pub n_layer: usize,
+    /// Attention heads per block; divides `n_embd`.
+    #[config(default = 12)]
+    pub n_head: usize,
+    /// Width of the residual stream.
+    #[config(default = 768)]
+    pub n_embd: usize,
+    /// Dropout probability (embeddings, attention weights, residual branches), in `[0, 1)`.
+    #[config(default = 0.0)]
+    pub dropout: f64,
+    /// Biases in the linear layers and LayerNorms.
+    #[config(default = true)]
+    pub bias: bool,
+}
+
+impl GptConfig {
+    /// The preset `size` for a vocabulary and context length.
+    pub fn preset(size: GptSize, vocab_size: usize, block_size: usize) -> Self {
+        let (n_layer, n_head, n_embd) = size.dims();
+        GptConfig::new(vocab_size, block_size)
+            .with_n_layer(n_layer)
+            .with_n_head(n_head)
+            .with_n_embd(n_embd)
+    }
+
+    /// Checks that the sizes build a model.
+    pub fn validate(&self) -> Result<(), GptError> {
+        let bad = |s: String| Err(GptError::InvalidConfig(s));
+        for (name, v) in [
+            ("vocab_size", self.vocab_size),
+            ("block_size", self.block_size),
+            ("n_layer", self.n_layer),
+            ("n_head", self.n_head),
+            ("n_embd", self.n_embd),
+        ] {
+            if v == 0 {
+                return bad(format!("{name} must be at least 1"));
+            }
+        }
+        if !self.n_embd.is_multiple_of(self.n_head) {
+            return bad(format!(
+                "n_embd ({}) is not a multiple of n_head ({})",
+                self.n_embd, self.n_head
+            ));
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            return bad(format!("dropout {} is not in [0, 1)", self.dropout));
+        }
+        Ok(())
+    }
+
+    /// Builds the model on `device` with nanoGPT's initialisation: N(0, 0.02) for linear and
+    /// embedding weights, zero biases, unit LayerNorm gains, and N(0, 0.02/√(2·n_layer)) for
+    /// the projections back into the residual stream (`c_proj`), so the stream's variance
+    /// does not grow with depth.
+    pub fn init(&self, device: &Device) -> Result<Gpt, GptError> {
+        self.validate()?;
+        let d = self.n_embd;
+        let proj_std = INIT_STD / ((2 * self.n_layer) as f64).sqrt();
+        let layer_norm = || {
+            LayerNormConfig::new(d)
+                .with_bias(self.bias)
+                .with_epsilon(1e-5)
+                .init(device)
+        };
+        let embedding = |n: usize| Embedding {
+            weight: normal(INIT_STD).init([n, d], device),
+        };
+        let h = (0..self.n_layer)
+            .map(|_| Block {
+                ln_1: layer_norm(),
+                attn: CausalSelfAttention {
+                    c_attn: linear_layer(d, 3 * d, self.bias, INIT_STD, device),
+                    c_proj: linear_layer(d, d, self.bias, proj_std, device),
+                    attn_dropout: Dropout::new(self.dropout),
+                    resid_dropout: Dropout::new(self.dropout),
+                    n_head: self.n_head,
+                },
+                ln_2: layer_norm(),
+                mlp: GptMlp {
+                    c_fc: linear_layer(d, 4 * d, self.bias, INIT_STD, device),
+                    c_proj: linear_layer(4 * d, d, self.bias, proj_std, device),
+                    dropout: Dropout::new(self.dropout),
+                },
+            })
+            .collect();
+        Ok(Gpt {
+            wte: embedding(self.vocab_size),
+            wpe: embedding(self.block_size),
+            drop: Dropout::new(self.dropout),
+            h,
+            ln_f: layer_norm(),
+            config: self.clone(),
+        })
+    }
+
+    /// Parameters of the model these sizes build, excluding the position embedding
+    /// (nanoGPT's `get_num_params()`); the LM head adds none, being tied to the token
+    /// embedding.
+    pub fn num_params(&self) -> usize {
+        let (d, b) = (self.n_embd, usize::from(self.bias));
+        let ln = d + b * d;
+        let block = 2 * ln + (d * 3 * d + b * 3 * d) + (d * d + b * d) // attention
+            + (d * 4 * d + b * 4 * d) + (4 * d * d + b * d); // MLP
+        self.vocab_size * d + self.n_layer * block + ln
+    }
+}
+
+fn normal(std: f64) -> Initializer {
+    Initializer::Normal { mean: 0.0, std }
+}
+
+/// A linear layer with N(0, std) weights and zero bias.
+fn linear_layer(d_in: usize, d_out: usize, bias: bool, std: f64, device: &Device) -> Linear {
+    Linear {
+        weight: normal(std).init([d_in, d_out], device),
+        bias: bias.then(|| Initializer::Zeros.init([d_out], device)),
+    }
+}
+
+/// Multi-head self-attention where each position attends to itself and earlier positions.
+#[derive(Module, Debug)]
+pub struct CausalSelfAttention {
+    /// Query, key and value projections, side by side: `n_embd → 3·n_embd`.
+    c_attn: Linear,
+    /// Output projection back into the residual stream.
+    c_proj: Linear,
+    attn_dropout: Dropout,
+    resid_dropout: Dropout,
+    n_head: usize,
+}
+
+impl CausalSelfAttention {
+    /// `[batch, time, n_embd]` → `[batch, time, n_embd]`.
+    fn forward(&self, x: Tensor<3>) -> Tensor<3> {
+        let [b, t, c] = x.dims();
+        let (nh, hs) = (self.n_head, c / self.n_head);
+        let training = x.is_autodiff();
+        // [b, t, 3c] → three [b, nh, t, hs].
+        let heads = |y: Tensor<3>| y.reshape([b, t, nh, hs]).swap_dims(1, 2);
+        let mut qkv = self.c_attn.forward(x).chunk(3, 2).into_iter().map(heads);
+        let (q, k, v) = (
+            qkv.next().expect("q"),
+            qkv.next().expect("k"),
+            qkv.next().expect("v"),
+        );
+        let y = if training {
+            // Written out, so dropout can act on the attention weights (as in nanoGPT's
+            // training) and the softmax keeps its fused backward pass.
+            let att = self.attn_dropout.forward(causal_attention_weights(q, k));
+            att.matmul(v)
+        } else {
+            // Inference: the backend's fused attention (flash attention on GPUs).
+            attention(
+                q,
+                k,
+                v,
+                None,
+                None,
+                AttentionModuleOptions {
+                    is_causal: true,
+                    ..Default::default()
+                },
+            )
+        };
+        let y = y.swap_dims(1, 2).reshape([b, t, c]); // [b, nh, t, hs] → [b, t, c]
+        self.resid_dropout.forward(self.c_proj.forward(y))
+    }
+}
+
+/// `softmax(q·kᵀ/√head_size)` `[b, nh, t, t]`, where position i gives weight 0 to every
+/// later position j > i.
+fn causal_attention_weights(q: Tensor<4>, k: Tensor<4>) -> Tensor<4> {
+    let [b, nh, t, hs] = q.dims();
+    let scores = q.matmul(k.swap_dims(2, 3)).div_scalar((hs as f64).sqrt());
+    // `tril_mask` is true strictly above the diagonal: the future.
+    let future = Tensor::<2, Bool>::tril_mask([t, t], 0, &scores.device())
+        .unsqueeze::<4>()
+        .expand([b, nh, t, t]);
+    softmax(scores.mask_fill(future, f32::NEG_INFINITY), 3)
+}
+
+/// The feed-forward part of a block: `n_embd → 4·n_embd → GELU → n_embd`.
+#[derive(Module, Debug)]
+pub struct GptMlp {
+    c_fc: Linear,
+    c_proj: Linear,
+    dropout: Dropout,
+}
+
+impl GptMlp {
+    fn forward(&self, x: Tensor<3>) -> Tensor<3> {
+        // Exact (erf) GELU, as PyTorch's `nn.GELU()` default.
+        self.dropout
+            .forward(self.c_proj.forward(gelu(self.c_fc.forward(x))))
+    }
+}
+
+/// A pre-LayerNorm transformer block: `x + attn(ln_1(x))`, then `x + mlp(ln_2(x))`.
+#[derive(Module, Debug)]
+pub struct Block {
+    ln_1: LayerNorm,
+    attn: CausalSelfAttention,
+    ln_2: LayerNorm,
+    mlp: GptMlp,
+}
+
+impl Block {
+    fn forward(&self, x: Tensor<3>) -> Tensor<3> {
+        let x = x.clone() + self.attn.forward(self.ln_1.forward(x));
+        x.clone() + self.mlp.forward(self.ln_2.forward(x))
+    }
+}
+
+/// A GPT language model (nanoGPT's `GPT`). Build it with [`GptConfig::init`].
+#[derive(Module, Debug)]
+pub struct Gpt {
+    /// Token embedding `[vocab_size, n_embd]`, also the output projection (tied).
+    wte: Embedding,
+    /// Position embedding `[block_size, n_embd]`.
+    wpe: Embedding,
+    drop: Dropout,
+    h: Vec<Block>,
+    ln_f: LayerNorm,
+    #[module(skip)]
+    config: GptConfig,
+}
+
+/// How [`Gpt::generate`] picks tokens.
+#[derive(Config, Debug)]
+pub struct SamplingConfig {
+    /// Tokens to generate.
+    pub max_new_tokens: usize,
+    /// Divides the logits: below 1 sharpens, above 1 flattens; 0 picks the most likely
+    /// token (greedy).
+    #[config(default = 1.0)]
+    pub temperature: f64,
+    /// Sample among the `k` most likely tokens only.
+    #[config(default = "None")]
+    pub top_k: Option<usize>,
+}
+
+impl SamplingConfig {
+    /// Checks the settings.
+    pub fn validate(&self) -> Result<(), GptError> {
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return Err(GptError::InvalidSampling(format!(
+                "temperature {} must be a finite number ≥ 0",
+                self.temperature
+            )));
+        }
+        if self.top_k == Some(0) {
+            return Err(GptError::InvalidSampling("top_k must be at least 1".into()));
+        }
+        Ok(())
+    }
+}
+
+impl Gpt {
+    /// The sizes the model was built with.
+    pub fn config(&self) -> &GptConfig {
+        &self.config
+    }
+
+    /// Logits `[batch, time, vocab_size]` of the next token after each position of `idx`
+    /// `[batch, time]`.
+    ///
+    /// # Panics
+    /// If `time` exceeds `block_size` (there is no position embedding for it); use
+    /// [`generate`](Self::generate) for longer texts, which crops the context.
+    pub fn forward(&self, idx: Tensor<2, Int>) -> Tensor<3> {
+        let x = self.hidden(idx);
+        // The LM head is the token embedding, transposed: one shared parameter.
+        linear(x, self.wte.weight.val().transpose(), None)
+    }
+
+    /// The final hidden states `[batch, time, n_embd]`, after `ln_f`.
+    fn hidden(&self, idx: Tensor<2, Int>) -> Tensor<3> {
+        let [_, t] = idx.dims();
+        assert!(
+            t <= self.config.block_size,
+            "a sequence of {t} tokens is longer than the block size {}",
+            self.config.block_size
+        );
+        let pos = Tensor::<1, Int>::arange(0..t as i64, &idx.device()).unsqueeze::<2>();
+        let x = self.wte.forward(idx) + self.wpe.forward(pos);
+        let mut x = self.drop.forward(x);
+        for block in &self.h {
+            x = block.forward(x);
+        }
+        self.ln_f.forward(x)
+    }
+
+    /// Parameters excluding the position embedding (nanoGPT's `get_num_params()`).
+    pub fn num_params_non_embedding(&self) -> usize {
+        self.num_params() - self.wpe.weight.shape().num_elements()
+    }
+
+    /// Continues `prompt` by `sampling.max_new_tokens` tokens, feeding each sampled token
+    /// back in (the context cropped to the last `block_size` tokens), and returns the new
+    /// tokens. Runs without autodiff and dropout.
+    pub fn generate(
+        &self,
+        prompt: &[u32],
+        sampling: &SamplingConfig,
+        rng: &mut impl Rng,
+    ) -> Result<Vec<u32>, GptError> {
+        sampling.validate()?;
+        if prompt.is_empty() {
+            return Err(GptError::EmptyPrompt);
+        }
+        let vocab_size = self.config.vocab_size;
+        if let Some((position, &token)) = prompt
+            .iter()
+            .enumerate()
+            .find(|&(_, &t)| t as usize >= vocab_size)
+        {
+            return Err(GptError::TokenOutOfRange {
+                token,
+                position,
+                vocab_size,
+            });
+        }
+        let model = self.valid();
+        let device = model.wte.weight.device();
+        let mut tokens = prompt.to_vec();
+        for _ in 0..sampling.max_new_tokens {
+            let context = &tokens[tokens.len().saturating_sub(self.config.block_size)..];
+            let logits = model.next_token_logits(context, &device);
+            tokens.push(sample_logits(
+                &logits,
+                sampling.temperature,
+                sampling.top_k,
+                rng,
+            ));
+        }
+        Ok(tokens.split_off(prompt.len()))
+    }
+
+    /// The logits of the token after `context` (at most `block_size` tokens).
+    pub fn next_token_logits(&self, context: &[u32], device: &Device) -> Vec<f32> {
+        let t = context.len();
+        let ids: Vec<i64> = context.iter().map(|&x| x as i64).collect();
+        let idx = Tensor::<2, Int>::from_data(TensorData::new(ids, [1, t]), device);
+        // Only the last position is needed: project just it through the head.
+        let last = self.hidden(idx).narrow(1, t - 1, 1);
+        linear(last, self.wte.weight.val().transpose(), None)
+            .into_data()
+            .convert::<f32>()
+            .try_to_vec::<f32>()
+            .expect("f32 logits")
+    }
+
+    /// Writes the configuration (`gpt.json`) and the parameters (`model.bpk`, a Burn
+    /// record) into `dir`.
+    pub fn save(&self, dir: &Path) -> Result<(), GptError> {
+        let write_err = |path: PathBuf, why: String| GptError::Record {
+            action: "write",
+            path,
+            why,
+        };
+        std::fs::create_dir_all(dir).map_err(|e| write_err(dir.to_path_buf(), e.to_string()))?;
+        let config = dir.join(CONFIG_FILE);
+        self.config
+            .save(&config)
+            .map_err(|e| write_err(config, e.to_string()))?;
+        let model = dir.join(MODEL_FILE);
+        self.clone()
+            .save_file(&model)
+            .map_err(|e| write_err(model, e.to_string()))
+    }
+
+    /// Reads a model written by [`save`](Self::save) onto `device`.
+    pub fn load(dir: &Path, device: &Device) -> Result<Gpt, GptError> {
+        let read_err = |path: PathBuf, why: String| GptError::Record {
+            action: "read",
+            path,
+            why,
+        };
+        let config_path = dir.join(CONFIG_FILE);
+        let config = GptConfig::load(&config_path)
+            .map_err(|e| read_err(config_path.clone(), e.to_string()))?;
+        config
+            .validate()
+            .map_err(|e| read_err(config_path, e.to_string()))?;
+        let model_path = dir.join(MODEL_FILE);
+        config
+            .init(device)?
+            .try_load_file(&model_path)
+            .map_err(|e| read_err(model_path, e.to_string()))
+    }
+}
+
+/// Picks a token from next-token `logits` as nanoGPT's `generate`: divide by `temperature`,
+/// keep the `top_k` largest (ties with the k-th kept), softmax, sample. A temperature of 0
+/// (or `top_k = 1`) returns the arg-max (the first, on ties).
+pub fn sample_logits(
+    logits: &[f32],
+    temperature: f64,
+    top_k: Option<usize>,
+    rng: &mut impl Rng,
+) -> u32 {
+    let argmax = || {
+        let mut best = 0;
+        for (i, &l) in logits.iter().enumerate() {
+            if l > logits[best] {
+                best = i;
+            }
+        }
+        best as u32
+    };
+    if temperature <= 0.0 || top_k == Some(1) {
+        return argmax();
+    }
+    let mut scaled: Vec<f64> = logits.iter().map(|&l| l as f64 / temperature).collect();
+    if let Some(k) = top_k.filter(|&k| k < scaled.len()) {
+        let mut sorted = scaled.clone();
+        sorted.sort_by(|a, b| b.total_cmp(a));
+        let kth = sorted[k - 1];
+        for s in &mut scaled {
+            if *s < kth {
+                *s = f64::NEG_INFINITY;
+            }
+        }
+    }
+    let max = scaled.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    if !max.is_finite() {
+        // Overflowing scores (a tiny temperature): the limit is the arg-max.
+        return argmax();
+    }
+    let weights: Vec<f64> = scaled.iter().map(|s| (s - max).exp()).collect();
+    let mut u = rng.random::<f64>() * weights.iter().sum::<f64>();
+    for (i, w) in weights.iter().enumerate() {
+        if u < *w {
+            return i as u32;
+        }
+        u -= w;
+    }
+    // Rounding left u just above the total: the last token with weight.
+    weights.iter().rposition(|&w| w > 0.0).unwrap_or(0) as u32
+}
+
+impl TrainModel for Gpt {
+    type Batch = TokenBatch;
+
+    /// Mean cross-entropy of the next token over all `batch × time` positions.
+    fn loss(&self, batch: &TokenBatch) -> Tensor<1> {
+        let (logits, targets) = self.flat_logits(batch);
+        cross_entropy(logits, targets)
+    }
+
+    /// Loss and next-token accuracy over all positions.
+    fn evaluate(&self, batch: &TokenBatch) -> EvalMetrics {
+        let (logits, targets) = self.flat_logits(batch);
+        classification_metrics(logits, targets)
+    }
+}
+
+impl Gpt {
+    /// Logits `[batch·time, vocab]` and targets `[batch·time]`.
+    fn flat_logits(&self, batch: &TokenBatch) -> (Tensor<2>, Tensor<1, Int>) {
+        let [b, t] = batch.inputs.dims();
+        let logits = self.forward(batch.inputs.clone());
+        let v = logits.dims()[2];
+        (
+            logits.reshape([b * t, v]),
+            batch.targets.clone().reshape([b * t]),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+    use rand_chacha::ChaCha8Rng;
+
+    #[test]
+    fn the_closed_form_count_matches_the_papers_gpt2_sizes() {
+        // GPT-2 (124M) with its 1024 positions: 124,439,808 parameters.
+        let base = GptConfig::preset(GptSize::Base, 50257, 1024);
+        assert_eq!(base.num_params() + 1024 * 768, 124_439_808);
+    }
+
+    #[test]
+    fn presets_parse_and_configurations_are_checked() {
+        assert_eq!("XL".parse::<GptSize>().unwrap(), GptSize::Xl);
+        assert!(matches!(
+            "huge".parse::<GptSize>(),
+            Err(GptError::UnknownSize(_))
+        ));
+        let bad = GptConfig::new(10, 8).with_n_head(3).with_n_embd(16);
+        assert!(matches!(bad.validate(), Err(GptError::InvalidConfig(_))));
+        let bad = GptConfig::new(10, 8).with_dropout(1.0);
+        assert!(matches!(bad.validate(), Err(GptError::InvalidConfig(_))));
+        assert!(GptConfig::new(0, 8).validate().is_err());
+    }
+
+    #[test]
+    fn the_written_out_attention_matches_the_fused_one() {
+        let device = Device::default();
+        let r = |seed| {
+            device.seed(seed);
+            Tensor::<4>::random([2, 3, 7, 4], burn::tensor::Distribution::Default, &device)
+        };
+        let (q, k, v) = (r(1), r(2), r(3));
+        let manual = causal_attention_weights(q.clone(), k.clone()).matmul(v.clone());
+        let options = AttentionModuleOptions {
+            is_causal: true,
+            ..Default::default()
+        };
+        let fused = attention(q, k, v, None, None, options);
+        let diff = (manual - fused).abs().max().into_scalar::<f32>();
+        assert!(diff < 1e-5, "max difference {diff}");
+    }
+
+    #[test]
+    fn top_k_never_picks_outside_the_k_largest() {
+        let logits = [0.0f32, 3.0, 1.0, 2.9, -1.0];
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        let mut seen = [0usize; 5];
+        for _ in 0..2000 {
+            seen[sample_logits(&logits, 2.0, Some(2), &mut rng) as usize] += 1;
+        }
+        assert_eq!(seen[0] + seen[2] + seen[4], 0);
+        // exp(1.5) vs exp(1.45): nearly even.
+        assert!(seen[1] > 800 && seen[3] > 800, "{seen:?}");
+    }
+}
