@@ -475,11 +475,10 @@ impl Gpt {
             });
         }
         let model = self.valid();
-        let device = model.wte.weight.device();
         let mut tokens = prompt.to_vec();
         for _ in 0..sampling.max_new_tokens {
             let context = &tokens[tokens.len().saturating_sub(self.config.block_size)..];
-            let logits = model.next_token_logits(context, &device);
+            let logits = model.next_token_logits(context);
             tokens.push(sample_logits(
                 &logits,
                 sampling.temperature,
@@ -490,11 +489,12 @@ impl Gpt {
         Ok(tokens.split_off(prompt.len()))
     }
 
-    /// The logits of the token after `context` (at most `block_size` tokens).
-    pub fn next_token_logits(&self, context: &[u32], device: &Device) -> Vec<f32> {
+    /// The logits of the token after `context` (1 to `block_size` tokens).
+    fn next_token_logits(&self, context: &[u32]) -> Vec<f32> {
         let t = context.len();
         let ids: Vec<i64> = context.iter().map(|&x| x as i64).collect();
-        let idx = Tensor::<2, Int>::from_data(TensorData::new(ids, [1, t]), device);
+        let device = self.wte.weight.device();
+        let idx = Tensor::<2, Int>::from_data(TensorData::new(ids, [1, t]), &device);
         // Only the last position is needed: project just it through the head.
         let last = self.hidden(idx).narrow(1, t - 1, 1);
         linear(last, self.wte.weight.val().transpose(), None)

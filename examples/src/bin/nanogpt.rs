@@ -60,7 +60,7 @@ impl From<SizeName> for GptSize {
 struct Cli {
     #[command(flatten)]
     common: CommonArgs,
-    /// Text file to train on (default: DATA_DIR/input.txt, tiny-shakespeare).
+    /// Text file to train on, instead of DATA_DIR/input.txt (tiny-shakespeare).
     #[arg(long)]
     text_file: Option<PathBuf>,
     /// Fraction of the text, at its end, held out for validation.
