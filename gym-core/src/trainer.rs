@@ -8,6 +8,7 @@ use crate::metrics::{CsvLogs, Recorder, RunReport, default_run_name};
 use crate::model::TrainModel;
 use crate::node::{NodeOutcome, NodeShared, run_node};
 use crate::params::ParamLayout;
+use crate::rng;
 use crate::strategy::StrategyConfig;
 use burn::config::Config;
 use burn::data::dataloader::batcher::Batcher;
@@ -141,11 +142,6 @@ pub struct Trainer {
     devices: Vec<Device>,
 }
 
-/// Serialises model construction: Burn's CPU backend has one process-wide random
-/// generator, so seeding it and drawing the initial weights must not interleave with
-/// another `fit` in the same process.
-static INIT_LOCK: Mutex<()> = Mutex::new(());
-
 impl Trainer {
     /// A trainer on Burn's default device.
     pub fn new(config: TrainerConfig) -> Self {
@@ -226,11 +222,11 @@ impl Trainer {
         let max_steps = cfg.max_steps.unwrap_or(cfg.num_epochs * steps_per_epoch);
 
         // Replicas: rank 0 from the seed, the others copied from it. Every `init` draws from
-        // the backend's global generator, so all of them run under the lock.
+        // the backend's global generator (lazily: `materialize` forces it), so all of them
+        // run under the lock.
         let (base, replicas) = {
-            let _guard = INIT_LOCK.lock().unwrap_or_else(|p| p.into_inner());
-            devices[0].seed(cfg.seed);
-            let base = init(&devices[0]);
+            let _guard = rng::lock_backend_rng();
+            let base = rng::init_seeded(&devices[0], cfg.seed, &init);
             let all_float = ParamLayout::all_float(&base);
             let base_state = all_float.flatten(&base);
             let mut replicas = vec![base.clone()];

@@ -537,8 +537,13 @@ impl Gpt {
             .validate()
             .map_err(|e| read_err(config_path, e.to_string()))?;
         let model_path = dir.join(MODEL_FILE);
-        config
-            .init(device)?
+        // `init` draws weights that the record then replaces; under the lock, so the draw
+        // cannot disturb a seeded `fit` running beside it.
+        let model = {
+            let _guard = gym_core::rng::lock_backend_rng();
+            config.init(device)?
+        };
+        model
             .try_load_file(&model_path)
             .map_err(|e| read_err(model_path, e.to_string()))
     }

@@ -11,31 +11,28 @@ use gym_strategies::{AllReduceConfig, DiLoCoCommunicatorConfig, DiLoCoConfig};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use tests::shared_data;
 
 const VOCAB: usize = 11;
 const BLOCK: usize = 8;
 
-/// Burn's CPU backend draws initial weights from one process-wide generator: tests that
-/// seed it and build a model hold this lock, so parallel tests cannot interleave draws.
-static INIT: Mutex<()> = Mutex::new(());
-
-fn seeded<T>(seed: u64, f: impl FnOnce() -> T) -> T {
-    let _guard = INIT.lock().unwrap_or_else(|p| p.into_inner());
-    Device::default().seed(seed);
-    f()
+/// Burn's CPU backend draws initial weights from one process-wide generator: every test
+/// builds its model under the lock `Trainer::fit` holds, so its draws cannot interleave
+/// with another test's (a `fit` in this binary checks its bits).
+fn seeded(device: &Device, seed: u64, config: GptConfig) -> Gpt {
+    gym_core::rng::init_seeded(device, seed, |d| config.init(d).unwrap())
 }
 
 fn tiny_seeded(device: &Device, seed: u64) -> Gpt {
-    seeded(seed, || {
+    seeded(
+        device,
+        seed,
         GptConfig::new(VOCAB, BLOCK)
             .with_n_layer(2)
             .with_n_head(2)
-            .with_n_embd(16)
-            .init(device)
-            .unwrap()
-    })
+            .with_n_embd(16),
+    )
 }
 
 fn tiny(device: &Device) -> Gpt {
@@ -104,15 +101,15 @@ fn the_output_at_t_does_not_depend_on_later_tokens() {
     // Training (autodiff), with dropout: the written-out attention. Reseeding the node's
     // stream gives both passes the same dropout masks.
     let device = Device::default().autodiff();
-    let model = seeded(5, || {
+    let model = seeded(
+        &device,
+        5,
         GptConfig::new(VOCAB, BLOCK)
             .with_n_layer(2)
             .with_n_head(2)
             .with_n_embd(16)
-            .with_dropout(0.3)
-            .init(&device)
-            .unwrap()
-    });
+            .with_dropout(0.3),
+    );
     assert_causal(&model, &device, || gym_core::rng::seed_node(3, 0));
 }
 
@@ -196,9 +193,7 @@ fn the_lm_head_is_the_token_embedding() {
 fn the_small_preset_has_nanogpts_parameter_count() {
     // Autodiff, so the parameters count as trainable.
     let device = Device::default().autodiff();
-    let model = GptConfig::preset(GptSize::Small, 65, 64)
-        .init(&device)
-        .unwrap();
+    let model = seeded(&device, 0, GptConfig::preset(GptSize::Small, 65, 64));
     let expected = nanogpt_formula(65, 4, 128);
     assert_eq!(expected, 801_664);
     assert_eq!(model.num_params_non_embedding(), expected);
@@ -216,11 +211,7 @@ fn the_small_preset_has_nanogpts_parameter_count() {
 #[test]
 fn the_initialisation_follows_nanogpt() {
     let device = Device::default();
-    let model = seeded(1, || {
-        GptConfig::preset(GptSize::Small, 65, 64)
-            .init(&device)
-            .unwrap()
-    });
+    let model = seeded(&device, 1, GptConfig::preset(GptSize::Small, 65, 64));
     let mut stats = Vec::new();
     struct Std<'a>(&'a mut Vec<(Vec<usize>, f64, f64)>);
     impl ModuleVisitor for Std<'_> {
@@ -476,8 +467,6 @@ fn short_run(data: &NodeData<gym_data::TokenWindow>, diloco: bool, seed: u64) ->
     };
     let inner = gym_core::InnerOptimizerConfig::new()
         .with_optimizer(gym_core::OptimizerSpec::AdamW(gym_core::AdamWSpec::new()).with_lr(3e-3));
-    // Holds the lock for the whole run: `fit` seeds and draws from the shared generator.
-    let _guard = INIT.lock().unwrap_or_else(|p| p.into_inner());
     let trainer = Trainer::new(config);
     let out = if diloco {
         let strategy = DiLoCoConfig::new()
