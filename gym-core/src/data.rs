@@ -2,6 +2,7 @@
 //! dataset built for each node by a factory.
 
 use crate::error::{GymError, Result};
+use crate::metrics::Fingerprint;
 use crate::rng::derive_seed;
 use burn::data::dataset::Dataset;
 use rand::SeedableRng;
@@ -152,6 +153,7 @@ pub(crate) struct NodeLoader<I> {
     epoch: usize,
     order: Vec<usize>,
     cursor: usize,
+    drawn: Fingerprint,
 }
 
 impl<I> NodeLoader<I> {
@@ -163,7 +165,13 @@ impl<I> NodeLoader<I> {
             epoch: 0,
             order,
             cursor: 0,
+            drawn: Fingerprint::default(),
         }
+    }
+
+    /// A hash of every index drawn so far, in order.
+    pub fn fingerprint(&self) -> u64 {
+        self.drawn.finish()
     }
 
     /// The next `n` items.
@@ -181,6 +189,9 @@ impl<I> NodeLoader<I> {
         }
         let idx = &self.order[self.cursor..self.cursor + n];
         self.cursor += n;
+        for &i in idx {
+            self.drawn.write_u64(i as u64);
+        }
         idx.iter().map(|&i| get_item(&*self.dataset, i)).collect()
     }
 }

@@ -33,7 +33,7 @@ pub use batch::{ImageBatch, TokenBatch};
 pub use collective::{Collective, CommStats, Group, InProcessCollective, InProcessGroup, ReduceOp};
 pub use data::{DistributedSampler, NodeData, SharedDataset, Split};
 pub use error::{CollectiveError, GymError, Result};
-pub use metrics::{RunReport, RunSummary, TrainRecord, ValRecord};
+pub use metrics::{CorrelationRecord, RunReport, RunSummary, TrainRecord, ValRecord};
 pub use model::{EvalMetrics, TrainModel};
 pub use optim::{
     AdamSpec, AdamWSpec, InnerOptimizer, InnerOptimizerConfig, LrScheduleConfig, OptimizerSpec,

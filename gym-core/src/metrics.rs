@@ -56,6 +56,71 @@ pub struct ValRecord {
     pub examples: usize,
 }
 
+/// How far the replicas have drifted apart (spec §2.9): logged every
+/// [`correlation_interval`](crate::TrainerConfig::correlation_interval) steps.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CorrelationRecord {
+    /// Steps taken when it was measured.
+    pub step: usize,
+    /// Training examples seen by all nodes by then.
+    pub examples_seen: u64,
+    /// Mean over pairs of replicas of the Pearson correlation of their flattened float
+    /// tensors: 1 when the replicas are identical.
+    pub correlation: f64,
+}
+
+/// Mean pairwise Pearson correlation of `replicas` (each a flattened model), as the
+/// original's `np.corrcoef` over every pair `i < j`. Identical replicas give exactly 1.0;
+/// a constant replica has no correlation (NaN), as in NumPy. Needs two replicas or more
+/// of equal, non-zero length (`NaN` otherwise).
+pub fn mean_pairwise_correlation(replicas: &[Vec<f32>]) -> f64 {
+    let k = replicas.len();
+    let n = replicas.first().map_or(0, Vec::len);
+    if k < 2 || n == 0 || replicas.iter().any(|r| r.len() != n) {
+        return f64::NAN;
+    }
+    // Centred copies in f64; every variance and covariance is summed in the same order,
+    // so for identical replicas cov == var bit for bit and cov / sqrt(var·var) == 1.
+    let centred: Vec<Vec<f64>> = replicas
+        .iter()
+        .map(|r| {
+            let mean = r.iter().map(|&x| f64::from(x)).sum::<f64>() / n as f64;
+            r.iter().map(|&x| f64::from(x) - mean).collect()
+        })
+        .collect();
+    let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
+    let var: Vec<f64> = centred.iter().map(|c| dot(c, c)).collect();
+    let mut sum = 0.0;
+    for i in 0..k {
+        for j in i + 1..k {
+            sum += dot(&centred[i], &centred[j]) / (var[i] * var[j]).sqrt();
+        }
+    }
+    sum / (k * (k - 1) / 2) as f64
+}
+
+/// A 64-bit FNV-1a hash, for fingerprints of what a run started from.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Fingerprint(u64);
+
+impl Default for Fingerprint {
+    fn default() -> Self {
+        Fingerprint(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Fingerprint {
+    pub fn write_u64(&mut self, x: u64) {
+        for b in x.to_le_bytes() {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+
+    pub fn finish(self) -> u64 {
+        self.0
+    }
+}
+
 /// Everything a run measured. Returned by [`Trainer::fit`](crate::Trainer::fit).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RunReport {
@@ -71,6 +136,14 @@ pub struct RunReport {
     pub train: Vec<TrainRecord>,
     /// Evaluations, the last over the whole validation set.
     pub validation: Vec<ValRecord>,
+    /// Replica correlations, if a `correlation_interval` was set.
+    pub correlation: Vec<CorrelationRecord>,
+    /// A hash of the initial parameters (every float tensor of the replicas, which all
+    /// start equal): runs with equal fingerprints started from the same model.
+    pub init_fingerprint: u64,
+    /// A hash of the training sample indices every node drew, in rank and step order: runs
+    /// with equal fingerprints saw the same data in the same order.
+    pub data_fingerprint: u64,
     /// Each node's training traffic.
     pub comm: Vec<CommStats>,
     /// Seconds spent in `fit` before the first step (replicas, data, logs).
@@ -164,6 +237,10 @@ pub struct RunSummary {
     pub bytes_received_per_node: f64,
     /// Peak resident memory of the process, where the OS reports it.
     pub peak_rss_bytes: Option<u64>,
+    /// [`RunReport::init_fingerprint`] in hex: equal across runs that started equal.
+    pub init_fingerprint: String,
+    /// [`RunReport::data_fingerprint`] in hex: equal across runs that drew the same samples.
+    pub data_fingerprint: String,
 }
 
 impl RunSummary {
@@ -198,6 +275,8 @@ impl RunSummary {
             bytes_sent_per_node: report.bytes_sent_per_node(),
             bytes_received_per_node: report.bytes_received_per_node(),
             peak_rss_bytes: peak_rss_bytes(),
+            init_fingerprint: format!("{:016x}", report.init_fingerprint),
+            data_fingerprint: format!("{:016x}", report.data_fingerprint),
         }
     }
 
@@ -268,6 +347,7 @@ struct RecorderState {
     train: Vec<TrainRecord>,
     pending_val: BTreeMap<usize, PendingEval>,
     validation: Vec<ValRecord>,
+    correlation: Vec<CorrelationRecord>,
     logs: Option<CsvLogs>,
     write_error: Option<GymError>,
 }
@@ -334,6 +414,7 @@ impl Recorder {
                 train: Vec::new(),
                 pending_val: BTreeMap::new(),
                 validation: Vec::new(),
+                correlation: Vec::new(),
                 logs,
                 write_error: None,
             }),
@@ -428,6 +509,22 @@ impl Recorder {
         }
     }
 
+    /// The replicas' correlation after `steps` steps.
+    pub fn correlation(&self, steps: usize, correlation: f64) {
+        let mut st = self.lock();
+        let rec = CorrelationRecord {
+            step: steps,
+            examples_seen: steps as u64 * self.examples_per_step,
+            correlation,
+        };
+        if let Some(logs) = st.logs.as_mut()
+            && let Err(e) = logs.correlation_row(&rec)
+        {
+            st.write_error.get_or_insert(e);
+        }
+        st.correlation.push(rec);
+    }
+
     /// Seconds from the recorder's creation to the last completed step.
     pub fn loop_seconds(&self) -> f64 {
         self.lock()
@@ -437,7 +534,7 @@ impl Recorder {
     }
 
     /// Ends the bar and hands over the records; a failed log write is reported here.
-    pub fn finish(&self) -> Result<(Vec<TrainRecord>, Vec<ValRecord>)> {
+    pub fn finish(&self) -> Result<Records> {
         self.bar.finish_and_clear();
         let mut st = self.lock();
         if let Some(e) = st.write_error.take() {
@@ -445,7 +542,11 @@ impl Recorder {
         }
         let mut validation = std::mem::take(&mut st.validation);
         validation.sort_by_key(|v| v.step);
-        Ok((std::mem::take(&mut st.train), validation))
+        Ok(Records {
+            train: std::mem::take(&mut st.train),
+            validation,
+            correlation: std::mem::take(&mut st.correlation),
+        })
     }
 
     /// Hides the bar (on failure).
@@ -454,16 +555,24 @@ impl Recorder {
     }
 }
 
-/// `train.csv` and `validation.csv` of a run.
+/// What the recorder collected over a run.
+pub(crate) struct Records {
+    pub train: Vec<TrainRecord>,
+    pub validation: Vec<ValRecord>,
+    pub correlation: Vec<CorrelationRecord>,
+}
+
+/// `train.csv`, `validation.csv` and (when measured) `correlation.csv` of a run.
 pub(crate) struct CsvLogs {
     train: BufWriter<File>,
     val: BufWriter<File>,
+    correlation: Option<BufWriter<File>>,
     dir: PathBuf,
 }
 
 impl CsvLogs {
     /// Creates the run folder, its `config.json` and the CSV headers.
-    pub fn create(dir: &Path, config: &serde_json::Value) -> Result<Self> {
+    pub fn create(dir: &Path, config: &serde_json::Value, correlation: bool) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(|e| GymError::io(dir, e))?;
         let config_path = dir.join("config.json");
         let json = serde_json::to_string_pretty(config).expect("config serialises");
@@ -485,8 +594,22 @@ impl CsvLogs {
                 "validation.csv",
                 "step,examples_seen,local_loss,local_perplexity,global_loss,global_perplexity,local_accuracy,global_accuracy",
             )?,
+            correlation: if correlation {
+                Some(open("correlation.csv", "step,examples_seen,correlation")?)
+            } else {
+                None
+            },
             dir: dir.to_path_buf(),
         })
+    }
+
+    fn correlation_row(&mut self, r: &CorrelationRecord) -> Result<()> {
+        let Some(w) = self.correlation.as_mut() else {
+            return Ok(());
+        };
+        writeln!(w, "{},{},{}", r.step, r.examples_seen, r.correlation)
+            .and_then(|_| w.flush())
+            .map_err(|e| GymError::io(self.dir.join("correlation.csv"), e))
     }
 
     fn train_row(&mut self, r: &TrainRecord) -> Result<()> {
@@ -539,6 +662,50 @@ mod tests {
         assert_eq!(name.len(), "allreduce-n4-".len() + 15);
     }
 
+    /// numpy.corrcoef's formula, written out naively for one pair.
+    fn pearson(x: &[f32], y: &[f32]) -> f64 {
+        let n = x.len() as f64;
+        let mx = x.iter().map(|&v| v as f64).sum::<f64>() / n;
+        let my = y.iter().map(|&v| v as f64).sum::<f64>() / n;
+        let (mut sxy, mut sxx, mut syy) = (0.0, 0.0, 0.0);
+        for (&a, &b) in x.iter().zip(y) {
+            let (a, b) = (a as f64 - mx, b as f64 - my);
+            sxy += a * b;
+            sxx += a * a;
+            syy += b * b;
+        }
+        sxy / (sxx.sqrt() * syy.sqrt())
+    }
+
+    #[test]
+    fn correlation_is_the_mean_over_pairs_of_pearson() {
+        let a = vec![1.0, 2.0, 3.0, 4.0];
+        // Affine images correlate perfectly, reversed ones anti-correlate.
+        let b: Vec<f32> = a.iter().map(|x| 2.0 * x + 1.0).collect();
+        let c: Vec<f32> = a.iter().map(|x| -x).collect();
+        assert!((mean_pairwise_correlation(&[a.clone(), b.clone()]) - 1.0).abs() < 1e-12);
+        assert!((mean_pairwise_correlation(&[a.clone(), c.clone()]) + 1.0).abs() < 1e-12);
+        // Three replicas: (1 − 1 − 1) / 3.
+        let three = mean_pairwise_correlation(&[a.clone(), b.clone(), c.clone()]);
+        assert!((three + 1.0 / 3.0).abs() < 1e-12, "{three}");
+        // Against the naive formula on uneven values.
+        let x = vec![0.3, -1.2, 5.0, 0.0, 2.5, -0.7];
+        let y = vec![0.1, -1.0, 4.0, 0.4, 2.0, 0.3];
+        let z = vec![-2.0, 0.5, 0.1, 3.0, -1.0, 0.0];
+        let expected = (pearson(&x, &y) + pearson(&x, &z) + pearson(&y, &z)) / 3.0;
+        let got = mean_pairwise_correlation(&[x.clone(), y, z]);
+        assert!((got - expected).abs() < 1e-12, "{got} vs {expected}");
+        // Identical replicas: exactly one, whatever the values.
+        let w: Vec<f32> = (0..1000)
+            .map(|i| ((i * 7919) % 1013) as f32 * 1e-3 - 0.4)
+            .collect();
+        assert_eq!(mean_pairwise_correlation(&[w.clone(), w.clone(), w]), 1.0);
+        // Undefined cases.
+        assert!(mean_pairwise_correlation(&[x.clone()]).is_nan());
+        assert!(mean_pairwise_correlation(&[vec![1.0; 4], a]).is_nan());
+        assert!(mean_pairwise_correlation(&[x, vec![1.0]]).is_nan());
+    }
+
     #[test]
     fn recorder_emits_steps_in_order_with_the_mean_loss_over_nodes() {
         let r = Recorder::new(2, 8, 2, false, None);
@@ -558,7 +725,7 @@ mod tests {
         r.train_step(0, 0, node(1.0, 0.5, 2.0));
         r.train_step(1, 0, node(3.0, 0.9, 4.0));
         r.train_step(0, 1, node(2.0, 0.6, 3.0));
-        let (train, _) = r.finish().unwrap();
+        let train = r.finish().unwrap().train;
         assert_eq!(train.len(), 2);
         assert_eq!(
             (train[0].step, train[0].train_loss, train[0].lr),

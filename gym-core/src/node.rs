@@ -4,7 +4,7 @@
 use crate::collective::{Collective, InProcessCollective, ReduceOp};
 use crate::data::{NodeLoader, NodeView, get_item, validation_indices};
 use crate::error::{GymError, Result};
-use crate::metrics::{EvalKind, NodeStep, Recorder};
+use crate::metrics::{EvalKind, NodeStep, Recorder, mean_pairwise_correlation};
 use crate::model::{EvalMetrics, TrainModel};
 use crate::params::ParamLayout;
 use crate::rng;
@@ -32,6 +32,8 @@ pub(crate) struct NodeOutcome<M> {
     pub final_model: Option<M>,
     /// Rank 0's strategy master parameters loaded into a copy of its model, if any.
     pub master: Option<M>,
+    /// A hash of the training indices this node drew.
+    pub data_fingerprint: u64,
 }
 
 /// Runs node `rank` to the end. `current_step` tells the trainer where a failure happened.
@@ -125,6 +127,11 @@ where
                 strategy_s: strategy_start.elapsed().as_secs_f64(),
             },
         );
+        if let Some(every) = cfg.correlation_interval
+            && (step + 1) % every == 0
+        {
+            correlate(rank, step + 1, &model, &eval.comm, shared.recorder)?;
+        }
     }
     current_step.store(shared.max_steps, Ordering::SeqCst);
     let master = match strategy.master_params() {
@@ -135,7 +142,32 @@ where
     Ok(NodeOutcome {
         final_model,
         master,
+        data_fingerprint: loader.fingerprint(),
     })
+}
+
+/// Gathers every replica's float tensors (through the observer, so the measurement is not
+/// counted as traffic) and lets rank 0 record their mean pairwise correlation.
+fn correlate<M: TrainModel>(
+    rank: usize,
+    steps: usize,
+    model: &M,
+    observer: &InProcessCollective,
+    recorder: &Recorder,
+) -> Result<()> {
+    let replicas = observer.all_gather(ParamLayout::all_float(model).flatten(model))?;
+    if rank == 0 {
+        let host = replicas
+            .into_iter()
+            .map(|t| {
+                t.into_data()
+                    .try_into_vec_as::<f32>()
+                    .map_err(|e| GymError::Data(format!("replica values: {e:?}")))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        recorder.correlation(steps, mean_pairwise_correlation(&host));
+    }
+    Ok(())
 }
 
 /// Evaluates rank 0's replica (local) and the average of all replicas (global), as the

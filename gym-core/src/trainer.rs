@@ -4,7 +4,7 @@
 use crate::collective::{Collective, InProcessGroup};
 use crate::data::NodeData;
 use crate::error::{GymError, Result};
-use crate::metrics::{CsvLogs, Recorder, RunReport, default_run_name};
+use crate::metrics::{CsvLogs, Fingerprint, Recorder, RunReport, default_run_name};
 use crate::model::TrainModel;
 use crate::node::{NodeOutcome, NodeShared, run_node};
 use crate::params::ParamLayout;
@@ -58,6 +58,10 @@ pub struct TrainerConfig {
     /// Show a progress bar on stderr.
     #[config(default = true)]
     pub progress: bool,
+    /// Every this many steps, log the mean pairwise Pearson correlation of the replicas'
+    /// flattened float tensors (spec §2.9; needs 2 nodes or more). `None`: never.
+    #[config(default = "None")]
+    pub correlation_interval: Option<usize>,
     /// Threads each node's tensor kernels may use (a pool of its own); 0 lets them spread
     /// over the pool of all node threads.
     #[config(default = 1)]
@@ -106,6 +110,13 @@ impl TrainerConfig {
         }
         if self.max_steps == Some(0) {
             return bad("max_steps must be at least 1".into());
+        }
+        match self.correlation_interval {
+            Some(0) => return bad("correlation_interval must be at least 1".into()),
+            Some(_) if self.num_nodes < 2 => {
+                return bad("correlation_interval needs at least 2 nodes to correlate".into());
+            }
+            _ => {}
         }
         if self.max_steps.is_none() && self.num_epochs == 0 {
             return bad("num_epochs must be at least 1 when max_steps is not set".into());
@@ -224,11 +235,19 @@ impl Trainer {
         // Replicas: rank 0 from the seed, the others copied from it. Every `init` draws from
         // the backend's global generator (lazily: `materialize` forces it), so all of them
         // run under the lock.
-        let (base, replicas) = {
+        let (base, replicas, init_fingerprint) = {
             let _guard = rng::lock_backend_rng();
             let base = rng::init_seeded(&devices[0], cfg.seed, &init);
             let all_float = ParamLayout::all_float(&base);
             let base_state = all_float.flatten(&base);
+            let mut init_fingerprint = Fingerprint::default();
+            for x in base_state
+                .to_data()
+                .try_into_vec_as::<f32>()
+                .map_err(|e| GymError::InvalidConfig(format!("initial parameters: {e:?}")))?
+            {
+                init_fingerprint.write_u64(u64::from(x.to_bits()));
+            }
             let mut replicas = vec![base.clone()];
             for device in &devices[1..] {
                 let fresh = init(device);
@@ -240,7 +259,7 @@ impl Trainer {
                 let state = base_state.clone().to_device(&device.clone().inner());
                 replicas.push(all_float.load(fresh, state));
             }
-            (base, replicas)
+            (base, replicas, init_fingerprint.finish())
         };
         let num_params = ParamLayout::trainable(&base).num_elements();
         drop(base);
@@ -264,7 +283,11 @@ impl Trainer {
                     "model": { "type": std::any::type_name::<M>(), "trainable_parameters": num_params },
                     "devices": devices.iter().map(|d| format!("{d:?}")).collect::<Vec<_>>(),
                 });
-                Some(CsvLogs::create(dir, &config_json)?)
+                Some(CsvLogs::create(
+                    dir,
+                    &config_json,
+                    cfg.correlation_interval.is_some(),
+                )?)
             }
             None => None,
         };
@@ -354,12 +377,14 @@ impl Trainer {
             return Err(errors.swap_remove(pos));
         }
         let loop_s = recorder.loop_seconds();
-        let (train, validation) = recorder.finish()?;
+        let records = recorder.finish()?;
         let (mut model, mut master) = (None, None);
+        let mut data_fingerprint = Fingerprint::default();
         for r in results {
             let outcome = r?;
             model = model.or(outcome.final_model);
             master = master.or(outcome.master);
+            data_fingerprint.write_u64(outcome.data_fingerprint);
         }
         let model = model.expect("one node returns the final model");
         let model = model.fork(&devices[0]);
@@ -369,8 +394,11 @@ impl Trainer {
             log_dir,
             num_nodes: k,
             steps: max_steps,
-            train,
-            validation,
+            train: records.train,
+            validation: records.validation,
+            correlation: records.correlation,
+            init_fingerprint,
+            data_fingerprint: data_fingerprint.finish(),
             comm: (0..k).map(|r| group.stats(r)).collect(),
             setup_s,
             loop_s,
@@ -422,5 +450,12 @@ mod tests {
         assert!(invalid(TrainerConfig::new(2).with_val_interval(0)).contains("val_interval"));
         assert!(invalid(TrainerConfig::new(2).with_max_steps(Some(0))).contains("max_steps"));
         assert!(TrainerConfig::new(2).with_val_size(0).validate().is_ok());
+        assert!(
+            invalid(TrainerConfig::new(2).with_correlation_interval(Some(0)))
+                .contains("correlation_interval")
+        );
+        assert!(
+            invalid(TrainerConfig::new(1).with_correlation_interval(Some(5))).contains("2 nodes")
+        );
     }
 }
