@@ -5,4 +5,7 @@
 
 pub mod backend;
 pub mod cli;
+pub mod compare;
+pub mod plot;
 pub mod report;
+pub mod tasks;

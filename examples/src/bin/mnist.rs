@@ -7,16 +7,18 @@
 
 use burn::tensor::Device;
 use clap::{Parser, ValueEnum};
-use examples::cli::{CommonArgs, WithStrategy};
-use examples::{backend, report};
+use examples::cli::{self, CommonArgs, WithStrategy};
+use examples::{backend, report, tasks};
 use gym_core::{ImageBatch, NodeData, RunSummary, StrategyConfig, TrainModel, Trainer};
-use gym_data::{MnistBatcher, MnistDataset, MnistItem, MnistSplit};
+use gym_data::{MnistBatcher, MnistItem};
 use gym_models::{MlpConfig, MnistCnnConfig};
+use serde::Serialize;
 use std::process::ExitCode;
 use std::time::Instant;
 
 /// Models for MNIST.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
 enum ModelName {
     /// 784-256-10 perceptron (fast on CPU).
     Mlp,
@@ -26,10 +28,11 @@ enum ModelName {
 
 /// Train an MNIST classifier on K simulated nodes and report loss, accuracy, speed and
 /// bytes communicated.
-#[derive(Debug, Parser)]
+#[derive(Debug, Parser, Serialize)]
 #[command(version, about)]
 struct Cli {
     #[command(flatten)]
+    #[serde(flatten)]
     common: CommonArgs,
     /// Model to train.
     #[arg(long, value_enum, default_value = "mlp")]
@@ -38,7 +41,7 @@ struct Cli {
 
 fn main() -> ExitCode {
     let process_start = Instant::now();
-    let cli = Cli::parse();
+    let (cli, _) = cli::parse::<Cli>();
     match run(&cli, process_start) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -51,17 +54,9 @@ fn main() -> ExitCode {
 fn run(cli: &Cli, process_start: Instant) -> Result<(), Box<dyn std::error::Error>> {
     let (device, backend) = backend::select();
     eprintln!("backend: {backend}");
-    let dir = gym_data::data_dir(cli.common.data_dir.as_deref(), "mnist");
-    // Decompressing and checking the two splits in parallel halves the start-up.
-    let (train, test) = std::thread::scope(|s| {
-        let test = s.spawn(|| MnistDataset::load_or_download(&dir, MnistSplit::Test));
-        let train = MnistDataset::load_or_download(&dir, MnistSplit::Train);
-        (train, test.join().expect("loader thread"))
-    });
-    let (train, test) = (train?, test?);
     let run = Run {
         cli,
-        data: NodeData::shared(train, test),
+        data: tasks::mnist(cli.common.data_dir.as_deref())?,
         device,
         backend,
         process_start,
@@ -112,7 +107,9 @@ impl Run<'_> {
             self.process_start,
             fit_start,
         );
-        let path = summary.write(&common.run_dir(&out.report.run_name))?;
+        let dir = common.run_dir(&out.report.run_name);
+        let path = summary.write(&dir)?;
+        cli::save_run_config(self.cli, &dir)?;
         report::print_summary(&summary);
         println!(
             "logs              {}",

@@ -9,21 +9,23 @@
 //! ```
 
 use burn::tensor::Device;
-use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
-use examples::cli::{CommonArgs, WithStrategy};
-use examples::{backend, report};
+use clap::{CommandFactory, Parser, ValueEnum};
+use examples::cli::{self, CommonArgs, WithStrategy};
+use examples::{backend, report, tasks};
 use gym_core::{NodeData, RunSummary, StrategyConfig, Trainer};
 use gym_data::text::VOCAB_FILE;
-use gym_data::{CharCorpus, CharVocab, TokenBatcher, TokenWindow, TokenWindows};
+use gym_data::{CharCorpus, CharVocab, TokenBatcher, TokenWindow};
 use gym_models::{Gpt, GptConfig, GptSize, SamplingConfig};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
 /// The presets of `--model-size`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
 enum SizeName {
     /// 4 layers, 4 heads, 128 dimensions.
     Small,
@@ -55,10 +57,11 @@ impl From<SizeName> for GptSize {
 /// Train a character-level GPT (nanoGPT) on K simulated nodes and report loss, speed and
 /// bytes communicated; save the model and print a sample. With --sample-from, sample from
 /// a saved model instead.
-#[derive(Debug, Parser)]
+#[derive(Debug, Parser, Serialize)]
 #[command(version, about)]
 struct Cli {
     #[command(flatten)]
+    #[serde(flatten)]
     common: CommonArgs,
     /// Text file to train on, instead of DATA_DIR/input.txt (tiny-shakespeare).
     #[arg(long)]
@@ -125,7 +128,7 @@ impl Cli {
         for (id, value) in defaults {
             command = command.mut_arg(id, |a| a.default_value(value));
         }
-        Cli::from_arg_matches(&command.get_matches()).unwrap_or_else(|e| e.exit())
+        cli::parse_command(&command).0
     }
 
     fn model_config(&self, vocab_size: usize) -> GptConfig {
@@ -185,13 +188,7 @@ fn print_sample(cli: &Cli, model: &Gpt, vocab: &CharVocab) -> Result<(), BoxErro
 fn train(cli: &Cli, process_start: Instant) -> Result<(), BoxError> {
     let (device, backend) = backend::select();
     eprintln!("backend: {backend}");
-    let corpus = match &cli.text_file {
-        Some(file) => CharCorpus::load(file)?,
-        None => {
-            let dir = gym_data::data_dir(cli.common.data_dir.as_deref(), "shakespeare");
-            CharCorpus::load_or_download(&dir)?
-        }
-    };
+    let corpus = tasks::text_corpus(cli.text_file.as_deref(), cli.common.data_dir.as_deref())?;
     // Checked before training, so a bad prompt or size fails in a second, not after the run.
     cli.sampling().validate()?;
     corpus.vocab().encode(&cli.prompt)?;
@@ -206,12 +203,7 @@ fn train(cli: &Cli, process_start: Instant) -> Result<(), BoxError> {
         config.n_embd,
         config.num_params() as f64 / 1e6
     );
-    let (train, val) = corpus.split(cli.block_size, cli.val_fraction)?;
-    let data = if cli.shard {
-        TokenWindows::per_node(train, val)
-    } else {
-        TokenWindows::shared(train, val)
-    };
+    let data = tasks::text_windows(&corpus, cli.block_size, cli.val_fraction, cli.shard)?;
     let run = Run {
         cli,
         corpus: &corpus,
@@ -258,6 +250,7 @@ impl WithStrategy for &Run<'_> {
         );
         let dir = common.run_dir(&out.report.run_name);
         summary.write(&dir)?;
+        cli::save_run_config(self.cli, &dir)?;
         out.model.save(&dir)?;
         self.corpus.vocab().save(&dir.join(VOCAB_FILE))?;
         report::print_summary(&summary);

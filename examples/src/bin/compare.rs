@@ -1,0 +1,34 @@
+//! Compare strategies on one task under identical conditions: a table, plots and metrics.
+//!
+//! ```text
+//! cargo run --release -p examples --bin compare -- --task mnist \
+//!     --strategies allreduce,diloco,sparta,fedavg,demo --num-nodes 4 --max-steps 200 \
+//!     --data-dir ../shared/data/mnist --out-dir compare-mnist
+//! ```
+//!
+//! See [`examples::compare`] for what the folder holds, and `--config` for run
+//! configurations in TOML or JSON.
+
+use std::ffi::OsString;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let argv: Vec<OsString> = std::env::args_os().collect();
+    match examples::compare::run(&argv) {
+        Ok(comparison) => {
+            println!("written:");
+            for f in &comparison.files {
+                println!("  {}", f.display());
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => match e.downcast::<clap::Error>() {
+            // --help, --version and flag errors, as clap prints them.
+            Ok(clap_error) => clap_error.exit(),
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        },
+    }
+}

@@ -1,0 +1,565 @@
+//! One command, several strategies, identical conditions: the `compare` binary.
+//!
+//! Every strategy trains the same task from the same seed, so it starts from the same model
+//! and reads the same samples in the same order (checked through the runs'
+//! fingerprints). The output folder gets:
+//!
+//! - `results.md`: the table (final losses, accuracy, wall time, it/s, final lr, bytes sent
+//!   per node, communication reduction versus AllReduce);
+//! - `val_loss.svg` (against steps or examples, `--x-axis`), `val_loss_vs_bytes.svg`
+//!   (log-scale bytes) and, with `--correlation-interval`, `correlation.svg`;
+//! - `metrics.jsonl` (every record, tagged with its strategy and kind), `train.csv`,
+//!   `validation.csv`, `correlation.csv` and `summary.csv`;
+//! - `run_config.toml`, the resolved configuration (readable by `--config`), and
+//!   `runs/<strategy>/` with each run's own logs, summary and configuration.
+
+use crate::cli::{self, CommonArgs, ConfigFile, StrategyName, WithStrategy};
+use crate::plot::{Chart, Series};
+use crate::report::human_bytes;
+use crate::tasks;
+use burn::tensor::Device;
+use clap::{CommandFactory, Parser, ValueEnum};
+use gym_core::{NodeData, RunReport, RunSummary, StrategyConfig, TrainModel, Trainer};
+use gym_data::{CharCorpus, MnistBatcher, MnistItem, TokenBatcher, TokenWindow};
+use gym_models::{GptConfig, MlpConfig, MnistCnnConfig};
+use serde::Serialize;
+use std::ffi::OsString;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+type BoxError = Box<dyn std::error::Error>;
+
+/// What to train.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Task {
+    /// MNIST digits (`--model mlp` or `cnn`).
+    Mnist,
+    /// Character-level nanoGPT on tiny-shakespeare (or `--text-file`).
+    Shakespeare,
+}
+
+/// Models for the MNIST task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MnistModel {
+    /// 784-256-10 perceptron.
+    Mlp,
+    /// The original's CNN (1.87M parameters).
+    Cnn,
+}
+
+/// The x axis of the loss plots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum XAxis {
+    /// Optimizer steps.
+    Step,
+    /// Training examples seen by all nodes.
+    Examples,
+}
+
+/// Run several strategies on one task under identical conditions and write a table,
+/// plots and metrics into one folder.
+#[derive(Debug, Clone, Parser, Serialize)]
+#[command(version, about, name = "compare")]
+pub struct CompareArgs {
+    /// The flags every example shares (`--strategy` is set per run).
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub common: CommonArgs,
+    /// Task to train.
+    #[arg(long, value_enum, default_value = "mnist")]
+    pub task: Task,
+    /// Strategies to compare, comma-separated. Per-strategy flags go in a `--config` file's
+    /// `[overrides.<strategy>]` table.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "allreduce,diloco,sparta,fedavg,demo"
+    )]
+    pub strategies: Vec<StrategyName>,
+    /// Output folder.
+    #[arg(long, default_value = "compare")]
+    pub out_dir: PathBuf,
+    /// X axis of the loss plots.
+    #[arg(long, value_enum, default_value = "step")]
+    pub x_axis: XAxis,
+    /// MNIST: model.
+    #[arg(long, value_enum, default_value = "mlp")]
+    pub model: MnistModel,
+    /// Shakespeare: text file instead of DATA_DIR/input.txt.
+    #[arg(long)]
+    pub text_file: Option<PathBuf>,
+    /// Shakespeare: context length.
+    #[arg(long, default_value_t = 64)]
+    pub block_size: usize,
+    /// Shakespeare: transformer blocks.
+    #[arg(long, default_value_t = 2)]
+    pub n_layer: usize,
+    /// Shakespeare: attention heads.
+    #[arg(long, default_value_t = 2)]
+    pub n_head: usize,
+    /// Shakespeare: embedding width.
+    #[arg(long, default_value_t = 64)]
+    pub n_embd: usize,
+}
+
+/// One strategy's run.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// The strategy, as named on the command line.
+    pub strategy: StrategyName,
+    /// The arguments it ran with (overrides applied).
+    pub args: CompareArgs,
+    /// What it measured.
+    pub report: RunReport,
+    /// Its summary (also in `runs/<strategy>/summary.json`).
+    pub summary: RunSummary,
+}
+
+/// What a comparison produced.
+#[derive(Debug, Clone)]
+pub struct Comparison {
+    /// The runs, in the order of `--strategies`.
+    pub outcomes: Vec<Outcome>,
+    /// The files written.
+    pub files: Vec<PathBuf>,
+    /// Whether every run started from the same parameters and read the same samples.
+    pub identical_conditions: bool,
+}
+
+/// Parses `argv` (program name first, `--config` honoured) and runs the comparison.
+pub fn run(argv: &[OsString]) -> Result<Comparison, BoxError> {
+    let process_start = Instant::now();
+    let command = CompareArgs::command();
+    let (args, file): (CompareArgs, ConfigFile) = cli::try_parse_from(&command, argv)?;
+    if args.strategies.is_empty() {
+        return Err("--strategies names no strategy".into());
+    }
+    let mut seen = args.strategies.clone();
+    seen.sort();
+    if seen.windows(2).any(|w| w[0] == w[1]) {
+        return Err("--strategies names a strategy twice".into());
+    }
+    let (device, backend) = crate::backend::select();
+    eprintln!("backend: {backend}");
+    let data = TaskData::load(&args)?;
+    let runs_dir = args.out_dir.join("runs");
+
+    let mut outcomes = Vec::new();
+    for &strategy in &args.strategies {
+        // The strategy's overrides, then the fixed places of its logs.
+        let mut extra = file.overrides_for(strategy).to_vec();
+        extra.extend([
+            "--strategy".into(),
+            strategy.as_str().into(),
+            "--run-name".into(),
+            strategy.as_str().into(),
+            "--log-dir".into(),
+            runs_dir.to_string_lossy().into_owned(),
+        ]);
+        let run_args: CompareArgs = cli::parse_with(&command, argv, &file, &extra)?;
+        eprintln!("── {} ──", strategy.as_str());
+        let job = Job {
+            args: &run_args,
+            data: &data,
+            device: &device,
+            backend: &backend,
+            process_start,
+        };
+        let (report, summary) = run_args.common.dispatch(job)?;
+        let dir = run_args.common.run_dir(&report.run_name);
+        summary.write(&dir)?;
+        cli::save_run_config(&run_args, &dir)?;
+        outcomes.push(Outcome {
+            strategy,
+            args: run_args,
+            report,
+            summary,
+        });
+    }
+    write_outputs(&args, outcomes)
+}
+
+/// The task's data, loaded once for every strategy.
+enum TaskData {
+    Mnist(NodeData<MnistItem>),
+    Text(CharCorpus, NodeData<TokenWindow>),
+}
+
+impl TaskData {
+    fn load(args: &CompareArgs) -> Result<Self, BoxError> {
+        let data_dir = args.common.data_dir.as_deref();
+        Ok(match args.task {
+            Task::Mnist => TaskData::Mnist(tasks::mnist(data_dir)?),
+            Task::Shakespeare => {
+                let corpus = tasks::text_corpus(args.text_file.as_deref(), data_dir)?;
+                let data = tasks::text_windows(&corpus, args.block_size, 0.1, false)?;
+                TaskData::Text(corpus, data)
+            }
+        })
+    }
+}
+
+/// One strategy's run of the task.
+struct Job<'a> {
+    args: &'a CompareArgs,
+    data: &'a TaskData,
+    device: &'a Device,
+    backend: &'a str,
+    process_start: Instant,
+}
+
+impl WithStrategy for Job<'_> {
+    type Output = Result<(RunReport, RunSummary), BoxError>;
+
+    fn run<S: StrategyConfig>(self, strategy: &S) -> Self::Output {
+        match (self.data, self.args.model) {
+            (TaskData::Mnist(data), MnistModel::Mlp) => self.fit(
+                |d| MlpConfig::new().init(d),
+                "mlp",
+                strategy,
+                data,
+                &MnistBatcher,
+            ),
+            (TaskData::Mnist(data), MnistModel::Cnn) => self.fit(
+                |d| MnistCnnConfig::new().init(d),
+                "cnn",
+                strategy,
+                data,
+                &MnistBatcher,
+            ),
+            (TaskData::Text(corpus, data), _) => {
+                let a = self.args;
+                let config = GptConfig::new(corpus.vocab().len(), a.block_size)
+                    .with_n_layer(a.n_layer)
+                    .with_n_head(a.n_head)
+                    .with_n_embd(a.n_embd);
+                config.validate()?;
+                let name = format!(
+                    "gpt-{}x{}x{}-ctx{}",
+                    a.n_layer, a.n_head, a.n_embd, a.block_size
+                );
+                let init = |d: &Device| config.init(d).expect("validated configuration");
+                self.fit(init, &name, strategy, data, &TokenBatcher)
+            }
+        }
+    }
+}
+
+impl Job<'_> {
+    fn fit<M, I, B, S>(
+        &self,
+        init: impl Fn(&Device) -> M + Sync,
+        model: &str,
+        strategy: &S,
+        data: &NodeData<I>,
+        batcher: &B,
+    ) -> Result<(RunReport, RunSummary), BoxError>
+    where
+        M: TrainModel,
+        I: Send + 'static,
+        B: burn::data::dataloader::batcher::Batcher<I, M::Batch>,
+        S: StrategyConfig,
+    {
+        let trainer =
+            Trainer::new(self.args.common.trainer_config()).with_devices(vec![self.device.clone()]);
+        let fit_start = Instant::now();
+        let out = trainer.fit(init, strategy, data, batcher)?;
+        let summary = RunSummary::new(
+            &out.report,
+            &strategy.name(),
+            model,
+            self.backend,
+            self.process_start,
+            fit_start,
+        );
+        Ok((out.report, summary))
+    }
+}
+
+/// Writes the table, plots and metrics of `outcomes` into `args.out_dir`.
+fn write_outputs(args: &CompareArgs, outcomes: Vec<Outcome>) -> Result<Comparison, BoxError> {
+    let dir = &args.out_dir;
+    std::fs::create_dir_all(dir)?;
+    let mut files = Vec::new();
+    let first = &outcomes[0].report;
+    let identical_conditions = outcomes.iter().all(|o| {
+        o.report.init_fingerprint == first.init_fingerprint
+            && o.report.data_fingerprint == first.data_fingerprint
+    });
+
+    let table = results_table(args, &outcomes, identical_conditions);
+    files.push(write(dir, "results.md", &table)?);
+    files.push(cli::save_run_config(args, dir)?);
+    files.extend(write_metrics(dir, &outcomes)?);
+
+    let (x_label, x_of): (&str, fn(usize, u64) -> f64) = match args.x_axis {
+        XAxis::Step => ("step", |s, _| s as f64),
+        XAxis::Examples => ("examples seen (all nodes)", |_, e| e as f64),
+    };
+    let val_series = |x: &dyn Fn(&Outcome, &gym_core::ValRecord) -> f64| -> Vec<Series> {
+        outcomes
+            .iter()
+            .map(|o| Series {
+                label: o.strategy.as_str().into(),
+                points: o
+                    .report
+                    .validation
+                    .iter()
+                    .map(|v| (x(o, v), v.global_loss))
+                    .collect(),
+            })
+            .collect()
+    };
+    let task = task_label(args);
+    let charts = [
+        (
+            "val_loss.svg",
+            Chart {
+                title: format!("{task}: validation loss of the averaged model"),
+                x_label: x_label.into(),
+                y_label: "validation loss".into(),
+                log_x: false,
+                x_bytes: false,
+                series: val_series(&|_, v| x_of(v.step, v.examples_seen)),
+            },
+        ),
+        (
+            "val_loss_vs_bytes.svg",
+            Chart {
+                title: format!("{task}: validation loss against communication"),
+                x_label: "bytes sent per node (log scale)".into(),
+                y_label: "validation loss".into(),
+                log_x: true,
+                x_bytes: true,
+                series: val_series(&|o, v| bytes_before(&o.report, v.step) as f64),
+            },
+        ),
+    ];
+    for (name, chart) in charts {
+        let path = dir.join(name);
+        chart.write_svg(&path)?;
+        files.push(path);
+    }
+    if outcomes.iter().any(|o| !o.report.correlation.is_empty()) {
+        let path = dir.join("correlation.svg");
+        Chart {
+            title: format!("{task}: mean pairwise correlation of the replicas"),
+            x_label: x_label.into(),
+            y_label: "Pearson correlation".into(),
+            log_x: false,
+            x_bytes: false,
+            series: outcomes
+                .iter()
+                .map(|o| Series {
+                    label: o.strategy.as_str().into(),
+                    points: o
+                        .report
+                        .correlation
+                        .iter()
+                        .map(|c| (x_of(c.step, c.examples_seen), c.correlation))
+                        .collect(),
+                })
+                .collect(),
+        }
+        .write_svg(&path)?;
+        files.push(path);
+    }
+    println!("{table}");
+    if !identical_conditions {
+        eprintln!("warning: the runs did not start from the same model or data order");
+    }
+    Ok(Comparison {
+        outcomes,
+        files,
+        identical_conditions,
+    })
+}
+
+/// Bytes each node had sent (mean) before `steps` steps.
+fn bytes_before(report: &RunReport, steps: usize) -> u64 {
+    match steps {
+        0 => 0,
+        s => report.train.get(s - 1).map_or(0, |r| r.bytes_sent),
+    }
+}
+
+fn task_label(args: &CompareArgs) -> String {
+    match args.task {
+        Task::Mnist => format!(
+            "MNIST {}",
+            args.model
+                .to_possible_value()
+                .map_or_else(String::new, |v| v.get_name().to_uppercase())
+        ),
+        Task::Shakespeare => "Shakespeare (char GPT)".into(),
+    }
+}
+
+/// The Markdown table of the comparison.
+pub fn results_table(args: &CompareArgs, outcomes: &[Outcome], identical: bool) -> String {
+    let c = &args.common;
+    let mut t = String::new();
+    let _ = writeln!(
+        t,
+        "# {}: {} nodes, batch {} per node, {} steps, seed {}\n",
+        task_label(args),
+        c.num_nodes,
+        c.batch_size,
+        outcomes[0].report.steps,
+        c.seed
+    );
+    let baseline = outcomes
+        .iter()
+        .find(|o| o.strategy == StrategyName::Allreduce)
+        .map(|o| o.summary.bytes_sent_per_node);
+    t.push_str("| Strategy | Final train loss | Final val loss | Val accuracy | Wall time | it/s | Final LR | Sent per node | Reduction vs AllReduce |\n");
+    t.push_str("| :--- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    for o in outcomes {
+        let s = &o.summary;
+        let opt = |x: Option<f64>| x.map_or("-".into(), |v| format!("{v:.4}"));
+        let reduction = match baseline {
+            Some(b) if s.bytes_sent_per_node > 0.0 => format!("{:.1}×", b / s.bytes_sent_per_node),
+            Some(_) => "∞".into(),
+            None => "-".into(),
+        };
+        let _ = writeln!(
+            t,
+            "| **{}** | {} | {} | {} | {} | {:.2} | {:.6} | {} | {} |",
+            o.strategy.as_str(),
+            opt(s.final_train_loss),
+            opt(s.final_val_loss),
+            s.val_accuracy
+                .map_or("-".into(), |a| format!("{:.2}%", a * 100.0)),
+            duration(s.fit_time_s),
+            s.loop_its_per_s,
+            o.report.train.last().map_or(0.0, |r| r.lr),
+            human_bytes(s.bytes_sent_per_node),
+            reduction,
+        );
+    }
+    let _ = writeln!(
+        t,
+        "\nVal loss and accuracy: the averaged model on the whole validation set. {}",
+        if identical {
+            format!(
+                "Every run started from the same parameters (fingerprint {:016x}) and read the same samples in the same order ({:016x}).",
+                outcomes[0].report.init_fingerprint, outcomes[0].report.data_fingerprint
+            )
+        } else {
+            "WARNING: the runs did not all start from the same parameters and data order.".into()
+        }
+    );
+    t
+}
+
+fn duration(s: f64) -> String {
+    if s < 60.0 {
+        format!("{s:.1} s")
+    } else {
+        format!("{} min {:.0} s", (s / 60.0).floor(), s % 60.0)
+    }
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> std::io::Result<PathBuf> {
+    let path = dir.join(name);
+    std::fs::write(&path, text)?;
+    Ok(path)
+}
+
+/// `metrics.jsonl` (every record) and one CSV per kind, each row tagged with its strategy.
+fn write_metrics(dir: &Path, outcomes: &[Outcome]) -> Result<Vec<PathBuf>, BoxError> {
+    let mut jsonl = String::new();
+    let mut train = String::from(
+        "strategy,step,examples_seen,train_loss,lr,step_time_s,its_per_s,compute_s,strategy_s,bytes_sent,bytes_received\n",
+    );
+    let mut val = String::from(
+        "strategy,step,examples_seen,bytes_sent,local_loss,global_loss,local_accuracy,global_accuracy\n",
+    );
+    let mut corr = String::from("strategy,step,examples_seen,correlation\n");
+    let mut summary = String::from(
+        "strategy,final_train_loss,final_val_loss,val_accuracy,fit_time_s,loop_its_per_s,bytes_sent_per_node,bytes_received_per_node\n",
+    );
+    let opt = |x: Option<f64>| x.map_or(String::new(), |v| v.to_string());
+    for o in outcomes {
+        let name = o.strategy.as_str();
+        let mut line = |kind: &str, record: serde_json::Value| {
+            let mut obj = serde_json::json!({ "strategy": name, "kind": kind });
+            if let (Some(o), serde_json::Value::Object(r)) = (obj.as_object_mut(), record) {
+                o.extend(r);
+            }
+            jsonl.push_str(&obj.to_string());
+            jsonl.push('\n');
+        };
+        for r in &o.report.train {
+            line("train", serde_json::to_value(r)?);
+            let _ = writeln!(
+                train,
+                "{name},{},{},{},{},{},{},{},{},{},{}",
+                r.step,
+                r.examples_seen,
+                r.train_loss,
+                r.lr,
+                r.step_time_s,
+                r.its_per_s,
+                r.compute_s,
+                r.strategy_s,
+                r.bytes_sent,
+                r.bytes_received
+            );
+        }
+        for v in &o.report.validation {
+            let mut value = serde_json::to_value(v)?;
+            let bytes = bytes_before(&o.report, v.step);
+            if let Some(m) = value.as_object_mut() {
+                m.insert("bytes_sent".into(), bytes.into());
+            }
+            line("validation", value);
+            let _ = writeln!(
+                val,
+                "{name},{},{},{bytes},{},{},{},{}",
+                v.step,
+                v.examples_seen,
+                v.local_loss,
+                v.global_loss,
+                opt(v.local_accuracy),
+                opt(v.global_accuracy)
+            );
+        }
+        for c in &o.report.correlation {
+            line("correlation", serde_json::to_value(c)?);
+            let _ = writeln!(
+                corr,
+                "{name},{},{},{}",
+                c.step, c.examples_seen, c.correlation
+            );
+        }
+        let s = &o.summary;
+        line("summary", serde_json::to_value(s)?);
+        let _ = writeln!(
+            summary,
+            "{name},{},{},{},{},{},{},{}",
+            opt(s.final_train_loss),
+            opt(s.final_val_loss),
+            opt(s.val_accuracy),
+            s.fit_time_s,
+            s.loop_its_per_s,
+            s.bytes_sent_per_node,
+            s.bytes_received_per_node
+        );
+    }
+    let mut files = vec![
+        write(dir, "metrics.jsonl", &jsonl)?,
+        write(dir, "train.csv", &train)?,
+        write(dir, "validation.csv", &val)?,
+        write(dir, "summary.csv", &summary)?,
+    ];
+    if outcomes.iter().any(|o| !o.report.correlation.is_empty()) {
+        files.push(write(dir, "correlation.csv", &corr)?);
+    }
+    Ok(files)
+}

@@ -1,0 +1,217 @@
+//! The `compare` command end to end on real MNIST (a few steps): every strategy under the
+//! same conditions, the table, the plots, the metrics, and configuration files.
+
+use examples::cli::StrategyName;
+use examples::compare;
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+fn mnist_dir() -> PathBuf {
+    let root = std::env::var_os("GYM_DATA_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"));
+    let dir = root.join("mnist");
+    assert!(
+        dir.is_dir(),
+        "MNIST not found at {}: set GYM_DATA_DIR",
+        dir.display()
+    );
+    dir
+}
+
+fn argv(words: &[&str]) -> Vec<OsString> {
+    std::iter::once("compare")
+        .chain(words.iter().copied())
+        .map(OsString::from)
+        .collect()
+}
+
+/// The contents of an SVG's `<text>` elements.
+fn svg_texts(svg: &str) -> Vec<String> {
+    svg.split("<text")
+        .skip(1)
+        .filter_map(|t| {
+            let body = t.split("</text>").next()?;
+            Some(body.split_once('>')?.1.trim().to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn one_command_compares_five_strategies_under_identical_conditions() {
+    let out = std::env::temp_dir().join(format!("gym-compare-{}", std::process::id()));
+    std::fs::create_dir_all(&out).unwrap();
+    // A run configuration: the command line overrides its max_steps; DeMo gets its own lr.
+    let config = out.join("run.toml");
+    std::fs::write(
+        &config,
+        "num_nodes = 4\nmax_steps = 50\nbatch_size = 16\nval_size = 64\nval_interval = 3\n\
+         correlation_interval = 3\ninner_steps = 3\nno_progress = true\n\
+         strategies = [\"allreduce\", \"diloco\", \"sparta\", \"fedavg\", \"demo\"]\n\
+         [overrides.demo]\nlr = 1e-3\n",
+    )
+    .unwrap();
+    let data = mnist_dir();
+    let out_dir = out.join("result");
+    let args = argv(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--max-steps",
+        "6",
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--out-dir",
+        out_dir.to_str().unwrap(),
+    ]);
+    let result = compare::run(&args).unwrap();
+
+    // Five runs, the configuration resolved per strategy.
+    let names: Vec<StrategyName> = result.outcomes.iter().map(|o| o.strategy).collect();
+    assert_eq!(
+        names,
+        [
+            StrategyName::Allreduce,
+            StrategyName::Diloco,
+            StrategyName::Sparta,
+            StrategyName::Fedavg,
+            StrategyName::Demo
+        ]
+    );
+    for o in &result.outcomes {
+        assert_eq!(o.report.steps, 6, "the command line wins over the file");
+        assert_eq!(o.args.common.num_nodes, 4, "read from the file");
+        let lr = if o.strategy == StrategyName::Demo {
+            1e-3
+        } else {
+            3e-4
+        };
+        assert_eq!(o.args.common.lr, lr, "{:?}", o.strategy);
+        assert_eq!(o.args.common.strategy, o.strategy);
+    }
+    // Identical conditions: same initial parameters and sample order.
+    assert!(result.identical_conditions);
+    let first = &result.outcomes[0].report;
+    for o in &result.outcomes {
+        assert_eq!(o.report.init_fingerprint, first.init_fingerprint);
+        assert_eq!(o.report.data_fingerprint, first.data_fingerprint);
+    }
+
+    // The table: one row per strategy, AllReduce the 1.0× baseline, DeMo sends less.
+    let table = std::fs::read_to_string(out_dir.join("results.md")).unwrap();
+    assert_eq!(table.lines().filter(|l| l.starts_with("| **")).count(), 5);
+    let row = |name: &str| {
+        table
+            .lines()
+            .find(|l| l.starts_with(&format!("| **{name}**")))
+            .unwrap()
+            .to_string()
+    };
+    assert!(
+        row("allreduce").ends_with("| 1.0× |"),
+        "{}",
+        row("allreduce")
+    );
+    let demo_reduction: f64 = row("demo")
+        .rsplit('|')
+        .nth(1)
+        .unwrap()
+        .trim()
+        .trim_end_matches('×')
+        .parse()
+        .unwrap();
+    assert!(
+        demo_reduction > 10.0,
+        "DeMo sends far less: {demo_reduction}"
+    );
+
+    // The plots: labelled axes, a legend entry per strategy, a log-scale bytes axis.
+    for (file, x_label) in [
+        ("val_loss.svg", "step"),
+        ("val_loss_vs_bytes.svg", "bytes sent per node (log scale)"),
+        ("correlation.svg", "step"),
+    ] {
+        let texts = svg_texts(&std::fs::read_to_string(out_dir.join(file)).unwrap());
+        assert!(
+            texts.iter().any(|t| t == x_label),
+            "{file}: x label in {texts:?}"
+        );
+        for name in ["allreduce", "diloco", "sparta", "fedavg", "demo"] {
+            assert!(
+                texts.iter().any(|t| t == name),
+                "{file}: legend entry {name}"
+            );
+        }
+    }
+    let bytes = svg_texts(&std::fs::read_to_string(out_dir.join("val_loss_vs_bytes.svg")).unwrap());
+    assert!(bytes.iter().any(|t| t == "validation loss"));
+    assert!(
+        bytes
+            .iter()
+            .any(|t| t.ends_with(" MiB") || t.ends_with(" KiB")),
+        "byte ticks: {bytes:?}"
+    );
+
+    // The metrics: every record in the JSONL, one CSV row per evaluation.
+    let jsonl = std::fs::read_to_string(out_dir.join("metrics.jsonl")).unwrap();
+    let records: Vec<serde_json::Value> = jsonl
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let count = |kind: &str| records.iter().filter(|r| r["kind"] == kind).count();
+    assert_eq!(count("train"), 5 * 6);
+    // Evaluations at steps 0 and 3 and the final one at 6.
+    assert_eq!(count("validation"), 5 * 3);
+    assert_eq!(count("correlation"), 5 * 2);
+    assert_eq!(count("summary"), 5);
+    let csv = std::fs::read_to_string(out_dir.join("validation.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 1 + 5 * 3);
+    let corr = std::fs::read_to_string(out_dir.join("correlation.csv")).unwrap();
+    for line in corr.lines().filter(|l| l.starts_with("allreduce,")) {
+        assert!(line.ends_with(",1"), "AllReduce replicas identical: {line}");
+    }
+    let diloco_at_3 = corr
+        .lines()
+        .find(|l| l.starts_with("diloco,3,"))
+        .expect("DiLoCo at its sync");
+    assert!(diloco_at_3.ends_with(",1"), "{diloco_at_3}");
+
+    // Each run's resolved configuration reads back through --config to the same flags.
+    let saved = out_dir.join("runs/demo/run_config.toml");
+    let (again, _): (compare::CompareArgs, _) = examples::cli::try_parse_from(
+        &<compare::CompareArgs as clap::CommandFactory>::command(),
+        &argv(&["--config", saved.to_str().unwrap()]),
+    )
+    .unwrap();
+    let demo = &result.outcomes[4].args;
+    assert_eq!(
+        serde_json::to_value(&again).unwrap(),
+        serde_json::to_value(demo).unwrap()
+    );
+    std::fs::remove_dir_all(&out).ok();
+}
+
+#[test]
+fn bad_configurations_are_clear_errors() {
+    let dir = std::env::temp_dir().join(format!("gym-compare-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let write = |name: &str, text: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+    let message = |path: &std::path::Path| {
+        compare::run(&argv(&["--config", path.to_str().unwrap()]))
+            .unwrap_err()
+            .to_string()
+    };
+    let broken = write("broken.toml", "num_nodes = ");
+    assert!(message(&broken).contains("broken.toml"));
+    let unknown = write("unknown.json", r#"{"num_nodez": 4}"#);
+    assert!(message(&unknown).contains("--num-nodez"));
+    let table = write("table.toml", "[trainer]\nnum_nodes = 4\n");
+    assert!(message(&table).contains("`trainer` is a table"));
+    assert!(message(&dir.join("missing.toml")).contains("cannot read config file"));
+    let none = compare::run(&argv(&["--strategies", "allreduce,allreduce"])).unwrap_err();
+    assert!(none.to_string().contains("twice"));
+    std::fs::remove_dir_all(&dir).ok();
+}
