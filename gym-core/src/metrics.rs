@@ -701,7 +701,7 @@ mod tests {
             .collect();
         assert_eq!(mean_pairwise_correlation(&[w.clone(), w.clone(), w]), 1.0);
         // Undefined cases.
-        assert!(mean_pairwise_correlation(&[x.clone()]).is_nan());
+        assert!(mean_pairwise_correlation(std::slice::from_ref(&x)).is_nan());
         assert!(mean_pairwise_correlation(&[vec![1.0; 4], a]).is_nan());
         assert!(mean_pairwise_correlation(&[x, vec![1.0]]).is_nan());
     }
