@@ -19,7 +19,10 @@ use crate::report::human_bytes;
 use crate::tasks;
 use burn::tensor::Device;
 use clap::{CommandFactory, Parser, ValueEnum};
-use gym_core::{NodeData, RunReport, RunSummary, StrategyConfig, TrainModel, Trainer};
+use gym_core::{
+    CorrelationRecord, NodeData, RunReport, RunSummary, StrategyConfig, TrainModel, TrainRecord,
+    Trainer, ValRecord,
+};
 use gym_data::{CharCorpus, MnistBatcher, MnistItem, TokenBatcher, TokenWindow};
 use gym_models::{GptConfig, MlpConfig, MnistCnnConfig};
 use serde::Serialize;
@@ -301,7 +304,7 @@ fn write_outputs(args: &CompareArgs, outcomes: Vec<Outcome>) -> Result<Compariso
         XAxis::Step => ("step", |s, _| s as f64),
         XAxis::Examples => ("examples seen (all nodes)", |_, e| e as f64),
     };
-    let val_series = |x: &dyn Fn(&Outcome, &gym_core::ValRecord) -> f64| -> Vec<Series> {
+    let val_series = |x: &dyn Fn(&Outcome, &ValRecord) -> f64| -> Vec<Series> {
         outcomes
             .iter()
             .map(|o| Series {
@@ -474,13 +477,9 @@ fn write(dir: &Path, name: &str, text: &str) -> std::io::Result<PathBuf> {
 /// `metrics.jsonl` (every record) and one CSV per kind, each row tagged with its strategy.
 fn write_metrics(dir: &Path, outcomes: &[Outcome]) -> Result<Vec<PathBuf>, BoxError> {
     let mut jsonl = String::new();
-    let mut train = String::from(
-        "strategy,step,examples_seen,train_loss,lr,step_time_s,its_per_s,compute_s,strategy_s,bytes_sent,bytes_received\n",
-    );
-    let mut val = String::from(
-        "strategy,step,examples_seen,bytes_sent,local_loss,global_loss,local_accuracy,global_accuracy\n",
-    );
-    let mut corr = String::from("strategy,step,examples_seen,correlation\n");
+    let mut train = format!("strategy,{}\n", TrainRecord::CSV_HEADER);
+    let mut val = format!("strategy,bytes_sent,{}\n", ValRecord::CSV_HEADER);
+    let mut corr = format!("strategy,{}\n", CorrelationRecord::CSV_HEADER);
     let mut summary = String::from(
         "strategy,final_train_loss,final_val_loss,val_accuracy,fit_time_s,loop_its_per_s,bytes_sent_per_node,bytes_received_per_node\n",
     );
@@ -497,20 +496,7 @@ fn write_metrics(dir: &Path, outcomes: &[Outcome]) -> Result<Vec<PathBuf>, BoxEr
         };
         for r in &o.report.train {
             line("train", serde_json::to_value(r)?);
-            let _ = writeln!(
-                train,
-                "{name},{},{},{},{},{},{},{},{},{},{}",
-                r.step,
-                r.examples_seen,
-                r.train_loss,
-                r.lr,
-                r.step_time_s,
-                r.its_per_s,
-                r.compute_s,
-                r.strategy_s,
-                r.bytes_sent,
-                r.bytes_received
-            );
+            let _ = writeln!(train, "{name},{}", r.csv_row());
         }
         for v in &o.report.validation {
             let mut value = serde_json::to_value(v)?;
@@ -519,16 +505,7 @@ fn write_metrics(dir: &Path, outcomes: &[Outcome]) -> Result<Vec<PathBuf>, BoxEr
                 m.insert("bytes_sent".into(), bytes.into());
             }
             line("validation", value);
-            let _ = writeln!(
-                val,
-                "{name},{},{},{bytes},{},{},{},{}",
-                v.step,
-                v.examples_seen,
-                v.local_loss,
-                v.global_loss,
-                opt(v.local_accuracy),
-                opt(v.global_accuracy)
-            );
+            let _ = writeln!(val, "{name},{bytes},{}", v.csv_row());
         }
         for c in &o.report.correlation {
             line("correlation", serde_json::to_value(c)?);

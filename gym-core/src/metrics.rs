@@ -69,6 +69,60 @@ pub struct CorrelationRecord {
     pub correlation: f64,
 }
 
+impl TrainRecord {
+    /// The columns of `train.csv`.
+    pub const CSV_HEADER: &'static str = "step,examples_seen,train_loss,train_perplexity,lr,step_time_s,its_per_s,compute_s,strategy_s,bytes_sent,bytes_received";
+
+    /// This record as a row of `train.csv`.
+    pub fn csv_row(&self) -> String {
+        format!(
+            "{},{},{},{},{},{},{},{},{},{},{}",
+            self.step,
+            self.examples_seen,
+            self.train_loss,
+            self.train_loss.exp(),
+            self.lr,
+            self.step_time_s,
+            self.its_per_s,
+            self.compute_s,
+            self.strategy_s,
+            self.bytes_sent,
+            self.bytes_received
+        )
+    }
+}
+
+impl ValRecord {
+    /// The columns of `validation.csv`.
+    pub const CSV_HEADER: &'static str = "step,examples_seen,local_loss,local_perplexity,global_loss,global_perplexity,local_accuracy,global_accuracy";
+
+    /// This record as a row of `validation.csv` (accuracies empty for non-classifiers).
+    pub fn csv_row(&self) -> String {
+        let opt = |x: Option<f64>| x.map(|v| v.to_string()).unwrap_or_default();
+        format!(
+            "{},{},{},{},{},{},{},{}",
+            self.step,
+            self.examples_seen,
+            self.local_loss,
+            self.local_loss.exp(),
+            self.global_loss,
+            self.global_loss.exp(),
+            opt(self.local_accuracy),
+            opt(self.global_accuracy)
+        )
+    }
+}
+
+impl CorrelationRecord {
+    /// The columns of `correlation.csv`.
+    pub const CSV_HEADER: &'static str = "step,examples_seen,correlation";
+
+    /// This record as a row of `correlation.csv`.
+    pub fn csv_row(&self) -> String {
+        format!("{},{},{}", self.step, self.examples_seen, self.correlation)
+    }
+}
+
 /// Mean pairwise Pearson correlation of `replicas` (each a flattened model), as the
 /// original's `np.corrcoef` over every pair `i < j`. Identical replicas give exactly 1.0;
 /// a constant replica has no correlation (NaN), as in NumPy. Needs two replicas or more
@@ -586,16 +640,10 @@ impl CsvLogs {
             Ok(w)
         };
         Ok(CsvLogs {
-            train: open(
-                "train.csv",
-                "step,examples_seen,train_loss,train_perplexity,lr,step_time_s,its_per_s,compute_s,strategy_s,bytes_sent,bytes_received",
-            )?,
-            val: open(
-                "validation.csv",
-                "step,examples_seen,local_loss,local_perplexity,global_loss,global_perplexity,local_accuracy,global_accuracy",
-            )?,
+            train: open("train.csv", TrainRecord::CSV_HEADER)?,
+            val: open("validation.csv", ValRecord::CSV_HEADER)?,
             correlation: if correlation {
-                Some(open("correlation.csv", "step,examples_seen,correlation")?)
+                Some(open("correlation.csv", CorrelationRecord::CSV_HEADER)?)
             } else {
                 None
             },
@@ -607,47 +655,21 @@ impl CsvLogs {
         let Some(w) = self.correlation.as_mut() else {
             return Ok(());
         };
-        writeln!(w, "{},{},{}", r.step, r.examples_seen, r.correlation)
+        writeln!(w, "{}", r.csv_row())
             .and_then(|_| w.flush())
             .map_err(|e| GymError::io(self.dir.join("correlation.csv"), e))
     }
 
     fn train_row(&mut self, r: &TrainRecord) -> Result<()> {
-        writeln!(
-            self.train,
-            "{},{},{},{},{},{},{},{},{},{},{}",
-            r.step,
-            r.examples_seen,
-            r.train_loss,
-            r.train_loss.exp(),
-            r.lr,
-            r.step_time_s,
-            r.its_per_s,
-            r.compute_s,
-            r.strategy_s,
-            r.bytes_sent,
-            r.bytes_received
-        )
-        .and_then(|_| self.train.flush())
-        .map_err(|e| GymError::io(self.dir.join("train.csv"), e))
+        writeln!(self.train, "{}", r.csv_row())
+            .and_then(|_| self.train.flush())
+            .map_err(|e| GymError::io(self.dir.join("train.csv"), e))
     }
 
     fn val_row(&mut self, r: &ValRecord) -> Result<()> {
-        let opt = |x: Option<f64>| x.map(|v| v.to_string()).unwrap_or_default();
-        writeln!(
-            self.val,
-            "{},{},{},{},{},{},{},{}",
-            r.step,
-            r.examples_seen,
-            r.local_loss,
-            r.local_loss.exp(),
-            r.global_loss,
-            r.global_loss.exp(),
-            opt(r.local_accuracy),
-            opt(r.global_accuracy)
-        )
-        .and_then(|_| self.val.flush())
-        .map_err(|e| GymError::io(self.dir.join("validation.csv"), e))
+        writeln!(self.val, "{}", r.csv_row())
+            .and_then(|_| self.val.flush())
+            .map_err(|e| GymError::io(self.dir.join("validation.csv"), e))
     }
 }
 
