@@ -13,6 +13,7 @@
 //! - `run_config.toml`, the resolved configuration (readable by `--config`), and
 //!   `runs/<strategy>/` with each run's own logs, summary and configuration.
 
+use crate::cifar::{CifarArgs, CifarData};
 use crate::cli::{self, CommonArgs, ConfigFile, StrategyName, WithStrategy};
 use crate::plot::{Chart, Series};
 use crate::report::human_bytes;
@@ -23,7 +24,7 @@ use gym_core::{
     CorrelationRecord, NodeData, RunReport, RunSummary, StrategyConfig, TrainModel, TrainRecord,
     Trainer, ValRecord,
 };
-use gym_data::{CharCorpus, MnistBatcher, MnistItem, TokenBatcher, TokenWindow};
+use gym_data::{CharCorpus, CifarBatcher, MnistBatcher, MnistItem, TokenBatcher, TokenWindow};
 use gym_models::{GptConfig, MlpConfig, MnistCnnConfig};
 use serde::Serialize;
 use std::ffi::OsString;
@@ -41,6 +42,9 @@ pub enum Task {
     Mnist,
     /// Character-level nanoGPT on tiny-shakespeare (or `--text-file`).
     Shakespeare,
+    /// A small CNN on CIFAR-10 (`--data-dir`), or on the CIFAR-like approximation
+    /// (`--approx FILE`).
+    Cifar,
 }
 
 /// Models for the MNIST task.
@@ -108,6 +112,10 @@ pub struct CompareArgs {
     /// Shakespeare: embedding width.
     #[arg(long, default_value_t = 64)]
     pub n_embd: usize,
+    /// CIFAR: where the images come from.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub cifar: CifarArgs,
 }
 
 /// One strategy's run.
@@ -191,6 +199,7 @@ pub fn run(argv: &[OsString]) -> Result<Comparison, BoxError> {
 enum TaskData {
     Mnist(NodeData<MnistItem>),
     Text(CharCorpus, NodeData<TokenWindow>),
+    Cifar(CifarData),
 }
 
 impl TaskData {
@@ -203,6 +212,7 @@ impl TaskData {
                 let data = tasks::text_windows(&corpus, args.block_size, 0.1, false)?;
                 TaskData::Text(corpus, data)
             }
+            Task::Cifar => TaskData::Cifar(crate::cifar::cifar_data(data_dir, &args.cifar)?),
         })
     }
 }
@@ -234,6 +244,13 @@ impl WithStrategy for Job<'_> {
                 strategy,
                 data,
                 &MnistBatcher,
+            ),
+            (TaskData::Cifar(cifar), _) => self.fit(
+                crate::cifar::cifar_model,
+                crate::cifar::MODEL_NAME,
+                strategy,
+                &cifar.data,
+                &CifarBatcher,
             ),
             (TaskData::Text(corpus, data), _) => {
                 let a = self.args;
@@ -400,6 +417,8 @@ fn task_label(args: &CompareArgs) -> String {
                 .map_or_else(String::new, |v| v.get_name().to_uppercase())
         ),
         Task::Shakespeare => "Shakespeare (char GPT)".into(),
+        Task::Cifar if args.cifar.approx.is_some() => crate::cifar::CIFAR_LIKE.into(),
+        Task::Cifar => crate::cifar::CIFAR10.into(),
     }
 }
 

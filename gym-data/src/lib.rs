@@ -2,7 +2,8 @@
 //!
 //! Datasets for the simulator, as Burn [`Dataset`](burn::data::dataset::Dataset)s with
 //! [`Batcher`](burn::data::dataloader::batcher::Batcher)s that build the batch types of
-//! [`gym_core::batch`]: [`mnist`] images and character-level [`text`] for language models.
+//! [`gym_core::batch`]: [`mnist`] and [`cifar`] (CIFAR-10) images, and character-level [`text`]
+//! for language models.
 //!
 //! Files are looked up in an explicit directory, else in `$GYM_DATA_DIR/<name>`, else in a
 //! user cache directory ([`data_dir`]). Every known file is checked against its checksum;
@@ -11,11 +12,13 @@
 
 #![warn(missing_docs)]
 
+pub mod cifar;
 mod error;
 mod fetch;
 pub mod mnist;
 pub mod text;
 
+pub use cifar::{Cifar10, CifarBatcher, CifarItem, CifarSplit};
 pub use error::DataError;
 pub use fetch::data_dir;
 pub use mnist::{MnistBatcher, MnistDataset, MnistItem, MnistSplit};

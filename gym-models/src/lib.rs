@@ -5,6 +5,8 @@
 //! * [`Mlp`]: 784-256-10 with ReLU, for fast CPU runs on MNIST;
 //! * [`MnistCnn`]: the original's MNIST CNN (two conv blocks with batch norm and dropout,
 //!   1,868,234 parameters);
+//! * [`CifarCnn`]: a small CIFAR-10 CNN (three conv/pool blocks and two linear layers,
+//!   188,810 parameters);
 //! * [`Gpt`]: nanoGPT's GPT (presets from 4 layers × 128 dimensions to GPT-2 XL), with
 //!   weight tying and sampling;
 //! * [`Dropout`]: dropout whose masks come from the node's own random stream, so runs are
@@ -12,12 +14,14 @@
 
 #![warn(missing_docs)]
 
+mod cifar_cnn;
 mod classifier;
 mod cnn;
 mod dropout;
 pub mod gpt;
 mod mlp;
 
+pub use cifar_cnn::{CifarCnn, CifarCnnConfig};
 pub use classifier::{accuracy, classification_metrics, cross_entropy};
 pub use cnn::{MnistCnn, MnistCnnConfig};
 pub use dropout::Dropout;

@@ -1,0 +1,110 @@
+//! A small CNN for CIFAR-10 (32×32 colour images), sized to train on a CPU.
+
+use crate::classifier::{classification_metrics, cross_entropy};
+use burn::config::Config;
+use burn::module::Module;
+use burn::nn::conv::{Conv2d, Conv2dConfig};
+use burn::nn::pool::{MaxPool2d, MaxPool2dConfig};
+use burn::nn::{Linear, LinearConfig, PaddingConfig2d};
+use burn::tensor::activation::relu;
+use burn::tensor::{Device, Tensor};
+use gym_core::{EvalMetrics, ImageBatch, TrainModel};
+
+/// Configuration of [`CifarCnn`].
+#[derive(Config, Debug)]
+pub struct CifarCnnConfig {
+    /// Input channels.
+    #[config(default = 3)]
+    pub channels: usize,
+    /// Output classes.
+    #[config(default = 10)]
+    pub classes: usize,
+    /// Output channels of the three conv layers.
+    #[config(default = "[32, 64, 64]")]
+    pub conv_channels: [usize; 3],
+    /// Width of the hidden linear layer.
+    #[config(default = 128)]
+    pub hidden: usize,
+    /// Side of the (square) input images; a multiple of 8.
+    #[config(default = 32)]
+    pub image_side: usize,
+}
+
+/// Three blocks of conv 3×3 (padding 1) → ReLU → max-pool 2, then
+/// `Linear(64·4·4, 128) → ReLU → Linear(128, classes)`; 188,810 parameters with the
+/// defaults.
+#[derive(Module, Debug)]
+pub struct CifarCnn {
+    conv1: Conv2d,
+    conv2: Conv2d,
+    conv3: Conv2d,
+    pool: MaxPool2d,
+    fc1: Linear,
+    fc2: Linear,
+}
+
+impl CifarCnnConfig {
+    /// Builds the model on `device`.
+    pub fn init(&self, device: &Device) -> CifarCnn {
+        let conv = |i, o| {
+            Conv2dConfig::new([i, o], [3, 3])
+                .with_padding(PaddingConfig2d::Explicit(1, 1, 1, 1))
+                .init(device)
+        };
+        let [c1, c2, c3] = self.conv_channels;
+        let side = self.image_side / 8;
+        CifarCnn {
+            conv1: conv(self.channels, c1),
+            conv2: conv(c1, c2),
+            conv3: conv(c2, c3),
+            pool: MaxPool2dConfig::new([2, 2]).with_strides([2, 2]).init(),
+            fc1: LinearConfig::new(c3 * side * side, self.hidden).init(device),
+            fc2: LinearConfig::new(self.hidden, self.classes).init(device),
+        }
+    }
+}
+
+impl CifarCnn {
+    /// Logits `[batch, classes]` of images `[batch, 3, 32, 32]`.
+    pub fn forward(&self, images: Tensor<4>) -> Tensor<2> {
+        let x = self.pool.forward(relu(self.conv1.forward(images)));
+        let x = self.pool.forward(relu(self.conv2.forward(x)));
+        let x = self.pool.forward(relu(self.conv3.forward(x)));
+        let x = relu(self.fc1.forward(x.flatten::<2>(1, 3)));
+        self.fc2.forward(x)
+    }
+}
+
+impl TrainModel for CifarCnn {
+    type Batch = ImageBatch;
+
+    fn loss(&self, batch: &ImageBatch) -> Tensor<1> {
+        cross_entropy(self.forward(batch.images.clone()), batch.targets.clone())
+    }
+
+    fn evaluate(&self, batch: &ImageBatch) -> EvalMetrics {
+        classification_metrics(self.forward(batch.images.clone()), batch.targets.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gym_core::ParamLayout;
+
+    #[test]
+    fn the_cifar_cnn_has_its_parameter_count_and_shapes() {
+        let device = Device::default().autodiff();
+        let model = CifarCnnConfig::new().init(&device);
+        // conv 3→32, 32→64, 64→64 (3×3, with bias), Linear 1024→128 and 128→10.
+        let expected = (3 * 9 + 1) * 32
+            + (32 * 9 + 1) * 64
+            + (64 * 9 + 1) * 64
+            + (64 * 16 + 1) * 128
+            + (128 + 1) * 10;
+        assert_eq!(expected, 188_810);
+        assert_eq!(ParamLayout::trainable(&model).num_elements(), expected);
+        let logits = model.forward(Tensor::zeros([2, 3, 32, 32], &device));
+        assert_eq!(logits.dims(), [2, 10]);
+    }
+}
