@@ -45,6 +45,9 @@ pub struct Dct {
     plans: HashMap<usize, DctPlan>,
     buffer: Vec<Complex<f32>>,
     scratch: Vec<Complex<f32>>,
+    /// Chunks transposed for the transform along their rows (see [`ChunkGrid`]); kept so a
+    /// step allocates nothing.
+    transposed: Vec<f32>,
 }
 
 /// What one size needs: FFTs and twiddles with the orthonormal scales folded in.
@@ -139,6 +142,7 @@ impl Dct {
             plans: HashMap::new(),
             buffer: Vec::new(),
             scratch: Vec::new(),
+            transposed: Vec::new(),
         }
     }
 
@@ -197,9 +201,13 @@ impl Dct {
         for (y, v) in data.chunks_exact(n).zip(self.buffer.chunks_exact_mut(n)) {
             // The unnormalised DCT-II coefficients Z_k = y_k / a_k give the FFT of the
             // reordered sequence: V_k = e^{iπk/2n}·(Z_k − i·Z_{n−k}), with Z_n = 0.
+            // Iterators rather than indexing (y_{n−k} runs backwards), so the loop has no
+            // bounds checks and vectorises.
             v[0] = plan.inverse_own[0] * y[0];
-            for k in 1..n {
-                v[k] = plan.inverse_own[k] * y[k] + plan.inverse_mirror[k] * y[n - k];
+            let terms = (plan.inverse_own[1..].iter().zip(&plan.inverse_mirror[1..]))
+                .zip(y[1..].iter().zip(y[1..].iter().rev()));
+            for (vk, ((own, mirror), (&yk, &ymirror))) in v[1..].iter_mut().zip(terms) {
+                *vk = own * yk + mirror * ymirror;
             }
         }
         plan.inverse
@@ -266,76 +274,93 @@ impl ChunkGrid {
 
     /// The DCT coefficients of `x` (row-major, `numel` values), chunk by chunk.
     pub fn encode(&self, dct: &mut Dct, x: &[f32]) -> Vec<f32> {
-        assert_eq!(x.len(), self.numel(), "parameter size");
         let mut out = vec![0.0; x.len()];
-        self.for_each_chunk_row(|src, dst| {
-            out[dst..dst + self.chunk_cols].copy_from_slice(&x[src..src + self.chunk_cols])
-        });
-        dct.forward(self.chunk_cols, &mut out);
-        self.along_chunk_columns(&mut out, |data| dct.forward(self.chunk_rows, data));
+        self.encode_into(dct, x, &mut out);
         out
+    }
+
+    /// [`encode`](Self::encode) into `out`, allocating nothing once `dct` has seen this grid.
+    ///
+    /// # Panics
+    /// If `x` or `out` does not hold `numel` values.
+    pub fn encode_into(&self, dct: &mut Dct, x: &[f32], out: &mut [f32]) {
+        assert_eq!(x.len(), self.numel(), "parameter size");
+        assert_eq!(out.len(), self.numel(), "coefficient count");
+        let cc = self.chunk_cols;
+        // Chunk by chunk, so each chunk's two passes stay in cache.
+        for (c, chunk) in out.chunks_exact_mut(self.chunk_len().max(1)).enumerate() {
+            for (b, row) in chunk.chunks_exact_mut(cc).enumerate() {
+                let start = self.row_start(c, b);
+                row.copy_from_slice(&x[start..start + cc]);
+            }
+            dct.forward(cc, chunk);
+            self.along_columns(dct, chunk, Dct::forward);
+        }
     }
 
     /// The parameter (row-major) whose coefficients are `coefficients`: the inverse of
     /// [`encode`](Self::encode).
     pub fn decode(&self, dct: &mut Dct, coefficients: &[f32]) -> Vec<f32> {
-        assert_eq!(coefficients.len(), self.numel(), "coefficient count");
-        let mut chunks = coefficients.to_vec();
-        self.along_chunk_columns(&mut chunks, |data| dct.inverse(self.chunk_rows, data));
-        dct.inverse(self.chunk_cols, &mut chunks);
-        let mut out = vec![0.0; chunks.len()];
-        self.for_each_chunk_row(|dst, src| {
-            out[dst..dst + self.chunk_cols].copy_from_slice(&chunks[src..src + self.chunk_cols])
-        });
+        let mut out = vec![0.0; coefficients.len()];
+        self.decode_into(dct, &mut coefficients.to_vec(), &mut out);
         out
     }
 
-    /// Calls `f(row_major_start, chunk_major_start)` for every row segment of every chunk.
-    fn for_each_chunk_row(&self, mut f: impl FnMut(usize, usize)) {
-        let (cr, cc) = (self.chunk_rows, self.chunk_cols);
-        if cr == 0 || cc == 0 {
-            return;
-        }
-        let chunks_across = self.cols / cc;
-        for y in 0..self.rows / cr {
-            for b in 0..cr {
-                let row = (y * cr + b) * self.cols;
-                for x in 0..chunks_across {
-                    f(row + x * cc, ((y * chunks_across + x) * cr + b) * cc);
-                }
+    /// [`decode`](Self::decode) into `out`, using `coefficients` as its workspace (they are
+    /// overwritten).
+    ///
+    /// # Panics
+    /// If `coefficients` or `out` does not hold `numel` values.
+    pub fn decode_into(&self, dct: &mut Dct, coefficients: &mut [f32], out: &mut [f32]) {
+        assert_eq!(coefficients.len(), self.numel(), "coefficient count");
+        assert_eq!(out.len(), self.numel(), "parameter size");
+        let cc = self.chunk_cols;
+        for (c, chunk) in coefficients
+            .chunks_exact_mut(self.chunk_len().max(1))
+            .enumerate()
+        {
+            self.along_columns(dct, chunk, Dct::inverse);
+            dct.inverse(cc, chunk);
+            for (b, row) in chunk.chunks_exact(cc).enumerate() {
+                let start = self.row_start(c, b);
+                out[start..start + cc].copy_from_slice(row);
             }
         }
     }
 
-    /// Applies `transform` along the rows axis of every chunk: transposes each chunk so its
-    /// columns are contiguous, transforms them, and transposes back.
-    fn along_chunk_columns(&self, chunks: &mut [f32], mut transform: impl FnMut(&mut [f32])) {
+    /// Where row `b` of chunk `c` starts in the row-major parameter.
+    fn row_start(&self, c: usize, b: usize) -> usize {
+        let chunks_across = self.cols / self.chunk_cols;
+        let (y, x) = (c / chunks_across, c % chunks_across);
+        (y * self.chunk_rows + b) * self.cols + x * self.chunk_cols
+    }
+
+    /// Applies `transform` (of length `chunk_rows`) to every column of one chunk: transposes
+    /// the chunk so its columns are contiguous, transforms them, and transposes back.
+    fn along_columns(
+        &self,
+        dct: &mut Dct,
+        chunk: &mut [f32],
+        transform: fn(&mut Dct, usize, &mut [f32]),
+    ) {
         let (cr, cc) = (self.chunk_rows, self.chunk_cols);
         if cr <= 1 {
             return;
         }
-        let mut transposed = vec![0.0; chunks.len()];
-        for (chunk, t) in chunks
-            .chunks_exact(cr * cc)
-            .zip(transposed.chunks_exact_mut(cr * cc))
-        {
-            for b in 0..cr {
-                for d in 0..cc {
-                    t[d * cr + b] = chunk[b * cc + d];
-                }
+        let mut transposed = std::mem::take(&mut dct.transposed);
+        transposed.resize(chunk.len(), 0.0);
+        for (b, row) in chunk.chunks_exact(cc).enumerate() {
+            for (d, &value) in row.iter().enumerate() {
+                transposed[d * cr + b] = value;
             }
         }
-        transform(&mut transposed);
-        for (chunk, t) in chunks
-            .chunks_exact_mut(cr * cc)
-            .zip(transposed.chunks_exact(cr * cc))
-        {
-            for b in 0..cr {
-                for d in 0..cc {
-                    chunk[b * cc + d] = t[d * cr + b];
-                }
+        transform(dct, cr, &mut transposed);
+        for (b, row) in chunk.chunks_exact_mut(cc).enumerate() {
+            for (d, value) in row.iter_mut().enumerate() {
+                *value = transposed[d * cr + b];
             }
         }
+        dct.transposed = transposed;
     }
 }
 
@@ -466,6 +491,29 @@ mod tests {
         let back = grid.decode(&mut dct, &y);
         let x64: Vec<f64> = x.iter().map(|&v| v as f64).collect();
         assert!(max_abs_diff(&back, &x64) <= 1e-5);
+    }
+
+    #[test]
+    fn one_plan_cache_serves_grids_of_every_shape_in_turn() {
+        // DeMo reuses one `Dct` (and its buffers) for all parameters, one after another.
+        let grids = [
+            ChunkGrid::new(&[12, 10], 4),
+            ChunkGrid::new(&[7], 64),
+            ChunkGrid::new(&[3, 2, 3, 3], 8),
+            ChunkGrid::new(&[12, 10], 4),
+        ];
+        let mut shared = Dct::new();
+        for (i, grid) in grids.iter().enumerate() {
+            let x = random(grid.numel(), 40 + i as u64);
+            let expected = grid.encode(&mut Dct::new(), &x);
+            let mut y = vec![f32::NAN; grid.numel()];
+            grid.encode_into(&mut shared, &x, &mut y);
+            assert_eq!(y, expected, "grid {i}");
+            let mut back = vec![f32::NAN; grid.numel()];
+            grid.decode_into(&mut shared, &mut y, &mut back);
+            let x64: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+            assert!(max_abs_diff(&back, &x64) <= 1e-5, "grid {i}");
+        }
     }
 
     #[test]

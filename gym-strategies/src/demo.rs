@@ -155,10 +155,23 @@ impl ParamState {
     }
 }
 
+/// Buffers reused from step to step (one parameter at a time).
+#[derive(Default)]
+struct Workspace {
+    /// DCT coefficients of a gradient; then the coefficient sums being decoded.
+    coefficients: Vec<f32>,
+    /// How many nodes sent each coefficient.
+    count: Vec<u32>,
+    /// Top-k selection keys: `|c|`'s bits above the position within the chunk.
+    keys: Vec<u64>,
+}
+
 /// A node running DeMo, built by [`DeMoConfig`].
 pub struct DeMo {
     params: Vec<ParamState>,
     dct: Dct,
+    /// Per-step workspaces, sized for the largest parameter, so a step allocates little.
+    workspace: Workspace,
     schedule: ModuleLrScheduler,
     decay: f32,
     weight_decay: f64,
@@ -182,6 +195,7 @@ impl StrategyConfig for DeMoConfig {
         Ok(DeMo {
             params: DeMo::param_states(node.layout, self.compression_chunk, self.compression_topk),
             dct: Dct::new(),
+            workspace: Workspace::default(),
             schedule: self.schedule.init(self.lr, node.max_steps)?,
             decay: self.compression_decay as f32,
             weight_decay: self.weight_decay,
@@ -279,15 +293,21 @@ impl DeMo {
     /// transform per step instead of two.
     fn compress(&mut self, grads: &[f32], lr: f32) -> Vec<u8> {
         let mut payload = Vec::with_capacity(self.payload_bytes());
+        let (lr, decay) = (f64::from(lr), self.decay);
+        let ws = &mut self.workspace;
         for p in &mut self.params {
-            let g = p
-                .grid
-                .encode(&mut self.dct, &grads[p.offset..p.offset + p.delta.len()]);
-            for (d, &g) in p.delta.iter_mut().zip(&g) {
-                // One rounding, like torch's `add_(grad, alpha=lr)` on CPU.
-                *d = lr.mul_add(g, *d * self.decay);
+            let numel = p.delta.len();
+            ws.coefficients.resize(numel, 0.0);
+            let g = &mut ws.coefficients[..numel];
+            p.grid
+                .encode_into(&mut self.dct, &grads[p.offset..p.offset + numel], g);
+            for (d, &g) in p.delta.iter_mut().zip(g.iter()) {
+                // torch's `mul_(β).add_(grad, alpha=lr)` rounds `lr·g + β·δ` once (an FMA);
+                // the f64 sum of the exact product rounds like it (and vectorises, where
+                // `f32::mul_add` without the `fma` target feature is a libm call).
+                *d = (lr * f64::from(g) + f64::from(*d * decay)) as f32;
             }
-            p.sent = top_k_per_chunk(&p.delta, p.grid.chunk_len(), p.k);
+            top_k_per_chunk(&p.delta, p.grid.chunk_len(), &mut ws.keys, &mut p.sent);
             let chunk_len = p.grid.chunk_len();
             for (j, &i) in p.sent.indices.iter().enumerate() {
                 p.delta[(j / p.k) * chunk_len + i as usize] = 0.0;
@@ -323,12 +343,16 @@ impl DeMo {
         let total: usize = self.params.iter().map(|p| p.delta.len()).sum();
         let mut direction = vec![0.0; total];
         let mut cursor = 0;
+        let ws = &mut self.workspace;
         for p in &self.params {
-            let chunk_len = p.grid.chunk_len();
+            let (numel, chunk_len) = (p.delta.len(), p.grid.chunk_len());
             let n = p.grid.num_chunks() * p.k;
             let (index_bytes, value_bytes) = (n * p.width.bytes(), n * 4);
-            let mut sum = vec![0.0f32; p.delta.len()];
-            let mut count = vec![0u32; p.delta.len()];
+            ws.coefficients.clear();
+            ws.coefficients.resize(numel, 0.0);
+            ws.count.clear();
+            ws.count.resize(numel, 0);
+            let (sum, count) = (&mut ws.coefficients[..], &mut ws.count[..]);
             for payload in gathered {
                 let indices = &payload[cursor..cursor + index_bytes];
                 let values = &payload[cursor + index_bytes..cursor + index_bytes + value_bytes];
@@ -344,17 +368,15 @@ impl DeMo {
                     count[at] += 1;
                 }
             }
-            for (s, &c) in sum.iter_mut().zip(&count) {
+            for (s, &c) in sum.iter_mut().zip(count.iter()) {
                 if c > 1 {
                     *s /= c as f32;
                 }
             }
-            let decoded = p.grid.decode(&mut self.dct, &sum);
-            for (out, g) in direction[p.offset..p.offset + decoded.len()]
-                .iter_mut()
-                .zip(decoded)
-            {
-                *out = sign(g);
+            let out = &mut direction[p.offset..p.offset + numel];
+            p.grid.decode_into(&mut self.dct, sum, out);
+            for g in out {
+                *g = sign(*g);
             }
             cursor += index_bytes + value_bytes;
         }
@@ -370,28 +392,40 @@ fn host(grads: Tensor<1>) -> Result<Vec<f32>> {
         .map_err(|e| GymError::InvalidConfig(format!("DeMo: cannot read the gradient: {e:?}")))
 }
 
-/// The `k` coefficients of largest magnitude in every chunk of `chunk_len`.
-fn top_k_per_chunk(coefficients: &[f32], chunk_len: usize, k: usize) -> SparseCoefficients {
-    let chunks = coefficients.len() / chunk_len.max(1);
-    let mut indices = Vec::with_capacity(chunks * k);
-    let mut values = Vec::with_capacity(chunks * k);
-    let mut order: Vec<u32> = Vec::with_capacity(chunk_len);
+/// The `sent.k` coefficients of largest magnitude in every chunk of `chunk_len`, written
+/// into `sent` (its buffers are reused); `keys` is a workspace.
+fn top_k_per_chunk(
+    coefficients: &[f32],
+    chunk_len: usize,
+    keys: &mut Vec<u64>,
+    sent: &mut SparseCoefficients,
+) {
+    let k = sent.k;
+    sent.indices.clear();
+    sent.values.clear();
     for chunk in coefficients.chunks_exact(chunk_len.max(1)) {
-        order.clear();
-        order.extend(0..chunk.len() as u32);
-        if k < chunk.len() {
-            // Partial selection: the k largest |c| end up first, in no particular order
-            // (the original's `topk(sorted=False)`).
-            order.select_nth_unstable_by(k - 1, |&a, &b| {
-                chunk[b as usize].abs().total_cmp(&chunk[a as usize].abs())
-            });
+        // A non-negative float's bits order like its value (NaN above ∞, as `total_cmp`
+        // orders |c|), so one u64 comparison ranks by |c| with the position as tie-break:
+        // far cheaper than comparing through the chunk.
+        keys.clear();
+        keys.extend(
+            chunk
+                .iter()
+                .enumerate()
+                .map(|(i, c)| (u64::from(c.abs().to_bits()) << 32) | i as u64),
+        );
+        let (k, len) = (k.min(keys.len()), keys.len());
+        if k < len {
+            // Partial selection: the k largest end up last, in no particular order (the
+            // original's `topk(sorted=False)`).
+            keys.select_nth_unstable(len - k);
         }
-        for &i in &order[..k] {
-            indices.push(i);
-            values.push(chunk[i as usize]);
+        for &key in &keys[len - k..] {
+            let i = key as u32;
+            sent.indices.push(i);
+            sent.values.push(chunk[i as usize]);
         }
     }
-    SparseCoefficients { k, indices, values }
 }
 
 fn read_index(bytes: &[u8], j: usize, width: IndexWidth) -> u32 {
@@ -420,7 +454,13 @@ mod tests {
     #[test]
     fn top_k_keeps_the_largest_magnitudes_of_each_chunk() {
         let c = [0.1, -5.0, 3.0, 0.0, /* chunk 2 */ 1.0, 2.0, -3.0, 4.0];
-        let s = top_k_per_chunk(&c, 4, 2);
+        let mut s = SparseCoefficients {
+            k: 2,
+            indices: vec![9; 7],
+            values: Vec::new(),
+        };
+        top_k_per_chunk(&c, 4, &mut Vec::new(), &mut s);
+        assert_eq!(s.indices.len(), 4, "the buffers are cleared first");
         let mut first: Vec<u32> = s.indices[..2].to_vec();
         first.sort();
         let mut second: Vec<u32> = s.indices[2..].to_vec();
