@@ -1,6 +1,5 @@
 //! A small CNN for CIFAR-10 (32×32 colour images), sized to train on a CPU.
 
-use crate::classifier::{classification_metrics, cross_entropy};
 use burn::config::Config;
 use burn::module::Module;
 use burn::nn::conv::{Conv2d, Conv2dConfig};
@@ -8,7 +7,6 @@ use burn::nn::pool::{MaxPool2d, MaxPool2dConfig};
 use burn::nn::{Linear, LinearConfig, PaddingConfig2d};
 use burn::tensor::activation::relu;
 use burn::tensor::{Device, Tensor};
-use gym_core::{EvalMetrics, ImageBatch, TrainModel};
 
 /// Configuration of [`CifarCnn`].
 #[derive(Config, Debug)]
@@ -75,17 +73,7 @@ impl CifarCnn {
     }
 }
 
-impl TrainModel for CifarCnn {
-    type Batch = ImageBatch;
-
-    fn loss(&self, batch: &ImageBatch) -> Tensor<1> {
-        cross_entropy(self.forward(batch.images.clone()), batch.targets.clone())
-    }
-
-    fn evaluate(&self, batch: &ImageBatch) -> EvalMetrics {
-        classification_metrics(self.forward(batch.images.clone()), batch.targets.clone())
-    }
-}
+crate::classifier::image_classifier!(CifarCnn);
 
 #[cfg(test)]
 mod tests {

@@ -26,3 +26,29 @@ pub fn classification_metrics(logits: Tensor<2>, targets: Tensor<1, Int>) -> Eva
         accuracy: Some(accuracy(logits, targets)),
     }
 }
+
+/// Implements [`TrainModel`](gym_core::TrainModel) for an image classifier whose
+/// `forward(images) -> logits` is an inherent method: cross-entropy loss, and loss plus
+/// accuracy for evaluation. One definition for every classifier in this crate.
+macro_rules! image_classifier {
+    ($model:ty) => {
+        impl gym_core::TrainModel for $model {
+            type Batch = gym_core::ImageBatch;
+
+            fn loss(&self, batch: &gym_core::ImageBatch) -> burn::tensor::Tensor<1> {
+                $crate::classifier::cross_entropy(
+                    self.forward(batch.images.clone()),
+                    batch.targets.clone(),
+                )
+            }
+
+            fn evaluate(&self, batch: &gym_core::ImageBatch) -> gym_core::EvalMetrics {
+                $crate::classifier::classification_metrics(
+                    self.forward(batch.images.clone()),
+                    batch.targets.clone(),
+                )
+            }
+        }
+    };
+}
+pub(crate) use image_classifier;

@@ -1,6 +1,5 @@
 //! The original's MNIST CNN (`example/mnist.py`).
 
-use crate::classifier::{classification_metrics, cross_entropy};
 use crate::dropout::Dropout;
 use burn::config::Config;
 use burn::module::Module;
@@ -9,7 +8,6 @@ use burn::nn::pool::{MaxPool2d, MaxPool2dConfig};
 use burn::nn::{BatchNorm, BatchNormConfig, Linear, LinearConfig, PaddingConfig2d};
 use burn::tensor::activation::relu;
 use burn::tensor::{Device, Tensor};
-use gym_core::{EvalMetrics, ImageBatch, TrainModel};
 
 /// Configuration of [`MnistCnn`].
 #[derive(Config, Debug)]
@@ -93,17 +91,7 @@ impl MnistCnn {
     }
 }
 
-impl TrainModel for MnistCnn {
-    type Batch = ImageBatch;
-
-    fn loss(&self, batch: &ImageBatch) -> Tensor<1> {
-        cross_entropy(self.forward(batch.images.clone()), batch.targets.clone())
-    }
-
-    fn evaluate(&self, batch: &ImageBatch) -> EvalMetrics {
-        classification_metrics(self.forward(batch.images.clone()), batch.targets.clone())
-    }
-}
+crate::classifier::image_classifier!(MnistCnn);
 
 #[cfg(test)]
 mod tests {

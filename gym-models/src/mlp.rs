@@ -1,12 +1,10 @@
 //! A two-layer perceptron for fast CPU runs.
 
-use crate::classifier::{classification_metrics, cross_entropy};
 use burn::config::Config;
 use burn::module::Module;
 use burn::nn::{Linear, LinearConfig};
 use burn::tensor::activation::relu;
 use burn::tensor::{Device, Tensor};
-use gym_core::{EvalMetrics, ImageBatch, TrainModel};
 
 /// Sizes of an [`Mlp`]; the defaults are MNIST's 784-256-10.
 #[derive(Config, Debug)]
@@ -47,14 +45,4 @@ impl Mlp {
     }
 }
 
-impl TrainModel for Mlp {
-    type Batch = ImageBatch;
-
-    fn loss(&self, batch: &ImageBatch) -> Tensor<1> {
-        cross_entropy(self.forward(batch.images.clone()), batch.targets.clone())
-    }
-
-    fn evaluate(&self, batch: &ImageBatch) -> EvalMetrics {
-        classification_metrics(self.forward(batch.images.clone()), batch.targets.clone())
-    }
-}
+crate::classifier::image_classifier!(Mlp);
