@@ -2,9 +2,13 @@
 //! scripts can drive any of them the same way; and run configurations read from TOML or
 //! JSON files (`--config FILE`), which name the same flags.
 
+use burn::optim::{
+    AdaGradConfig, AdafactorConfig, AdanConfig, AdjustLrFn, LambConfig, LionConfig, MuonConfig,
+    RmsPropConfig,
+};
 use clap::{Args, FromArgMatches, Parser, ValueEnum};
 use gym_core::{
-    AdamSpec, AdamWSpec, InnerOptimizerConfig, LrScheduleConfig, OptimizerSpec, SgdSpec,
+    InnerOptimizerConfig, LrScheduleConfig, OptimizerConfig, OptimizerGroup, ParamSelection,
     StrategyConfig, TrainerConfig,
 };
 use gym_strategies::{
@@ -29,7 +33,7 @@ pub enum StrategyName {
     Fedavg,
     /// A fraction p of the parameters averaged every step.
     Sparta,
-    /// SPARTA every --sparta-interval steps plus DiLoCo every H steps.
+    /// SPARTA every --sparta-sync-interval steps plus DiLoCo every H steps.
     SpartaDiloco,
     /// DeMo: top-k DCT coefficients of a local gradient buffer, sign step (lr: --lr).
     Demo,
@@ -61,16 +65,31 @@ pub enum SelectorName {
     Partitioned,
 }
 
-/// The inner optimizers the examples can run.
+/// The inner optimizers the examples can run: Burn's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum OptimizerName {
-    /// AdamW.
+    /// AdamW (PyTorch's defaults: ε 1e-8, weight decay 0.01).
     Adamw,
-    /// Adam.
+    /// Adam (PyTorch's defaults: ε 1e-8).
     Adam,
-    /// SGD.
+    /// SGD, no momentum.
     Sgd,
+    /// Muon for the 2-D weights (its update scaled to AdamW's RMS, so one lr serves both),
+    /// AdamW for the other parameters.
+    Muon,
+    /// Lion (Burn's defaults: betas 0.9/0.99).
+    Lion,
+    /// Adan (Burn's defaults).
+    Adan,
+    /// LAMB (Burn's defaults).
+    Lamb,
+    /// RMSprop (Burn's defaults: α 0.99, momentum 0.9).
+    Rmsprop,
+    /// AdaGrad (Burn's defaults).
+    Adagrad,
+    /// Adafactor (Burn's defaults: relative step sizes).
+    Adafactor,
 }
 
 /// Flags shared by every example.
@@ -146,9 +165,10 @@ pub struct CommonArgs {
     /// Threads each node's tensor kernels may use (0: share all node threads).
     #[arg(long, default_value_t = 1)]
     pub kernel_threads_per_node: usize,
-    /// Inner steps between synchronisations (DiLoCo default 100, FedAvg default 1).
+    /// Steps between synchronisations: DiLoCo's outer step (default 100), FedAvg's
+    /// averaging (default 1).
     #[arg(short = 'H', long)]
-    pub inner_steps: Option<usize>,
+    pub sync_interval: Option<usize>,
     /// DiLoCo's outer learning rate.
     #[arg(long, default_value_t = 0.7)]
     pub outer_lr: f64,
@@ -161,9 +181,9 @@ pub struct CommonArgs {
     /// SPARTA: fraction of the parameters averaged per synchronisation.
     #[arg(long, default_value_t = 0.005)]
     pub p_sparta: f64,
-    /// SPARTA: synchronise every this many steps.
+    /// SPARTA: steps between sparse averagings (in sparta and sparta-diloco).
     #[arg(long, default_value_t = 1)]
-    pub sparta_interval: usize,
+    pub sparta_sync_interval: usize,
     /// SPARTA: how the averaged elements are chosen.
     #[arg(long, value_enum, default_value = "random")]
     pub sparta_selector: SelectorName,
@@ -178,26 +198,48 @@ pub struct CommonArgs {
     pub compression_chunk: usize,
 }
 
-/// A job to run with whichever strategy the flags name (see [`CommonArgs::dispatch`]):
-/// strategies are different types, so the job is generic over them.
-pub trait WithStrategy {
-    /// What the job returns.
-    type Output;
-
-    /// Runs the job with `strategy`.
-    fn run<S: StrategyConfig>(self, strategy: &S) -> Self::Output;
-}
-
 impl CommonArgs {
-    /// Runs `job` with the strategy named by `--strategy`, configured by these flags.
-    pub fn dispatch<J: WithStrategy>(&self, job: J) -> J::Output {
+    /// The strategy `--strategy` names, configured by these flags: a value that
+    /// [`Trainer::fit`](gym_core::Trainer::fit) takes whatever the strategy.
+    pub fn strategy_config(&self) -> Box<dyn StrategyConfig> {
         match self.strategy {
-            StrategyName::Allreduce => job.run(&self.all_reduce()),
-            StrategyName::Diloco => job.run(&self.diloco()),
-            StrategyName::Fedavg => job.run(&self.fedavg()),
-            StrategyName::Sparta => job.run(&self.sparta()),
-            StrategyName::SpartaDiloco => job.run(&self.sparta_diloco()),
-            StrategyName::Demo => job.run(&self.demo()),
+            StrategyName::Allreduce => Box::new(AllReduceConfig::new().with_inner(self.inner())),
+            StrategyName::Diloco => Box::new(
+                DiLoCoConfig::new()
+                    .with_inner(self.inner())
+                    .with_communicator(self.diloco_communicator()),
+            ),
+            StrategyName::Fedavg => Box::new(
+                FedAvgConfig::new()
+                    .with_inner(self.inner())
+                    .with_communicator(
+                        AveragingCommunicatorConfig::new()
+                            .with_sync_interval(self.sync_interval.unwrap_or(1))
+                            .with_island_size(self.island_size),
+                    ),
+            ),
+            StrategyName::Sparta => Box::new(
+                SpartaConfig::new()
+                    .with_inner(self.inner())
+                    .with_communicator(self.sparse_communicator()),
+            ),
+            StrategyName::SpartaDiloco => Box::new(
+                SpartaDiLoCoConfig::new()
+                    .with_inner(self.inner())
+                    .with_sparta(self.sparse_communicator())
+                    .with_diloco(self.diloco_communicator()),
+            ),
+            // DeMo has no inner optimizer: --optimizer is not used.
+            StrategyName::Demo => Box::new(
+                DeMoConfig::new()
+                    .with_lr(self.lr)
+                    .with_schedule(self.schedule())
+                    .with_max_norm(self.max_norm)
+                    .with_compression_decay(self.compression_decay)
+                    .with_compression_topk(self.compression_topk)
+                    .with_compression_chunk(self.compression_chunk)
+                    .with_weight_decay(self.weight_decay.map_or(0.0, f64::from)),
+            ),
         }
     }
 
@@ -208,7 +250,7 @@ impl CommonArgs {
             .with_max_steps(self.max_steps)
             .with_batch_size(self.batch_size)
             .with_minibatch_size(self.minibatch_size)
-            .with_val_size(self.val_size)
+            .with_val_size(Some(self.val_size))
             .with_val_interval(self.val_interval)
             .with_seed(self.seed)
             .with_run_name(self.run_name.clone())
@@ -218,22 +260,43 @@ impl CommonArgs {
             .with_correlation_interval(self.correlation_interval)
     }
 
-    /// The inner optimizer these flags describe.
-    pub fn optimizer(&self) -> OptimizerSpec {
-        let spec = match self.optimizer {
-            OptimizerName::Adamw => OptimizerSpec::AdamW(AdamWSpec::new()),
-            OptimizerName::Adam => OptimizerSpec::Adam(AdamSpec::new()),
-            OptimizerName::Sgd => OptimizerSpec::Sgd(SgdSpec::new()),
+    /// Each node's own optimizer as these flags describe it.
+    pub fn inner(&self) -> InnerOptimizerConfig {
+        let decayed = |c: OptimizerConfig| match self.weight_decay {
+            Some(wd) => c.with_weight_decay(wd),
+            None => c,
         };
-        let spec = match self.weight_decay {
-            Some(wd) => spec.with_weight_decay(wd),
-            None => spec,
+        let base = match self.optimizer {
+            OptimizerName::Adamw | OptimizerName::Muon => OptimizerConfig::adamw(),
+            OptimizerName::Adam => OptimizerConfig::adam(),
+            OptimizerName::Sgd => OptimizerConfig::sgd(),
+            OptimizerName::Lion => LionConfig::new().into(),
+            OptimizerName::Adan => AdanConfig::new().into(),
+            OptimizerName::Lamb => LambConfig::new().into(),
+            OptimizerName::Rmsprop => RmsPropConfig::new().into(),
+            OptimizerName::Adagrad => AdaGradConfig::new().into(),
+            OptimizerName::Adafactor => AdafactorConfig::new().into(),
         };
-        spec.with_lr(self.lr)
+        let inner = InnerOptimizerConfig::new()
+            .with_optimizer(decayed(base))
+            .with_lr(self.lr)
+            .with_schedule(self.schedule())
+            .with_max_norm(self.max_norm);
+        match self.optimizer {
+            OptimizerName::Muon => inner.with_group(OptimizerGroup::new(
+                ParamSelection::matrices(),
+                decayed(
+                    MuonConfig::new()
+                        .with_adjust_lr_fn(AdjustLrFn::MatchRmsAdamW)
+                        .into(),
+                ),
+            )),
+            _ => inner,
+        }
     }
 
     /// The learning-rate schedule these flags describe.
-    pub fn schedule(&self) -> LrScheduleConfig {
+    fn schedule(&self) -> LrScheduleConfig {
         LrScheduleConfig::new()
             .with_warmup_steps(self.warmup_steps)
             .with_cosine(self.cosine)
@@ -241,85 +304,27 @@ impl CommonArgs {
 
     /// DiLoCo's synchronisation as these flags describe it.
     fn diloco_communicator(&self) -> DiLoCoCommunicatorConfig {
+        let outer = if self.outer_momentum == 0.0 {
+            OptimizerConfig::sgd()
+        } else {
+            OptimizerConfig::sgd_momentum(self.outer_momentum, true)
+        };
         DiLoCoCommunicatorConfig::new()
-            .with_inner_steps(self.inner_steps.unwrap_or(100))
-            .with_outer_optimizer(OptimizerSpec::Sgd(
-                SgdSpec::new()
-                    .with_lr(self.outer_lr)
-                    .with_momentum(self.outer_momentum)
-                    .with_nesterov(self.outer_momentum > 0.0),
-            ))
+            .with_sync_interval(self.sync_interval.unwrap_or(100))
+            .with_outer_optimizer(outer)
+            .with_outer_lr(self.outer_lr)
     }
 
     /// SPARTA's sparse averaging as these flags describe it.
     fn sparse_communicator(&self) -> SparseCommunicatorConfig {
         SparseCommunicatorConfig::new()
             .with_p(self.p_sparta)
-            .with_interval(self.sparta_interval)
+            .with_sync_interval(self.sparta_sync_interval)
             .with_selector(match self.sparta_selector {
                 SelectorName::Random => IndexSelectorKind::Random,
                 SelectorName::ShuffledSequential => IndexSelectorKind::ShuffledSequential,
                 SelectorName::Partitioned => IndexSelectorKind::Partitioned,
             })
-    }
-
-    /// The DiLoCo strategy these flags describe.
-    pub fn diloco(&self) -> DiLoCoConfig {
-        DiLoCoConfig::new()
-            .with_inner(self.inner())
-            .with_communicator(self.diloco_communicator())
-    }
-
-    /// The FedAvg strategy these flags describe.
-    pub fn fedavg(&self) -> FedAvgConfig {
-        FedAvgConfig::new()
-            .with_inner(self.inner())
-            .with_communicator(
-                AveragingCommunicatorConfig::new()
-                    .with_inner_steps(self.inner_steps.unwrap_or(1))
-                    .with_island_size(self.island_size),
-            )
-    }
-
-    /// The SPARTA strategy these flags describe.
-    pub fn sparta(&self) -> SpartaConfig {
-        SpartaConfig::new()
-            .with_inner(self.inner())
-            .with_communicator(self.sparse_communicator())
-    }
-
-    /// The SPARTA + DiLoCo strategy these flags describe.
-    pub fn sparta_diloco(&self) -> SpartaDiLoCoConfig {
-        SpartaDiLoCoConfig::new()
-            .with_inner(self.inner())
-            .with_sparta(self.sparse_communicator())
-            .with_diloco(self.diloco_communicator())
-    }
-
-    /// The DeMo strategy these flags describe (it has no inner optimizer: --optimizer is
-    /// not used).
-    pub fn demo(&self) -> DeMoConfig {
-        DeMoConfig::new()
-            .with_lr(self.lr)
-            .with_schedule(self.schedule())
-            .with_max_norm(self.max_norm)
-            .with_compression_decay(self.compression_decay)
-            .with_compression_topk(self.compression_topk)
-            .with_compression_chunk(self.compression_chunk)
-            .with_weight_decay(self.weight_decay.map_or(0.0, f64::from))
-    }
-
-    /// The AllReduce strategy these flags describe.
-    pub fn all_reduce(&self) -> AllReduceConfig {
-        AllReduceConfig::new().with_inner(self.inner())
-    }
-
-    /// Each node's own optimizer as these flags describe it.
-    pub fn inner(&self) -> InnerOptimizerConfig {
-        InnerOptimizerConfig::new()
-            .with_optimizer(self.optimizer())
-            .with_schedule(self.schedule())
-            .with_max_norm(self.max_norm)
     }
 
     /// Where this run's logs go.

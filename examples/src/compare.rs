@@ -13,26 +13,18 @@
 //! - `run_config.toml`, the resolved configuration (readable by `--config`), and
 //!   `runs/<strategy>/` with each run's own logs, summary and configuration.
 
-use crate::cifar::{CifarArgs, CifarData};
-use crate::cli::{self, CommonArgs, ConfigFile, StrategyName, WithStrategy};
+use crate::cli::{self, CommonArgs, ConfigFile, StrategyName};
 use crate::plot::{Chart, Series};
-use crate::report::human_bytes;
-use crate::tasks;
-use burn::tensor::Device;
+use crate::runner::{BoxError, Runner, TrainTask};
+use crate::summary::{RunSummary, human_bytes};
+use crate::tasks::{self, CifarArgs, GptArgs, MnistModel};
 use clap::{CommandFactory, Parser, ValueEnum};
-use gym_core::{
-    CorrelationRecord, NodeData, RunReport, RunSummary, StrategyConfig, TrainModel, TrainRecord,
-    Trainer, ValRecord,
-};
-use gym_data::{CharCorpus, CifarBatcher, MnistBatcher, MnistItem, TokenBatcher, TokenWindow};
-use gym_models::{GptConfig, MlpConfig, MnistCnnConfig};
+use gym_core::{CorrelationRecord, RunReport, StrategyConfig, TrainRecord, ValRecord};
 use serde::Serialize;
 use std::ffi::OsString;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
-
-type BoxError = Box<dyn std::error::Error>;
 
 /// What to train.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
@@ -45,16 +37,6 @@ pub enum Task {
     /// A small CNN on CIFAR-10 (`--data-dir`), or on the CIFAR-like approximation
     /// (`--approx FILE`).
     Cifar,
-}
-
-/// Models for the MNIST task.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum MnistModel {
-    /// 784-256-10 perceptron.
-    Mlp,
-    /// The original's CNN (1.87M parameters).
-    Cnn,
 }
 
 /// The x axis of the loss plots.
@@ -97,21 +79,10 @@ pub struct CompareArgs {
     /// MNIST: model.
     #[arg(long, value_enum, default_value = "mlp")]
     pub model: MnistModel,
-    /// Shakespeare: text file instead of DATA_DIR/input.txt.
-    #[arg(long)]
-    pub text_file: Option<PathBuf>,
-    /// Shakespeare: context length.
-    #[arg(long, default_value_t = 64)]
-    pub block_size: usize,
-    /// Shakespeare: transformer blocks.
-    #[arg(long, default_value_t = 2)]
-    pub n_layer: usize,
-    /// Shakespeare: attention heads.
-    #[arg(long, default_value_t = 2)]
-    pub n_head: usize,
-    /// Shakespeare: embedding width.
-    #[arg(long, default_value_t = 64)]
-    pub n_embd: usize,
+    /// Shakespeare: the text and the GPT (by default 2 layers × 2 heads × 64 dims, context 64).
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub gpt: GptArgs,
     /// CIFAR: where the images come from.
     #[command(flatten)]
     #[serde(flatten)]
@@ -142,10 +113,45 @@ pub struct Comparison {
     pub identical_conditions: bool,
 }
 
+impl CompareArgs {
+    /// The command line, with the comparison's defaults for the GPT task: a CPU-sized model
+    /// (2 layers, 2 heads, 64 dims, context 64).
+    pub fn command_with_defaults() -> clap::Command {
+        let defaults = [
+            ("block_size", "64"),
+            ("n_layer", "2"),
+            ("n_head", "2"),
+            ("n_embd", "64"),
+        ];
+        let mut command = CompareArgs::command();
+        for (id, value) in defaults {
+            command = command.mut_arg(id, |a| a.default_value(value));
+        }
+        command
+    }
+
+    /// The task these flags name, its data loaded once for every strategy.
+    fn task(&self) -> Result<Box<dyn TrainTask>, BoxError> {
+        let data_dir = self.common.data_dir.as_deref();
+        Ok(match self.task {
+            Task::Mnist => tasks::mnist(data_dir, self.model)?,
+            Task::Shakespeare => Box::new(tasks::gpt(data_dir, &self.gpt)?.task),
+            Task::Cifar => tasks::cifar(data_dir, &self.cifar)?,
+        })
+    }
+}
+
+/// One strategy of a comparison: its value, and the flags it runs with.
+struct Planned {
+    name: StrategyName,
+    args: CompareArgs,
+    strategy: Box<dyn StrategyConfig>,
+}
+
 /// Parses `argv` (program name first, `--config` honoured) and runs the comparison.
 pub fn run(argv: &[OsString]) -> Result<Comparison, BoxError> {
     let process_start = Instant::now();
-    let command = CompareArgs::command();
+    let command = CompareArgs::command_with_defaults();
     let (args, file): (CompareArgs, ConfigFile) = cli::try_parse_from(&command, argv)?;
     if args.strategies.is_empty() {
         return Err("--strategies names no strategy".into());
@@ -155,154 +161,55 @@ pub fn run(argv: &[OsString]) -> Result<Comparison, BoxError> {
     if seen.windows(2).any(|w| w[0] == w[1]) {
         return Err("--strategies names a strategy twice".into());
     }
-    let (device, backend) = crate::backend::select();
-    eprintln!("backend: {backend}");
-    let data = TaskData::load(&args)?;
+    // Every strategy as a value, with its overrides and the fixed places of its logs,
+    // before anything is loaded or trained.
     let runs_dir = args.out_dir.join("runs");
+    let plan = args
+        .strategies
+        .iter()
+        .map(|&name| {
+            let mut extra = file.overrides_for(name).to_vec();
+            extra.extend([
+                "--strategy".into(),
+                name.as_str().into(),
+                "--run-name".into(),
+                name.as_str().into(),
+                "--log-dir".into(),
+                runs_dir.to_string_lossy().into_owned(),
+            ]);
+            let args: CompareArgs = cli::parse_with(&command, argv, &file, &extra)?;
+            let strategy = args.common.strategy_config();
+            Ok(Planned {
+                name,
+                args,
+                strategy,
+            })
+        })
+        .collect::<Result<Vec<_>, BoxError>>()?;
 
+    let runner = Runner::new(process_start);
+    let task = args.task()?;
     let mut outcomes = Vec::new();
-    for &strategy in &args.strategies {
-        // The strategy's overrides, then the fixed places of its logs.
-        let mut extra = file.overrides_for(strategy).to_vec();
-        extra.extend([
-            "--strategy".into(),
-            strategy.as_str().into(),
-            "--run-name".into(),
-            strategy.as_str().into(),
-            "--log-dir".into(),
-            runs_dir.to_string_lossy().into_owned(),
-        ]);
-        let run_args: CompareArgs = cli::parse_with(&command, argv, &file, &extra)?;
-        eprintln!("── {} ──", strategy.as_str());
-        let job = Job {
-            args: &run_args,
-            data: &data,
-            device: &device,
-            backend: &backend,
-            process_start,
-        };
-        let (report, summary) = run_args.common.dispatch(job)?;
-        let dir = run_args.common.run_dir(&report.run_name);
-        summary.write(&dir)?;
-        cli::save_run_config(&run_args, &dir)?;
+    for run in plan {
+        eprintln!("── {} ──", run.name.as_str());
+        let config = serde_json::to_value(&run.args)?;
+        let result = task.train(&runner, &run.args.common, run.strategy.as_ref(), &config)?;
         outcomes.push(Outcome {
-            strategy,
-            args: run_args,
-            report,
-            summary,
+            strategy: run.name,
+            args: run.args,
+            report: result.report,
+            summary: result.summary,
         });
     }
-    write_outputs(&args, outcomes)
-}
-
-/// The task's data, loaded once for every strategy.
-enum TaskData {
-    Mnist(NodeData<MnistItem>),
-    Text(CharCorpus, NodeData<TokenWindow>),
-    Cifar(CifarData),
-}
-
-impl TaskData {
-    fn load(args: &CompareArgs) -> Result<Self, BoxError> {
-        let data_dir = args.common.data_dir.as_deref();
-        Ok(match args.task {
-            Task::Mnist => TaskData::Mnist(tasks::mnist(data_dir)?),
-            Task::Shakespeare => {
-                let corpus = tasks::text_corpus(args.text_file.as_deref(), data_dir)?;
-                let data = tasks::text_windows(&corpus, args.block_size, 0.1, false)?;
-                TaskData::Text(corpus, data)
-            }
-            Task::Cifar => TaskData::Cifar(crate::cifar::cifar_data(data_dir, &args.cifar)?),
-        })
-    }
-}
-
-/// One strategy's run of the task.
-struct Job<'a> {
-    args: &'a CompareArgs,
-    data: &'a TaskData,
-    device: &'a Device,
-    backend: &'a str,
-    process_start: Instant,
-}
-
-impl WithStrategy for Job<'_> {
-    type Output = Result<(RunReport, RunSummary), BoxError>;
-
-    fn run<S: StrategyConfig>(self, strategy: &S) -> Self::Output {
-        match (self.data, self.args.model) {
-            (TaskData::Mnist(data), MnistModel::Mlp) => self.fit(
-                |d| MlpConfig::new().init(d),
-                "mlp",
-                strategy,
-                data,
-                &MnistBatcher,
-            ),
-            (TaskData::Mnist(data), MnistModel::Cnn) => self.fit(
-                |d| MnistCnnConfig::new().init(d),
-                "cnn",
-                strategy,
-                data,
-                &MnistBatcher,
-            ),
-            (TaskData::Cifar(cifar), _) => self.fit(
-                crate::cifar::cifar_model,
-                crate::cifar::MODEL_NAME,
-                strategy,
-                &cifar.data,
-                &CifarBatcher,
-            ),
-            (TaskData::Text(corpus, data), _) => {
-                let a = self.args;
-                let config = GptConfig::new(corpus.vocab().len(), a.block_size)
-                    .with_n_layer(a.n_layer)
-                    .with_n_head(a.n_head)
-                    .with_n_embd(a.n_embd);
-                config.validate()?;
-                let name = format!(
-                    "gpt-{}x{}x{}-ctx{}",
-                    a.n_layer, a.n_head, a.n_embd, a.block_size
-                );
-                let init = |d: &Device| config.init(d).expect("validated configuration");
-                self.fit(init, &name, strategy, data, &TokenBatcher)
-            }
-        }
-    }
-}
-
-impl Job<'_> {
-    fn fit<M, I, B, S>(
-        &self,
-        init: impl Fn(&Device) -> M + Sync,
-        model: &str,
-        strategy: &S,
-        data: &NodeData<I>,
-        batcher: &B,
-    ) -> Result<(RunReport, RunSummary), BoxError>
-    where
-        M: TrainModel,
-        I: Send + 'static,
-        B: burn::data::dataloader::batcher::Batcher<I, M::Batch>,
-        S: StrategyConfig,
-    {
-        let trainer =
-            Trainer::new(self.args.common.trainer_config()).with_devices(vec![self.device.clone()]);
-        let fit_start = Instant::now();
-        let out = trainer.fit(init, strategy, data, batcher)?;
-        let summary = RunSummary::new(
-            &out.report,
-            &strategy.name(),
-            model,
-            self.backend,
-            self.process_start,
-            fit_start,
-        );
-        Ok((out.report, summary))
-    }
+    write_outputs(&args, task.as_ref(), outcomes)
 }
 
 /// Writes the table, plots and metrics of `outcomes` into `args.out_dir`.
-fn write_outputs(args: &CompareArgs, outcomes: Vec<Outcome>) -> Result<Comparison, BoxError> {
+fn write_outputs(
+    args: &CompareArgs,
+    task: &dyn TrainTask,
+    outcomes: Vec<Outcome>,
+) -> Result<Comparison, BoxError> {
     let dir = &args.out_dir;
     std::fs::create_dir_all(dir)?;
     let mut files = Vec::new();
@@ -312,7 +219,8 @@ fn write_outputs(args: &CompareArgs, outcomes: Vec<Outcome>) -> Result<Compariso
             && o.report.data_fingerprint == first.data_fingerprint
     });
 
-    let table = results_table(args, &outcomes, identical_conditions);
+    let label = task_label(task);
+    let table = results_table(args, &label, &outcomes, identical_conditions);
     files.push(write(dir, "results.md", &table)?);
     files.push(cli::save_run_config(args, dir)?);
     files.extend(write_metrics(dir, &outcomes)?);
@@ -335,7 +243,7 @@ fn write_outputs(args: &CompareArgs, outcomes: Vec<Outcome>) -> Result<Compariso
             })
             .collect()
     };
-    let task = task_label(args);
+    let task = &label;
     let charts = [
         (
             "val_loss.svg",
@@ -408,32 +316,24 @@ fn bytes_before(report: &RunReport, steps: usize) -> u64 {
     }
 }
 
-fn task_label(args: &CompareArgs) -> String {
-    match args.task {
-        Task::Mnist => format!(
-            "MNIST {}",
-            args.model
-                .to_possible_value()
-                .map_or_else(String::new, |v| v.get_name().to_uppercase())
-        ),
-        Task::Shakespeare => "Shakespeare (char GPT)".into(),
-        Task::Cifar if args.cifar.approx.is_some() => crate::cifar::CIFAR_LIKE.into(),
-        Task::Cifar => crate::cifar::CIFAR10.into(),
-    }
+/// How plots and the table name the task, e.g. `MNIST, mlp`.
+fn task_label(task: &dyn TrainTask) -> String {
+    format!("{}, {}", task.dataset(), task.model_name())
 }
 
 /// The Markdown table of the comparison.
-pub fn results_table(args: &CompareArgs, outcomes: &[Outcome], identical: bool) -> String {
+pub fn results_table(
+    args: &CompareArgs,
+    task_label: &str,
+    outcomes: &[Outcome],
+    identical: bool,
+) -> String {
     let c = &args.common;
     let mut t = String::new();
     let _ = writeln!(
         t,
-        "# {}: {} nodes, batch {} per node, {} steps, seed {}\n",
-        task_label(args),
-        c.num_nodes,
-        c.batch_size,
-        outcomes[0].report.steps,
-        c.seed
+        "# {task_label}: {} nodes, batch {} per node, {} steps, seed {}\n",
+        c.num_nodes, c.batch_size, outcomes[0].report.steps, c.seed
     );
     let baseline = outcomes
         .iter()
@@ -528,11 +428,7 @@ fn write_metrics(dir: &Path, outcomes: &[Outcome]) -> Result<Vec<PathBuf>, BoxEr
         }
         for c in &o.report.correlation {
             line("correlation", serde_json::to_value(c)?);
-            let _ = writeln!(
-                corr,
-                "{name},{},{},{}",
-                c.step, c.examples_seen, c.correlation
-            );
+            let _ = writeln!(corr, "{name},{}", c.csv_row());
         }
         let s = &o.summary;
         line("summary", serde_json::to_value(s)?);

@@ -1,7 +1,7 @@
 //! Line charts as SVG (plotters): one line per run, axes labelled, a legend. SVG text needs
 //! no font files, so the charts render the same on any machine.
 
-use crate::report::human_bytes;
+use crate::summary::human_bytes;
 use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
 use plotters::prelude::*;
 use std::path::Path;

@@ -7,16 +7,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 
 fn mnist_dir() -> PathBuf {
-    let root = std::env::var_os("GYM_DATA_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"));
-    let dir = root.join("mnist");
-    assert!(
-        dir.is_dir(),
-        "MNIST not found at {}: set GYM_DATA_DIR",
-        dir.display()
-    );
-    dir
+    tests::shared_data("mnist")
 }
 
 fn argv(words: &[&str]) -> Vec<OsString> {
@@ -46,7 +37,7 @@ fn one_command_compares_five_strategies_under_identical_conditions() {
     std::fs::write(
         &config,
         "num_nodes = 4\nmax_steps = 50\nbatch_size = 16\nval_size = 64\nval_interval = 3\n\
-         correlation_interval = 3\ninner_steps = 3\nno_progress = true\n\
+         correlation_interval = 3\nsync_interval = 3\nno_progress = true\n\
          strategies = [\"allreduce\", \"diloco\", \"sparta\", \"fedavg\", \"demo\"]\n\
          [overrides.demo]\nlr = 1e-3\n",
     )

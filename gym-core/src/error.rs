@@ -76,6 +76,15 @@ pub enum GymError {
         /// The offending value.
         loss: f64,
     },
+    /// The model draws from the backend's process-wide random generator during a training
+    /// forward pass, as Burn's `Dropout` does. Nodes run concurrently, so its draws would
+    /// depend on thread timing and the run would not be reproducible from its seed.
+    #[error(
+        "the model draws from the backend's shared random generator in a training forward pass \
+         (as burn::nn::Dropout does), so its results would depend on thread timing; \
+         use gym_core::Dropout, which draws from each node's own stream"
+    )]
+    SharedRandomness,
     /// A collective failed.
     #[error(transparent)]
     Collective(#[from] CollectiveError),

@@ -5,12 +5,13 @@
 //! re-creation of EXO Gym on Burn.
 //!
 //! Reading top-down, the data path of a run is:
-//! [`Trainer::fit`] validates the [`TrainerConfig`], builds one replica per node and runs
-//! every node on its own thread; each node's loop evaluates, accumulates gradients over
-//! minibatches into one flat buffer ([`ParamLayout`]), and hands them to its
-//! [`Strategy`], which communicates through a [`Collective`] (where all bytes are
-//! counted) and steps its optimizer; the [`metrics`] recorder turns the nodes' reports into
-//! records, CSV logs and a progress bar.
+//! [`Trainer::fit`] checks the [`TrainerConfig`] and resolves it into the node loop's plan,
+//! builds one replica and one [`Strategy`] per node (from a [`StrategyConfig`], a value),
+//! and runs every node on its own thread; each node's loop evaluates, accumulates gradients
+//! over minibatches into one flat buffer ([`ParamLayout`]), and hands them with its
+//! [`Replica`] to its strategy, which communicates through a [`Collective`] (where all bytes
+//! are counted) and steps Burn's optimizers ([`optim`]); the [`metrics`] recorder turns the
+//! nodes' reports into records, CSV logs and a progress bar.
 //!
 //! Library code never names a backend: it takes a Burn [`Device`](burn::tensor::Device).
 
@@ -19,12 +20,15 @@
 pub mod batch;
 pub mod collective;
 mod data;
+mod dropout;
 pub mod error;
 pub mod metrics;
 mod model;
 mod node;
 pub mod optim;
 pub mod params;
+mod plan;
+mod replica;
 pub mod rng;
 mod strategy;
 mod trainer;
@@ -32,13 +36,15 @@ mod trainer;
 pub use batch::{ImageBatch, TokenBatch};
 pub use collective::{Collective, CommStats, Group, InProcessCollective, InProcessGroup, ReduceOp};
 pub use data::{DistributedSampler, NodeData, SharedDataset, Split};
+pub use dropout::Dropout;
 pub use error::{CollectiveError, GymError, Result};
-pub use metrics::{CorrelationRecord, RunReport, RunSummary, TrainRecord, ValRecord};
+pub use metrics::{CorrelationRecord, RunReport, TrainRecord, ValRecord};
 pub use model::{EvalMetrics, TrainModel};
 pub use optim::{
-    AdamSpec, AdamWSpec, InnerOptimizer, InnerOptimizerConfig, LrScheduleConfig, OptimizerSpec,
-    SgdSpec,
+    InnerOptimizer, InnerOptimizerConfig, LrScheduleConfig, OptimizerConfig, OptimizerGroup,
+    ParamSelection,
 };
 pub use params::{ParamEntry, ParamLayout};
+pub use replica::{ModelReplica, Replica};
 pub use strategy::{NodeInfo, StepContext, Strategy, StrategyConfig};
 pub use trainer::{FitOutput, Trainer, TrainerConfig};

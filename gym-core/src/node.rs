@@ -7,9 +7,10 @@ use crate::error::{GymError, Result};
 use crate::metrics::{EvalKind, NodeStep, Recorder, mean_pairwise_correlation};
 use crate::model::{EvalMetrics, TrainModel};
 use crate::params::ParamLayout;
+use crate::plan::RunPlan;
+use crate::replica::ModelReplica;
 use crate::rng;
-use crate::strategy::{NodeInfo, StepContext, Strategy, StrategyConfig};
-use crate::trainer::TrainerConfig;
+use crate::strategy::{StepContext, Strategy};
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::Dataset;
 use burn::tensor::{Device, Tensor};
@@ -17,13 +18,18 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 /// What every node of a run shares (read-only).
-pub(crate) struct NodeShared<'a, B, S> {
-    pub config: &'a TrainerConfig,
-    pub max_steps: usize,
+pub(crate) struct NodeShared<'a, B> {
+    pub plan: RunPlan,
     pub devices: &'a [Device],
     pub recorder: &'a Recorder,
     pub batcher: &'a B,
-    pub strategy: &'a S,
+}
+
+/// What one node starts from, built by the trainer.
+pub(crate) struct NodeStart<M, I> {
+    pub replica: ModelReplica<M>,
+    pub strategy: Box<dyn Strategy>,
+    pub view: NodeView<I>,
 }
 
 /// What a node hands back.
@@ -37,57 +43,51 @@ pub(crate) struct NodeOutcome<M> {
 }
 
 /// Runs node `rank` to the end. `current_step` tells the trainer where a failure happened.
-pub(crate) fn run_node<M, I, B, S>(
+pub(crate) fn run_node<M, I, B>(
     rank: usize,
-    mut model: M,
-    view: NodeView<I>,
-    shared: &NodeShared<'_, B, S>,
+    start: NodeStart<M, I>,
+    shared: &NodeShared<'_, B>,
     comm: InProcessCollective,
     current_step: &AtomicUsize,
 ) -> Result<NodeOutcome<M>>
 where
     M: TrainModel,
     B: Batcher<I, M::Batch>,
-    S: StrategyConfig,
 {
-    let cfg = shared.config;
-    let k = cfg.num_nodes;
+    let NodeStart {
+        mut replica,
+        mut strategy,
+        view,
+    } = start;
+    let plan = shared.plan;
     let device = &shared.devices[rank];
-    rng::seed_node(cfg.seed, rank);
-    let layout = ParamLayout::trainable(&model);
-    let mut strategy = shared.strategy.init(&NodeInfo {
-        rank,
-        world_size: k,
-        max_steps: shared.max_steps,
-        seed: cfg.seed,
-        device,
-        layout: &layout,
-        initial_params: layout.flatten(&model),
-    })?;
+    rng::seed_node(plan.seed, rank);
+    let layout = replica.layout().clone();
     let eval = Evaluator {
         rank,
         comm: comm.observer(),
         val: &*view.val,
-        minibatch: cfg.effective_minibatch(),
+        minibatch: plan.minibatch,
         batcher: shared.batcher,
         device: device.clone().inner(),
         recorder: shared.recorder,
     };
-    let subset = validation_indices(view.val.len(), Some(cfg.val_size), cfg.seed);
+    let subset = validation_indices(view.val.len(), Some(plan.val_size), plan.seed);
     let mut loader = NodeLoader::new(view.train, view.sampler);
-    let minibatch = cfg.effective_minibatch();
-    let accumulation = cfg.batch_size / minibatch;
 
-    for step in 0..shared.max_steps {
+    for step in 0..plan.max_steps {
         current_step.store(step, Ordering::SeqCst);
-        if cfg.val_size > 0 && step % cfg.val_interval == 0 {
-            eval.evaluate(step, &model, &layout, &subset)?;
+        if plan.evaluates_before(step) {
+            eval.evaluate(step, replica.model(), &layout, &subset)?;
         }
         let compute_start = Instant::now();
+        let model = replica.model();
         let mut grads: Option<Tensor<1>> = None;
         let mut loss_sum = 0.0;
-        for _ in 0..accumulation {
-            let batch = shared.batcher.batch(loader.next_items(minibatch)?, device);
+        for _ in 0..plan.accumulation {
+            let batch = shared
+                .batcher
+                .batch(loader.next_items(plan.minibatch)?, device);
             let loss = model.loss(&batch);
             let value = loss.clone().into_scalar::<f64>();
             if !value.is_finite() {
@@ -95,50 +95,50 @@ where
             }
             loss_sum += value;
             let mut backward = loss.backward();
-            let g = layout.flatten_grads(&model, &mut backward);
+            let g = layout.flatten_grads(model, &mut backward);
             grads = Some(match grads {
                 None => g,
                 Some(acc) => acc + g,
             });
         }
         let mut grads = grads.expect("at least one minibatch");
-        if accumulation > 1 {
-            grads = grads.div_scalar(accumulation as f64);
+        if plan.accumulation > 1 {
+            grads = grads.div_scalar(plan.accumulation as f64);
         }
         let compute_s = compute_start.elapsed().as_secs_f64();
         let strategy_start = Instant::now();
         let mut ctx = StepContext {
             rank,
-            world_size: k,
+            world_size: plan.num_nodes,
             step,
-            max_steps: shared.max_steps,
+            max_steps: plan.max_steps,
             collective: &comm,
             layout: &layout,
         };
-        model = strategy.step(model, grads, &mut ctx)?;
+        strategy.step(&mut replica, grads, &mut ctx)?;
+        replica.flush();
         shared.recorder.train_step(
             rank,
             step,
             NodeStep {
-                loss: loss_sum / accumulation as f64,
+                loss: loss_sum / plan.accumulation as f64,
                 lr: strategy.lr(),
                 comm: comm.stats(),
                 compute_s,
                 strategy_s: strategy_start.elapsed().as_secs_f64(),
             },
         );
-        if let Some(every) = cfg.correlation_interval
-            && (step + 1) % every == 0
-        {
-            correlate(rank, step + 1, &model, &eval.comm, shared.recorder)?;
+        if plan.correlates_after(step) {
+            correlate(rank, step + 1, replica.model(), &eval.comm, shared.recorder)?;
         }
     }
-    current_step.store(shared.max_steps, Ordering::SeqCst);
+    current_step.store(plan.max_steps, Ordering::SeqCst);
+    let model = replica.into_model();
     let master = match strategy.master_params() {
         Some(flat) if rank == 0 => Some(layout.load(model.clone(), flat)),
         _ => None,
     };
-    let final_model = eval.finish(shared.max_steps, model)?;
+    let final_model = eval.finish(plan.max_steps, model)?;
     Ok(NodeOutcome {
         final_model,
         master,

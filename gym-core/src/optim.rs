@@ -1,175 +1,231 @@
-//! Inner optimizers, learning-rate schedules and gradient clipping, on Burn's own
-//! optimizers and schedulers.
+//! Each node's own optimizer: Burn's optimizers as they are, optionally one per parameter
+//! group, a learning-rate schedule and global-norm gradient clipping.
+//!
+//! Nothing here re-implements an optimizer. [`OptimizerConfig`] holds Burn's own
+//! configuration (`AdamWConfig`, `SgdConfig`, `MuonConfig`, `LionConfig`, …), and
+//! [`InnerOptimizerConfig`] builds Burn's `ModuleOptimizer` from it, with a group per
+//! [`OptimizerGroup`] (Burn's `ModuleOptimizer::with_group`) and a schedule per group
+//! (Burn's `ModuleLrSchedulerConfig::with_group`). Burn's optimizers take the learning rate at
+//! every step rather than in their configuration, so the learning rate lives here.
 
 use crate::error::{GymError, Result};
-use crate::params::ParamLayout;
+use crate::params::{ParamEntry, ParamLayout};
+use crate::replica::Replica;
 use burn::config::Config;
-use burn::module::Module;
+use burn::module::{ParamGroup, ParamId};
 use burn::optim::decay::WeightDecayConfig;
 use burn::optim::lr_scheduler::LrSchedulerConfig;
 use burn::optim::lr_scheduler::cosine::CosineAnnealingLrSchedulerConfig;
 use burn::optim::lr_scheduler::linear::LinearLrSchedulerConfig;
-use burn::optim::lr_scheduler::module_lr_scheduler::ModuleLrScheduler;
+use burn::optim::lr_scheduler::module_lr_scheduler::{ModuleLrScheduler, ModuleLrSchedulerConfig};
 use burn::optim::lr_scheduler::sequential::SequentialLrSchedulerConfig;
 use burn::optim::momentum::MomentumConfig;
-use burn::optim::{AdamConfig, AdamWConfig, ModuleOptimizer, SgdConfig};
+use burn::optim::{
+    AdaGradConfig, AdafactorConfig, AdamConfig, AdamWConfig, AdanConfig, LambConfig, LionConfig,
+    ModuleOptimizer, MuonConfig, RmsPropConfig, SgdConfig,
+};
 use burn::tensor::Tensor;
 
-/// AdamW, with PyTorch's defaults (lr 1e-3, betas 0.9/0.999, eps 1e-8, weight decay 0.01).
-#[derive(Config, Debug, PartialEq)]
-pub struct AdamWSpec {
-    /// Learning rate (the schedule's base).
-    #[config(default = 1e-3)]
-    pub lr: f64,
-    /// First-moment decay.
-    #[config(default = 0.9)]
-    pub beta_1: f32,
-    /// Second-moment decay.
-    #[config(default = 0.999)]
-    pub beta_2: f32,
-    /// Added to the denominator for stability.
-    #[config(default = 1e-8)]
-    pub epsilon: f32,
-    /// Decoupled weight decay.
-    #[config(default = 0.01)]
-    pub weight_decay: f32,
-}
-
-/// Adam, with PyTorch's defaults (lr 1e-3, betas 0.9/0.999, eps 1e-8, no weight decay).
-#[derive(Config, Debug, PartialEq)]
-pub struct AdamSpec {
-    /// Learning rate (the schedule's base).
-    #[config(default = 1e-3)]
-    pub lr: f64,
-    /// First-moment decay.
-    #[config(default = 0.9)]
-    pub beta_1: f32,
-    /// Second-moment decay.
-    #[config(default = 0.999)]
-    pub beta_2: f32,
-    /// Added to the denominator for stability.
-    #[config(default = 1e-8)]
-    pub epsilon: f32,
-    /// L2 penalty added to the gradient.
-    #[config(default = 0.0)]
-    pub weight_decay: f32,
-}
-
-/// SGD with optional momentum and Nesterov, with PyTorch's defaults (lr 1e-3, no momentum,
-/// dampening 0; Burn's own momentum dampening defaults to 0.1, which is not used here).
-#[derive(Config, Debug, PartialEq)]
-pub struct SgdSpec {
-    /// Learning rate (the schedule's base).
-    #[config(default = 1e-3)]
-    pub lr: f64,
-    /// Momentum factor; 0 disables momentum.
-    #[config(default = 0.0)]
-    pub momentum: f64,
-    /// Dampening of the momentum buffer.
-    #[config(default = 0.0)]
-    pub dampening: f64,
-    /// Nesterov momentum.
-    #[config(default = false)]
-    pub nesterov: bool,
-    /// L2 penalty added to the gradient.
-    #[config(default = 0.0)]
-    pub weight_decay: f32,
-}
-
-/// Which optimizer a node runs, and its hyper-parameters (the original's `OptimSpec`).
-#[derive(Config, Debug, PartialEq)]
-pub enum OptimizerSpec {
-    /// [`AdamWSpec`].
-    AdamW(AdamWSpec),
-    /// [`AdamSpec`].
-    Adam(AdamSpec),
-    /// [`SgdSpec`].
-    Sgd(SgdSpec),
-}
-
-impl Default for OptimizerSpec {
-    fn default() -> Self {
-        OptimizerSpec::AdamW(AdamWSpec::new())
+/// Checks that `value`, the setting called `field`, is a usable learning rate.
+pub fn check_learning_rate(field: &str, value: f64) -> Result<()> {
+    if value.is_finite() && value > 0.0 {
+        Ok(())
+    } else {
+        Err(GymError::InvalidConfig(format!(
+            "`{field}` must be a positive, finite learning rate, got {value}"
+        )))
     }
 }
 
-impl OptimizerSpec {
-    /// The optimizer named `name` (`adamw`, `adam`, `sgd`, any case) with its defaults.
-    pub fn from_name(name: &str) -> Result<Self> {
-        match name.to_ascii_lowercase().as_str() {
-            "adamw" => Ok(OptimizerSpec::AdamW(AdamWSpec::new())),
-            "adam" => Ok(OptimizerSpec::Adam(AdamSpec::new())),
-            "sgd" => Ok(OptimizerSpec::Sgd(SgdSpec::new())),
-            other => Err(GymError::InvalidConfig(format!(
-                "unknown optimizer `{other}` (expected adamw, adam or sgd)"
-            ))),
+macro_rules! burn_optimizers {
+    ($($variant:ident($config:ident) => $name:literal),* $(,)?) => {
+        /// One of Burn's optimizers, configured by Burn's own configuration type.
+        ///
+        /// Every Burn configuration converts into it (`AdamWConfig::new().into()`). Burn's
+        /// defaults are Burn's: [`OptimizerConfig::adamw`], [`OptimizerConfig::adam`] and
+        /// [`OptimizerConfig::sgd_momentum`] give PyTorch's instead, which the original relies
+        /// on. Clip gradients with [`InnerOptimizerConfig::max_norm`] (one global norm, as
+        /// PyTorch's `clip_grad_norm_`); a `grad_clipping` set in Burn's configuration is
+        /// refused rather than silently applied per tensor.
+        #[derive(Config, Debug)]
+        pub enum OptimizerConfig {
+            $(
+                #[doc = concat!("Burn's `", stringify!($config), "`.")]
+                $variant($config),
+            )*
         }
+
+        $(
+            impl From<$config> for OptimizerConfig {
+                fn from(config: $config) -> Self {
+                    OptimizerConfig::$variant(config)
+                }
+            }
+        )*
+
+        impl OptimizerConfig {
+            /// The optimizer's name, e.g. `adamw`.
+            pub fn name(&self) -> &'static str {
+                match self {
+                    $(OptimizerConfig::$variant(_) => $name,)*
+                }
+            }
+
+            /// Burn's optimizer for a whole module.
+            pub fn init(&self) -> ModuleOptimizer {
+                match self {
+                    $(OptimizerConfig::$variant(c) => ModuleOptimizer::from(c.build()),)*
+                }
+            }
+
+            /// `optim` with this optimizer for the parameters of `group`.
+            fn add_group(&self, optim: ModuleOptimizer, group: ParamGroup) -> ModuleOptimizer {
+                match self {
+                    $(OptimizerConfig::$variant(c) => optim.with_group(group, c.build(), None),)*
+                }
+            }
+
+            /// Burn's configuration as JSON (its fields are private to Burn).
+            fn settings(&self) -> serde_json::Value {
+                match self {
+                    $(OptimizerConfig::$variant(c) => serde_json::to_value(c).unwrap_or_default(),)*
+                }
+            }
+        }
+    };
+}
+
+burn_optimizers! {
+    Sgd(SgdConfig) => "sgd",
+    Adam(AdamConfig) => "adam",
+    AdamW(AdamWConfig) => "adamw",
+    AdaGrad(AdaGradConfig) => "adagrad",
+    RmsProp(RmsPropConfig) => "rmsprop",
+    Lion(LionConfig) => "lion",
+    Lamb(LambConfig) => "lamb",
+    Adan(AdanConfig) => "adan",
+    Adafactor(AdafactorConfig) => "adafactor",
+    Muon(MuonConfig) => "muon",
+}
+
+impl OptimizerConfig {
+    /// AdamW with PyTorch's defaults (betas 0.9/0.999, ε 1e-8, weight decay 0.01), which
+    /// the original relies on. Burn's `AdamWConfig::new()` has ε 1e-5 and weight decay 1e-4.
+    pub fn adamw() -> Self {
+        AdamWConfig::new()
+            .with_epsilon(1e-8)
+            .with_weight_decay(0.01)
+            .into()
     }
 
-    /// The base learning rate.
-    pub fn lr(&self) -> f64 {
+    /// Adam with PyTorch's defaults (betas 0.9/0.999, ε 1e-8, no weight decay). Burn's
+    /// `AdamConfig::new()` has ε 1e-5.
+    pub fn adam() -> Self {
+        AdamConfig::new().with_epsilon(1e-8).into()
+    }
+
+    /// Plain SGD: no momentum, no weight decay (PyTorch's and Burn's default).
+    pub fn sgd() -> Self {
+        SgdConfig::new().into()
+    }
+
+    /// SGD with momentum and PyTorch's dampening 0. Burn's `MomentumConfig::new()` has
+    /// dampening 0.1, which would scale every gradient after the first by 0.9.
+    pub fn sgd_momentum(momentum: f64, nesterov: bool) -> Self {
+        SgdConfig::new()
+            .with_momentum(Some(
+                MomentumConfig::new()
+                    .with_momentum(momentum)
+                    .with_dampening(0.0)
+                    .with_nesterov(nesterov),
+            ))
+            .into()
+    }
+
+    /// The same optimizer with decoupled (AdamW, Lion, LAMB, Adan, Adafactor) or L2 (the
+    /// others) weight decay `weight_decay`, through Burn's own setters.
+    pub fn with_weight_decay(self, weight_decay: f32) -> Self {
+        let l2 = (weight_decay != 0.0).then(|| WeightDecayConfig::new(weight_decay));
         match self {
-            OptimizerSpec::AdamW(s) => s.lr,
-            OptimizerSpec::Adam(s) => s.lr,
-            OptimizerSpec::Sgd(s) => s.lr,
+            OptimizerConfig::Sgd(c) => c.with_weight_decay(l2).into(),
+            OptimizerConfig::Adam(c) => c.with_weight_decay(l2).into(),
+            OptimizerConfig::AdamW(c) => c.with_weight_decay(weight_decay).into(),
+            OptimizerConfig::AdaGrad(c) => c.with_weight_decay(l2).into(),
+            OptimizerConfig::RmsProp(c) => c.with_weight_decay(l2).into(),
+            OptimizerConfig::Lion(c) => c.with_weight_decay(weight_decay).into(),
+            OptimizerConfig::Lamb(c) => c.with_weight_decay(weight_decay).into(),
+            OptimizerConfig::Adan(c) => c.with_weight_decay(weight_decay).into(),
+            OptimizerConfig::Adafactor(c) => c.with_weight_decay(weight_decay).into(),
+            OptimizerConfig::Muon(c) => c.with_weight_decay(l2).into(),
         }
     }
 
-    /// The same optimizer with another base learning rate.
-    pub fn with_lr(mut self, lr: f64) -> Self {
-        match &mut self {
-            OptimizerSpec::AdamW(s) => s.lr = lr,
-            OptimizerSpec::Adam(s) => s.lr = lr,
-            OptimizerSpec::Sgd(s) => s.lr = lr,
+    /// Checks what Burn would only find out in a step: a per-tensor gradient clipping set
+    /// in Burn's configuration (use [`InnerOptimizerConfig::max_norm`]).
+    fn validate(&self, field: &str) -> Result<()> {
+        let settings = self.settings();
+        for key in ["grad_clipping", "gradient_clipping"] {
+            if settings.get(key).is_some_and(|v| !v.is_null()) {
+                return Err(GymError::InvalidConfig(format!(
+                    "`{field}` ({}): Burn's per-tensor `{key}` is not applied here; \
+                     clip with `max_norm` (one global norm, as PyTorch's clip_grad_norm_)",
+                    self.name()
+                )));
+            }
         }
-        self
-    }
-
-    /// The same optimizer with another weight decay (decoupled for AdamW, L2 otherwise).
-    pub fn with_weight_decay(mut self, weight_decay: f32) -> Self {
-        match &mut self {
-            OptimizerSpec::AdamW(s) => s.weight_decay = weight_decay,
-            OptimizerSpec::Adam(s) => s.weight_decay = weight_decay,
-            OptimizerSpec::Sgd(s) => s.weight_decay = weight_decay,
-        }
-        self
-    }
-
-    /// Builds Burn's optimizer. The learning rate is not part of it: it is passed at every
-    /// step, by an [`InnerOptimizer`]'s schedule or by the caller.
-    pub fn build(&self) -> ModuleOptimizer {
-        match self {
-            OptimizerSpec::AdamW(s) => AdamWConfig::new()
-                .with_beta_1(s.beta_1)
-                .with_beta_2(s.beta_2)
-                .with_epsilon(s.epsilon)
-                .with_weight_decay(s.weight_decay)
-                .init(),
-            OptimizerSpec::Adam(s) => AdamConfig::new()
-                .with_beta_1(s.beta_1)
-                .with_beta_2(s.beta_2)
-                .with_epsilon(s.epsilon)
-                .with_weight_decay(
-                    (s.weight_decay != 0.0).then(|| WeightDecayConfig::new(s.weight_decay)),
-                )
-                .init(),
-            OptimizerSpec::Sgd(s) => SgdConfig::new()
-                .with_momentum((s.momentum != 0.0).then(|| {
-                    MomentumConfig::new()
-                        .with_momentum(s.momentum)
-                        .with_dampening(s.dampening)
-                        .with_nesterov(s.nesterov)
-                }))
-                .with_weight_decay(
-                    (s.weight_decay != 0.0).then(|| WeightDecayConfig::new(s.weight_decay)),
-                )
-                .init(),
-        }
+        Ok(())
     }
 }
 
-/// A learning-rate schedule relative to the optimizer's base lr (the original's
-/// `lambda_cosine`), built from Burn's linear, cosine-annealing and constant schedulers.
+/// Which parameters an [`OptimizerGroup`] holds: those of rank `rank` (when set) whose
+/// module path matches Burn's `ParamGroup` `paths` (when set).
+///
+/// Paths are Burn's: module field names joined by dots (`fc1.weight`, `blocks.0.attn.c_attn.weight`),
+/// as [`ParamEntry::path`] reports them.
+#[derive(Config, Debug)]
+pub struct ParamSelection {
+    /// Only parameters with this many dimensions.
+    pub rank: Option<usize>,
+    /// Only parameters whose path (or id) Burn's group matches, e.g.
+    /// `ParamGroup::all().exclude(ParamGroup::from_predicate("wte"))`.
+    pub paths: Option<ParamGroup>,
+}
+
+impl ParamSelection {
+    /// Every 2-D parameter (weight matrices and embedding tables): what Muon optimizes.
+    pub fn matrices() -> Self {
+        ParamSelection::new().with_rank(Some(2))
+    }
+
+    /// The parameters Burn's `group` matches.
+    pub fn paths(group: ParamGroup) -> Self {
+        ParamSelection::new().with_paths(Some(group))
+    }
+
+    /// Whether `entry` belongs to the selection.
+    pub fn selects(&self, entry: &ParamEntry) -> bool {
+        self.rank.is_none_or(|r| entry.shape.len() == r)
+            && self
+                .paths
+                .as_ref()
+                .is_none_or(|g| g.matches(&entry.id, Some(&entry.path)))
+    }
+}
+
+/// Parameters stepped by their own optimizer, at their own base learning rate (scheduled
+/// like the others).
+#[derive(Config, Debug)]
+pub struct OptimizerGroup {
+    /// The parameters.
+    pub params: ParamSelection,
+    /// Their optimizer.
+    pub optimizer: OptimizerConfig,
+    /// Their base learning rate (default: [`InnerOptimizerConfig::lr`]).
+    pub lr: Option<f64>,
+}
+
+/// A learning-rate schedule around a base learning rate (the original's `lambda_cosine`),
+/// built from Burn's linear, cosine-annealing and constant schedulers.
 ///
 /// With base lr `η`, warmup `W` and `T` total steps, the lr used at step `t` is:
 /// * `t < W`: `η·(t+1)/W` — linear warmup reaching `η` at `t = W−1`. (The original starts
@@ -191,20 +247,21 @@ pub struct LrScheduleConfig {
 }
 
 impl LrScheduleConfig {
-    /// Builds Burn's scheduler for `base_lr` over `total_steps` steps.
-    pub fn init(&self, base_lr: f64, total_steps: usize) -> Result<ModuleLrScheduler> {
-        let bad = |why: String| GymError::InvalidConfig(format!("learning-rate schedule: {why}"));
-        if !(base_lr.is_finite() && base_lr > 0.0) {
-            return Err(bad(format!(
-                "the learning rate must be positive, got {base_lr}"
-            )));
-        }
+    /// Checks the schedule's own settings.
+    pub fn validate(&self) -> Result<()> {
         if !(0.0..=1.0).contains(&self.min_lr_factor) {
-            return Err(bad(format!(
-                "min_lr_factor must be in [0, 1], got {}",
+            return Err(GymError::InvalidConfig(format!(
+                "`min_lr_factor` must be in [0, 1], got {}",
                 self.min_lr_factor
             )));
         }
+        Ok(())
+    }
+
+    /// Burn's scheduler configuration for `base_lr` over `total_steps` steps.
+    pub fn scheduler(&self, base_lr: f64, total_steps: usize) -> Result<LrSchedulerConfig> {
+        check_learning_rate("lr", base_lr)?;
+        self.validate()?;
         let main = if self.cosine {
             LrSchedulerConfig::Cosine(
                 CosineAnnealingLrSchedulerConfig::new(
@@ -216,7 +273,7 @@ impl LrScheduleConfig {
         } else {
             LrSchedulerConfig::Constant(base_lr)
         };
-        let config = match self.warmup_steps {
+        Ok(LrSchedulerConfig::Sequential(match self.warmup_steps {
             0 => SequentialLrSchedulerConfig::new(vec![main], vec![]),
             // One warmup step runs at the full rate (η·1/1).
             1 => SequentialLrSchedulerConfig::new(
@@ -227,34 +284,126 @@ impl LrScheduleConfig {
                 let warmup = LinearLrSchedulerConfig::new(base_lr / w as f64, base_lr, w - 1);
                 SequentialLrSchedulerConfig::new(vec![warmup.into(), main], vec![w])
             }
-        };
-        config.init().map_err(bad)
+        }))
+    }
+
+    /// Burn's scheduler for `base_lr` over `total_steps` steps.
+    pub fn init(&self, base_lr: f64, total_steps: usize) -> Result<ModuleLrScheduler> {
+        ModuleLrSchedulerConfig::new(self.scheduler(base_lr, total_steps)?)
+            .init()
+            .map_err(|why| GymError::InvalidConfig(format!("learning-rate schedule: {why}")))
     }
 }
 
 /// What a node's own optimizer does each step: clip the gradient's global norm, then step
-/// the optimizer with the scheduled learning rate.
-#[derive(Config, Debug, PartialEq)]
+/// Burn's optimizer at the scheduled learning rate.
+///
+/// ```
+/// use burn::optim::{LionConfig, MuonConfig};
+/// use gym_core::{InnerOptimizerConfig, OptimizerGroup, ParamSelection};
+///
+/// // AdamW with PyTorch's defaults (the default), lr 3e-4.
+/// let adamw = InnerOptimizerConfig::new().with_lr(3e-4);
+/// // Any other Burn optimizer.
+/// let lion = InnerOptimizerConfig::new().with_optimizer(LionConfig::new().into()).with_lr(1e-4);
+/// // Muon for the weight matrices at lr 0.02, AdamW for the rest at lr 3e-4.
+/// let muon = InnerOptimizerConfig::new().with_lr(3e-4).with_group(
+///     OptimizerGroup::new(ParamSelection::matrices(), MuonConfig::new().into()).with_lr(Some(0.02)),
+/// );
+/// # let _ = (adamw, lion, muon);
+/// ```
+#[derive(Config, Debug)]
 pub struct InnerOptimizerConfig {
-    /// The optimizer (default AdamW with PyTorch's defaults).
-    #[config(default = "OptimizerSpec::default()")]
-    pub optimizer: OptimizerSpec,
-    /// Learning-rate schedule around the optimizer's lr.
+    /// The optimizer of every parameter no group holds (default AdamW, PyTorch's defaults).
+    #[config(default = "OptimizerConfig::adamw()")]
+    pub optimizer: OptimizerConfig,
+    /// Base learning rate of the schedule.
+    #[config(default = 1e-3)]
+    pub lr: f64,
+    /// Learning-rate schedule around `lr` (and around each group's own lr).
     #[config(default = "LrScheduleConfig::new()")]
     pub schedule: LrScheduleConfig,
     /// Clip the gradient to this global L2 norm before each step.
-    #[config(default = "None")]
     pub max_norm: Option<f64>,
+    /// Parameters with their own optimizer; where groups overlap, the last one wins (as
+    /// Burn's `ModuleOptimizer::with_group`).
+    #[config(default = "Vec::new()")]
+    pub groups: Vec<OptimizerGroup>,
 }
 
 impl InnerOptimizerConfig {
-    /// Builds the optimizer for a run of `total_steps` steps.
-    pub fn init(&self, total_steps: usize) -> Result<InnerOptimizer> {
+    /// Appends a parameter group.
+    pub fn with_group(mut self, group: OptimizerGroup) -> Self {
+        self.groups.push(group);
+        self
+    }
+
+    /// Checks every setting that does not depend on the model.
+    pub fn validate(&self) -> Result<()> {
+        check_learning_rate("lr", self.lr)?;
+        if let Some(max_norm) = self.max_norm
+            && !(max_norm.is_finite() && max_norm > 0.0)
+        {
+            return Err(GymError::InvalidConfig(format!(
+                "`max_norm` must be positive and finite, got {max_norm}"
+            )));
+        }
+        self.schedule.validate()?;
+        self.optimizer.validate("optimizer")?;
+        for (i, g) in self.groups.iter().enumerate() {
+            if let Some(lr) = g.lr {
+                check_learning_rate(&format!("groups[{i}].lr"), lr)?;
+            }
+            g.optimizer.validate(&format!("groups[{i}].optimizer"))?;
+        }
+        Ok(())
+    }
+
+    /// Builds the optimizer of a node whose trainable parameters are `layout`, for a run of
+    /// `total_steps` steps.
+    pub fn init(&self, layout: &ParamLayout, total_steps: usize) -> Result<InnerOptimizer> {
+        self.validate()?;
+        let entries = layout.entries();
+        let mut optim = self.optimizer.init();
+        let mut schedule =
+            ModuleLrSchedulerConfig::new(self.schedule.scheduler(self.lr, total_steps)?);
+        // The optimizer each parameter ends up with, to refuse what Burn would panic on.
+        let mut owner: Vec<&OptimizerConfig> = vec![&self.optimizer; entries.len()];
+        for (i, g) in self.groups.iter().enumerate() {
+            let mut ids: Vec<ParamId> = Vec::new();
+            for (j, e) in entries.iter().enumerate() {
+                if g.params.selects(e) {
+                    ids.push(e.id);
+                    owner[j] = &g.optimizer;
+                }
+            }
+            if ids.is_empty() {
+                return Err(GymError::InvalidConfig(format!(
+                    "`groups[{i}]` ({}) selects no trainable parameter of the model",
+                    g.optimizer.name()
+                )));
+            }
+            let group = ParamGroup::from_ids(ids);
+            optim = g.optimizer.add_group(optim, group.clone());
+            let lr = g.lr.unwrap_or(self.lr);
+            schedule = schedule.with_group(group, self.schedule.scheduler(lr, total_steps)?);
+        }
+        for (e, o) in entries.iter().zip(owner) {
+            if matches!(o, OptimizerConfig::Muon(_)) && e.shape.len() != 2 {
+                return Err(GymError::InvalidConfig(format!(
+                    "Muon steps 2-D parameters only, and `{}` has shape {:?}: give Muon a group \
+                     of matrices (`ParamSelection::matrices()`) and another optimizer the rest",
+                    e.path, e.shape
+                )));
+            }
+        }
         Ok(InnerOptimizer {
-            optim: self.optimizer.build(),
-            schedule: self.schedule.init(self.optimizer.lr(), total_steps)?,
+            optim,
+            schedule: schedule
+                .init()
+                .map_err(|why| GymError::InvalidConfig(format!("learning-rate schedule: {why}")))?,
             max_norm: self.max_norm,
-            lr: self.optimizer.lr(),
+            lr: self.lr,
         })
     }
 }
@@ -268,19 +417,19 @@ pub struct InnerOptimizer {
 }
 
 impl InnerOptimizer {
-    /// Clips the flat gradient `grads`, then takes one scheduled optimizer step.
-    pub fn step<M: Module>(&mut self, model: M, grads: Tensor<1>, layout: &ParamLayout) -> M {
+    /// Clips the flat gradient `grads`, then takes one scheduled optimizer step on `replica`.
+    pub fn step(&mut self, replica: &mut dyn Replica, grads: Tensor<1>) {
         let grads = match self.max_norm {
             Some(max_norm) => clip_grad_norm(grads, max_norm),
             None => grads,
         };
         let lr = self.schedule.step();
         self.lr = lr.base();
-        self.optim
-            .step(lr, model, layout.to_gradients_params(grads))
+        replica.optimizer_step(&mut self.optim, lr, grads);
     }
 
-    /// The learning rate of the last step (the base lr before the first).
+    /// The learning rate of the last step (the base lr before the first); with groups, that
+    /// of the parameters no group holds.
     pub fn lr(&self) -> f64 {
         self.lr
     }
@@ -343,18 +492,52 @@ mod tests {
         }
     }
 
+    fn invalid(r: Result<impl Sized>) -> String {
+        match r {
+            Err(GymError::InvalidConfig(s)) => s,
+            Err(e) => panic!("expected InvalidConfig, got {e}"),
+            Ok(_) => panic!("expected InvalidConfig, got a value"),
+        }
+    }
+
     #[test]
-    fn bad_schedules_are_typed_errors() {
-        assert!(matches!(
-            LrScheduleConfig::new().init(0.0, 10),
-            Err(GymError::InvalidConfig(_))
+    fn bad_settings_are_typed_errors_naming_the_field() {
+        assert!(invalid(LrScheduleConfig::new().init(0.0, 10)).contains("`lr`"));
+        assert!(invalid(LrScheduleConfig::new().init(f64::NAN, 10)).contains("NaN"));
+        assert!(
+            invalid(
+                LrScheduleConfig::new()
+                    .with_min_lr_factor(2.0)
+                    .init(0.1, 10)
+            )
+            .contains("min_lr_factor")
+        );
+        assert!(invalid(InnerOptimizerConfig::new().with_lr(-1.0).validate()).contains("`lr`"));
+        assert!(
+            invalid(
+                InnerOptimizerConfig::new()
+                    .with_max_norm(Some(0.0))
+                    .validate()
+            )
+            .contains("max_norm")
+        );
+        let group = OptimizerGroup::new(ParamSelection::matrices(), OptimizerConfig::sgd())
+            .with_lr(Some(f64::INFINITY));
+        assert!(
+            invalid(InnerOptimizerConfig::new().with_group(group).validate())
+                .contains("groups[0].lr")
+        );
+        let clipped = AdamWConfig::new().with_grad_clipping(Some(
+            burn::optim::grad_clipping::GradientClippingConfig::Norm(1.0),
         ));
-        assert!(matches!(
-            LrScheduleConfig::new()
-                .with_min_lr_factor(2.0)
-                .init(0.1, 10),
-            Err(GymError::InvalidConfig(_))
-        ));
+        assert!(
+            invalid(
+                InnerOptimizerConfig::new()
+                    .with_optimizer(clipped.into())
+                    .validate()
+            )
+            .contains("max_norm")
+        );
     }
 
     #[test]
@@ -377,22 +560,21 @@ mod tests {
     }
 
     #[test]
-    fn optimizer_names_and_pytorch_defaults() {
+    fn pytorch_defaults_are_what_the_constructors_say() {
+        let json = |c: OptimizerConfig| c.settings();
+        let adamw = json(OptimizerConfig::adamw());
+        let f32_of = |key: &str| adamw[key].as_f64().map(|x| x as f32);
         assert_eq!(
-            OptimizerSpec::from_name("AdamW").unwrap(),
-            OptimizerSpec::default()
+            ["beta_1", "beta_2", "epsilon", "weight_decay"].map(f32_of),
+            [Some(0.9), Some(0.999), Some(1e-8), Some(0.01)]
         );
-        assert!(OptimizerSpec::from_name("lion").is_err());
-        let OptimizerSpec::AdamW(a) = OptimizerSpec::default() else {
-            unreachable!()
-        };
-        assert_eq!(
-            (a.lr, a.beta_1, a.beta_2, a.epsilon, a.weight_decay),
-            (1e-3, 0.9, 0.999, 1e-8, 0.01)
-        );
-        let OptimizerSpec::Sgd(s) = OptimizerSpec::from_name("sgd").unwrap() else {
-            unreachable!()
-        };
-        assert_eq!((s.momentum, s.dampening, s.nesterov), (0.0, 0.0, false));
+        let sgd = json(OptimizerConfig::sgd_momentum(0.9, true));
+        assert_eq!(sgd["momentum"]["dampening"].as_f64(), Some(0.0));
+        assert_eq!(sgd["momentum"]["nesterov"].as_bool(), Some(true));
+        assert_eq!(OptimizerConfig::from(LionConfig::new()).name(), "lion");
+        let decayed = OptimizerConfig::sgd().with_weight_decay(0.5).settings();
+        assert_eq!(decayed["weight_decay"]["penalty"].as_f64(), Some(0.5));
+        let decayed = OptimizerConfig::adamw().with_weight_decay(0.25).settings();
+        assert_eq!(decayed["weight_decay"].as_f64(), Some(0.25));
     }
 }

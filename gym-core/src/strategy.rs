@@ -3,7 +3,7 @@
 use crate::collective::Collective;
 use crate::error::Result;
 use crate::params::ParamLayout;
-use burn::module::Module;
+use crate::replica::Replica;
 use burn::tensor::{Device, Tensor};
 
 /// What a node knows when its strategy is built.
@@ -40,20 +40,69 @@ pub struct StepContext<'a> {
     pub layout: &'a ParamLayout,
 }
 
-/// A distributed training algorithm, run by every node on its own replica (SPMD), as it
-/// would run on a real cluster.
+/// A distributed training algorithm as one node runs it on its own replica (SPMD), as it
+/// would run on a real cluster. Built once per node by a [`StrategyConfig`].
 ///
-/// A strategy owns the node's optimizer(s) and decides what to communicate. It is built
-/// once per node by its [`StrategyConfig`].
+/// # Why this shape
+///
+/// Strategies are values: a user, the CLI and a comparison hold them in a list
+/// (`Vec<Box<dyn StrategyConfig>>`), pick one at run time and pass it to
+/// [`Trainer::fit`](crate::Trainer::fit), as Burn's `burn-train` holds its learning strategies as
+/// `Arc<dyn …>` values. So both traits are object-safe: nothing in them is generic. The
+/// model's type is what would make them generic; it stays with the node loop, and a
+/// strategy sees the node's model as a [`Replica`] (trainable parameters as one flat buffer,
+/// and Burn's optimizers to step them). Communication is per flat buffer anyway (one
+/// collective call per step, not one per tensor), so nothing is lost, and one strategy value
+/// trains any model.
+///
+/// # Example: a strategy of your own
+///
+/// Averages the parameters every `every` steps, after a plain SGD step:
+///
+/// ```
+/// use burn::tensor::Tensor;
+/// use gym_core::{InnerOptimizer, InnerOptimizerConfig, NodeInfo, OptimizerConfig, ReduceOp};
+/// use gym_core::{Replica, Result, StepContext, Strategy, StrategyConfig};
+///
+/// struct PeriodicAverage { every: usize }
+///
+/// struct PeriodicAverageNode { every: usize, optim: InnerOptimizer }
+///
+/// impl StrategyConfig for PeriodicAverage {
+///     fn name(&self) -> String { "periodic-average".into() }
+///     fn init(&self, node: &NodeInfo<'_>) -> Result<Box<dyn Strategy>> {
+///         let inner = InnerOptimizerConfig::new().with_optimizer(OptimizerConfig::sgd()).with_lr(0.1);
+///         Ok(Box::new(PeriodicAverageNode {
+///             every: self.every,
+///             optim: inner.init(node.layout, node.max_steps)?,
+///         }))
+///     }
+/// }
+///
+/// impl Strategy for PeriodicAverageNode {
+///     fn step(&mut self, replica: &mut dyn Replica, grads: Tensor<1>, ctx: &mut StepContext<'_>) -> Result<()> {
+///         self.optim.step(replica, grads);
+///         if (ctx.step + 1) % self.every == 0 {
+///             let mean = ctx.collective.all_reduce(replica.params(), ReduceOp::Mean)?;
+///             replica.set_params(mean);
+///         }
+///         Ok(())
+///     }
+///     fn lr(&self) -> f64 { self.optim.lr() }
+/// }
+///
+/// let strategies: Vec<Box<dyn StrategyConfig>> = vec![Box::new(PeriodicAverage { every: 10 })];
+/// # let _ = strategies;
+/// ```
 pub trait Strategy: Send {
-    /// Updates `model` with this node's gradient `grads` (flat, following
+    /// Updates `replica` with this node's gradient `grads` (flat, following
     /// [`StepContext::layout`], already averaged over gradient-accumulation minibatches).
-    fn step<M: Module>(
+    fn step(
         &mut self,
-        model: M,
+        replica: &mut dyn Replica,
         grads: Tensor<1>,
         ctx: &mut StepContext<'_>,
-    ) -> Result<M>;
+    ) -> Result<()>;
 
     /// The learning rate of the last step.
     fn lr(&self) -> f64;
@@ -66,17 +115,21 @@ pub trait Strategy: Send {
     }
 }
 
-/// The configuration of a [`Strategy`], from which each node builds its own instance.
+/// A distributed training algorithm as a value: its settings, from which every node builds
+/// its own [`Strategy`]. See [`Strategy`] for why the two traits have this shape.
+///
+/// [`Trainer::fit`](crate::Trainer::fit) builds every node's strategy before any node starts,
+/// so a setting `init` refuses is an error of the run's configuration, not a node failure.
 pub trait StrategyConfig: Send + Sync {
-    /// The strategy it builds.
-    type Strategy: Strategy;
-
     /// A short name for logs and run names, e.g. `allreduce`.
     fn name(&self) -> String;
 
-    /// The configuration as JSON, saved in the run's `config.json`.
-    fn to_json(&self) -> serde_json::Value;
+    /// The settings as JSON, saved in the run's `config.json`.
+    fn to_json(&self) -> serde_json::Value {
+        serde_json::Value::Null
+    }
 
-    /// Builds the strategy of one node.
-    fn init(&self, node: &NodeInfo<'_>) -> Result<Self::Strategy>;
+    /// Builds the strategy of one node; refuses settings it cannot run with
+    /// ([`GymError::InvalidConfig`](crate::GymError::InvalidConfig), naming the setting).
+    fn init(&self, node: &NodeInfo<'_>) -> Result<Box<dyn Strategy>>;
 }

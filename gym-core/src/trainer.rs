@@ -2,14 +2,16 @@
 //! collect the final model and the run's metrics.
 
 use crate::collective::{Collective, InProcessGroup};
-use crate::data::NodeData;
+use crate::data::{NodeData, get_item};
 use crate::error::{GymError, Result};
 use crate::metrics::{CsvLogs, Fingerprint, Recorder, RunReport, default_run_name};
 use crate::model::TrainModel;
-use crate::node::{NodeOutcome, NodeShared, run_node};
+use crate::node::{NodeOutcome, NodeShared, NodeStart, run_node};
 use crate::params::ParamLayout;
+use crate::plan::RunPlan;
+use crate::replica::ModelReplica;
 use crate::rng;
-use crate::strategy::StrategyConfig;
+use crate::strategy::{NodeInfo, StrategyConfig};
 use burn::config::Config;
 use burn::data::dataloader::batcher::Batcher;
 use burn::tensor::Device;
@@ -19,6 +21,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 /// The configuration of a run (the original's `fit` arguments).
+///
+/// The defaults suit a library call: no files are written (`log_dir` unset) and no progress
+/// bar is drawn; the example binaries turn both on.
 #[derive(Config, Debug)]
 pub struct TrainerConfig {
     /// Number of simulated nodes (K).
@@ -27,22 +32,19 @@ pub struct TrainerConfig {
     #[config(default = 1)]
     pub num_epochs: usize,
     /// Steps to run; overrides `num_epochs`, and the data wraps around as needed.
-    #[config(default = "None")]
     pub max_steps: Option<usize>,
     /// Examples per node per optimizer step.
     #[config(default = 16)]
     pub batch_size: usize,
     /// Examples per forward/backward pass; `batch_size / minibatch_size` passes are
     /// accumulated per step. `None`: the whole batch at once.
-    #[config(default = "None")]
     pub minibatch_size: Option<usize>,
     /// Shuffle the training data (a new order every epoch, from the seed).
     #[config(default = true)]
     pub shuffle: bool,
-    /// Validation examples per intermediate evaluation (0: none). The final evaluation
-    /// covers the whole validation set.
-    #[config(default = 64)]
-    pub val_size: usize,
+    /// Validation examples per intermediate evaluation (0: none); unset, four batches'
+    /// worth (`4 · batch_size`). The final evaluation covers the whole validation set.
+    pub val_size: Option<usize>,
     /// Evaluate every this many steps (and at step 0 and at the end).
     #[config(default = 100)]
     pub val_interval: usize,
@@ -50,17 +52,14 @@ pub struct TrainerConfig {
     #[config(default = 42)]
     pub seed: u64,
     /// Name of the run's log folder; default `<strategy>-n<K>-<UTC time>`.
-    #[config(default = "None")]
     pub run_name: Option<String>,
-    /// Where run folders go; `None` writes no files.
-    #[config(default = "Some(String::from(\"logs\"))")]
+    /// Where run folders go (`<log_dir>/<run_name>/`); unset, no file is written.
     pub log_dir: Option<String>,
-    /// Show a progress bar on stderr.
-    #[config(default = true)]
+    /// Draw a progress bar on stderr.
+    #[config(default = false)]
     pub progress: bool,
     /// Every this many steps, log the mean pairwise Pearson correlation of the replicas'
     /// flattened float tensors (spec §2.9; needs 2 nodes or more). `None`: never.
-    #[config(default = "None")]
     pub correlation_interval: Option<usize>,
     /// Threads each node's tensor kernels may use (a pool of its own); 0 lets them spread
     /// over the pool of all node threads.
@@ -74,54 +73,68 @@ impl TrainerConfig {
         self.minibatch_size.unwrap_or(self.batch_size)
     }
 
-    /// Checks what can be checked without the data.
+    /// Validation examples per intermediate evaluation, the default resolved.
+    pub fn effective_val_size(&self) -> usize {
+        self.val_size.unwrap_or(4 * self.batch_size)
+    }
+
+    /// Checks what can be checked without the data, the model and the strategy.
     pub fn validate(&self) -> Result<()> {
         let bad = |s: String| Err(GymError::InvalidConfig(s));
         let mb = self.effective_minibatch();
         if self.num_nodes == 0 {
-            return bad("num_nodes must be at least 1".into());
+            return bad("`num_nodes` must be at least 1".into());
         }
         if self.batch_size == 0 {
-            return bad("batch_size must be at least 1".into());
+            return bad("`batch_size` must be at least 1".into());
         }
         if mb == 0 {
-            return bad("minibatch_size must be at least 1".into());
+            return bad("`minibatch_size` must be at least 1".into());
         }
         if mb > self.batch_size {
             return bad(format!(
-                "minibatch_size ({mb}) is larger than batch_size ({})",
+                "`minibatch_size` ({mb}) is larger than `batch_size` ({})",
                 self.batch_size
             ));
         }
         if !self.batch_size.is_multiple_of(mb) {
             return bad(format!(
-                "batch_size ({}) is not a multiple of minibatch_size ({mb})",
+                "`batch_size` ({}) is not a multiple of `minibatch_size` ({mb})",
                 self.batch_size
             ));
         }
-        if self.val_size > 0 && self.val_size < self.batch_size {
-            return bad(format!(
-                "val_size ({}) is smaller than batch_size ({}); use 0 to skip intermediate evaluations",
-                self.val_size, self.batch_size
-            ));
-        }
         if self.val_interval == 0 {
-            return bad("val_interval must be at least 1".into());
+            return bad("`val_interval` must be at least 1".into());
         }
         if self.max_steps == Some(0) {
-            return bad("max_steps must be at least 1".into());
+            return bad("`max_steps` must be at least 1".into());
         }
         match self.correlation_interval {
-            Some(0) => return bad("correlation_interval must be at least 1".into()),
+            Some(0) => return bad("`correlation_interval` must be at least 1".into()),
             Some(_) if self.num_nodes < 2 => {
-                return bad("correlation_interval needs at least 2 nodes to correlate".into());
+                return bad("`correlation_interval` needs at least 2 nodes to correlate".into());
             }
             _ => {}
         }
         if self.max_steps.is_none() && self.num_epochs == 0 {
-            return bad("num_epochs must be at least 1 when max_steps is not set".into());
+            return bad("`num_epochs` must be at least 1 when `max_steps` is not set".into());
         }
         Ok(())
+    }
+
+    /// The node loop's plan, for shards that hold `steps_per_epoch` batches.
+    fn plan(&self, steps_per_epoch: usize) -> RunPlan {
+        let minibatch = self.effective_minibatch();
+        RunPlan {
+            num_nodes: self.num_nodes,
+            max_steps: self.max_steps.unwrap_or(self.num_epochs * steps_per_epoch),
+            minibatch,
+            accumulation: self.batch_size / minibatch,
+            val_size: self.effective_val_size(),
+            val_interval: self.val_interval,
+            correlation_interval: self.correlation_interval,
+            seed: self.seed,
+        }
     }
 }
 
@@ -141,11 +154,14 @@ pub struct FitOutput<M> {
 ///
 /// ```no_run
 /// # use gym_core::*;
-/// # fn demo<M: TrainModel, I: Send + 'static, B: burn::data::dataloader::batcher::Batcher<I, M::Batch>, S: StrategyConfig>(
-/// #     init: impl Fn(&burn::tensor::Device) -> M + Sync, data: NodeData<I>, batcher: B, strategy: S) -> Result<()> {
+/// # fn demo<M: TrainModel, I: Send + 'static, B: burn::data::dataloader::batcher::Batcher<I, M::Batch>>(
+/// #     init: impl Fn(&burn::tensor::Device) -> M + Sync, data: NodeData<I>, batcher: B,
+/// #     strategies: Vec<Box<dyn StrategyConfig>>) -> Result<()> {
 /// let config = TrainerConfig::new(4).with_max_steps(Some(200)).with_batch_size(64);
-/// let out = Trainer::new(config).fit(init, &strategy, &data, &batcher)?;
-/// println!("final val loss {:?}", out.report.final_validation().map(|v| v.global_loss));
+/// for strategy in &strategies {
+///     let out = Trainer::new(config.clone()).fit(&init, strategy.as_ref(), &data, &batcher)?;
+///     println!("{}: final val loss {:?}", strategy.name(), out.report.final_validation().map(|v| v.global_loss));
+/// }
 /// # Ok(()) }
 /// ```
 pub struct Trainer {
@@ -177,14 +193,17 @@ impl Trainer {
     /// Trains a model built by `init` on every node with `strategy`, reading `data` through
     /// `batcher`.
     ///
-    /// `init` is called once per node; rank 0's model (built after seeding the device with
-    /// the run seed) is copied into every other replica, so all nodes start equal. Nodes
-    /// run on a dedicated pool with one thread per node. The first node to fail aborts the
-    /// others, and the error names it and its step.
-    pub fn fit<M, I, B, S>(
+    /// Before any node starts, `fit` checks the configuration and the data, builds every
+    /// replica (rank 0's from the seed, copied into the others, so all nodes start equal)
+    /// and every node's strategy, and makes sure a training forward pass draws nothing from
+    /// the backend's shared random generator ([`GymError::SharedRandomness`]): whatever it
+    /// refuses is an error of the run's set-up, returned before any step. Nodes then run on a
+    /// dedicated pool with one thread per node. The first node to fail aborts the others,
+    /// and the error names it and its step ([`GymError::NodeFailed`]).
+    pub fn fit<M, I, B>(
         &self,
         init: impl Fn(&Device) -> M + Sync,
-        strategy: &S,
+        strategy: &dyn StrategyConfig,
         data: &NodeData<I>,
         batcher: &B,
     ) -> Result<FitOutput<M>>
@@ -192,7 +211,6 @@ impl Trainer {
         M: TrainModel,
         I: Send + 'static,
         B: Batcher<I, M::Batch>,
-        S: StrategyConfig,
     {
         let fit_start = Instant::now();
         let cfg = &self.config;
@@ -230,12 +248,12 @@ impl Trainer {
             }
             steps_per_epoch = steps_per_epoch.min(shard / cfg.batch_size);
         }
-        let max_steps = cfg.max_steps.unwrap_or(cfg.num_epochs * steps_per_epoch);
+        let plan = cfg.plan(steps_per_epoch);
 
         // Replicas: rank 0 from the seed, the others copied from it. Every `init` draws from
         // the backend's global generator (lazily: `materialize` forces it), so all of them
-        // run under the lock.
-        let (base, replicas, init_fingerprint) = {
+        // run under the lock, and so does the probe of the model's own randomness.
+        let (replicas, init_fingerprint) = {
             let _guard = rng::lock_backend_rng();
             let base = rng::init_seeded(&devices[0], cfg.seed, &init);
             let all_float = ParamLayout::all_float(&base);
@@ -248,7 +266,7 @@ impl Trainer {
             {
                 init_fingerprint.write_u64(u64::from(x.to_bits()));
             }
-            let mut replicas = vec![base.clone()];
+            let mut replicas = vec![base];
             for device in &devices[1..] {
                 let fresh = init(device);
                 if ParamLayout::all_float(&fresh).num_elements() != all_float.num_elements() {
@@ -259,10 +277,32 @@ impl Trainer {
                 let state = base_state.clone().to_device(&device.clone().inner());
                 replicas.push(all_float.load(fresh, state));
             }
-            (base, replicas, init_fingerprint.finish())
+            let probe_items = (0..plan.minibatch.min(2))
+                .map(|i| get_item(&*views[0].train, i))
+                .collect::<Result<Vec<I>>>()?;
+            let probe_batch = batcher.batch(probe_items, &devices[0]);
+            if rng::draws_from_backend_generator(&init(&devices[0]), &probe_batch, &devices[0]) {
+                return Err(GymError::SharedRandomness);
+            }
+            (replicas, init_fingerprint.finish())
         };
-        let num_params = ParamLayout::trainable(&base).num_elements();
-        drop(base);
+
+        // Every node's strategy, built before any node starts.
+        let layouts: Vec<ParamLayout> = replicas.iter().map(ParamLayout::trainable).collect();
+        let num_params = layouts[0].num_elements();
+        let strategies = (0..k)
+            .map(|rank| {
+                strategy.init(&NodeInfo {
+                    rank,
+                    world_size: k,
+                    max_steps: plan.max_steps,
+                    seed: cfg.seed,
+                    device: &devices[rank],
+                    layout: &layouts[rank],
+                    initial_params: layouts[rank].flatten(&replicas[rank]),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
 
         // Logs.
         let run_name = cfg
@@ -278,7 +318,7 @@ impl Trainer {
                 let config_json = serde_json::json!({
                     "run_name": run_name,
                     "trainer": serde_json::to_value(cfg).expect("config serialises"),
-                    "max_steps": max_steps,
+                    "max_steps": plan.max_steps,
                     "strategy": { "name": strategy.name(), "config": strategy.to_json() },
                     "model": { "type": std::any::type_name::<M>(), "trainable_parameters": num_params },
                     "devices": devices.iter().map(|d| format!("{d:?}")).collect::<Vec<_>>(),
@@ -297,34 +337,40 @@ impl Trainer {
         let recorder = Recorder::new(
             k,
             (cfg.batch_size * k) as u64,
-            max_steps,
+            plan.max_steps,
             cfg.progress,
             logs,
         );
         let shared = NodeShared {
-            config: cfg,
-            max_steps,
+            plan,
             devices: &devices,
             recorder: &recorder,
             batcher,
-            strategy,
         };
-        let slots: Vec<Mutex<Option<(M, _)>>> = replicas
+        let slots: Vec<Mutex<Option<NodeStart<M, I>>>> = replicas
             .into_iter()
+            .zip(layouts)
+            .zip(strategies)
             .zip(views)
-            .map(|r| Mutex::new(Some(r)))
+            .map(|(((model, layout), strategy), view)| {
+                Mutex::new(Some(NodeStart {
+                    replica: ModelReplica::new(model, layout),
+                    strategy,
+                    view,
+                }))
+            })
             .collect();
         let current_step: Vec<AtomicUsize> = (0..k).map(|_| AtomicUsize::new(0)).collect();
 
         let results = group
             .run(|comm| {
                 let rank = comm.rank();
-                let (model, view) = slots[rank]
+                let start = slots[rank]
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .take()
                     .expect("each rank runs once");
-                let run = || run_node(rank, model, view, &shared, comm, &current_step[rank]);
+                let run = || run_node(rank, start, &shared, comm, &current_step[rank]);
                 // Burn's CPU kernels split work with rayon, in the pool of the calling thread.
                 // A node's own small pool keeps that work from spreading over the other nodes'
                 // threads (see `kernel_threads_per_node`).
@@ -393,7 +439,7 @@ impl Trainer {
             run_name,
             log_dir,
             num_nodes: k,
-            steps: max_steps,
+            steps: plan.max_steps,
             train: records.train,
             validation: records.validation,
             correlation: records.correlation,
@@ -424,8 +470,14 @@ mod tests {
     }
 
     #[test]
+    fn the_library_defaults_write_nothing_and_draw_no_bar() {
+        let c = TrainerConfig::new(4);
+        assert_eq!((c.log_dir.as_deref(), c.progress), (None, false));
+    }
+
+    #[test]
     fn invalid_configurations_are_typed_errors() {
-        assert!(invalid(TrainerConfig::new(0)).contains("num_nodes"));
+        assert!(invalid(TrainerConfig::new(0)).contains("`num_nodes`"));
         assert!(invalid(TrainerConfig::new(2).with_batch_size(0)).contains("batch_size"));
         assert!(
             invalid(
@@ -433,7 +485,7 @@ mod tests {
                     .with_batch_size(8)
                     .with_minibatch_size(Some(16))
             )
-            .contains("larger than batch_size")
+            .contains("larger than `batch_size`")
         );
         assert!(
             invalid(
@@ -443,13 +495,26 @@ mod tests {
             )
             .contains("multiple")
         );
+        // A validation size below the batch size is allowed (one smaller batch), and an
+        // unset one follows the batch size.
         assert!(
-            invalid(TrainerConfig::new(2).with_batch_size(64).with_val_size(32))
-                .contains("val_size")
+            TrainerConfig::new(2)
+                .with_batch_size(64)
+                .with_val_size(Some(32))
+                .validate()
+                .is_ok()
         );
+        let big_batch = TrainerConfig::new(4).with_batch_size(128);
+        assert!(big_batch.validate().is_ok());
+        assert_eq!(big_batch.effective_val_size(), 512);
         assert!(invalid(TrainerConfig::new(2).with_val_interval(0)).contains("val_interval"));
         assert!(invalid(TrainerConfig::new(2).with_max_steps(Some(0))).contains("max_steps"));
-        assert!(TrainerConfig::new(2).with_val_size(0).validate().is_ok());
+        assert!(
+            TrainerConfig::new(2)
+                .with_val_size(Some(0))
+                .validate()
+                .is_ok()
+        );
         assert!(
             invalid(TrainerConfig::new(2).with_correlation_interval(Some(0)))
                 .contains("correlation_interval")

@@ -1,6 +1,5 @@
 //! The original's MNIST CNN (`example/mnist.py`).
 
-use crate::dropout::Dropout;
 use burn::config::Config;
 use burn::module::Module;
 use burn::nn::conv::{Conv2d, Conv2dConfig};
@@ -8,6 +7,7 @@ use burn::nn::pool::{MaxPool2d, MaxPool2dConfig};
 use burn::nn::{BatchNorm, BatchNormConfig, Linear, LinearConfig, PaddingConfig2d};
 use burn::tensor::activation::relu;
 use burn::tensor::{Device, Tensor};
+use gym_core::Dropout;
 
 /// Configuration of [`MnistCnn`].
 #[derive(Config, Debug)]

@@ -20,7 +20,6 @@
 //! ```
 
 use crate::classifier::{classification_metrics, cross_entropy};
-use crate::dropout::Dropout;
 use burn::config::Config;
 use burn::module::Module;
 use burn::nn::{Embedding, Initializer, LayerNorm, LayerNormConfig, Linear};
@@ -28,6 +27,7 @@ use burn::tensor::activation::{gelu, softmax};
 use burn::tensor::module::{attention, linear};
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
+use gym_core::Dropout;
 use gym_core::{EvalMetrics, TokenBatch, TrainModel};
 use rand::Rng;
 use std::path::{Path, PathBuf};

@@ -8,22 +8,21 @@
 //! * [`CifarCnn`]: a small CIFAR-10 CNN (three conv/pool blocks and two linear layers,
 //!   188,810 parameters);
 //! * [`Gpt`]: nanoGPT's GPT (presets from 4 layers × 128 dimensions to GPT-2 XL), with
-//!   weight tying and sampling;
-//! * [`Dropout`]: dropout whose masks come from the node's own random stream, so runs are
-//!   reproducible whatever the thread timing.
+//!   weight tying and sampling.
+//!
+//! Their dropout is [`gym_core::Dropout`], drawn from each node's own random stream, so
+//! runs are reproducible whatever the thread timing.
 
 #![warn(missing_docs)]
 
 mod cifar_cnn;
 mod classifier;
 mod cnn;
-mod dropout;
 pub mod gpt;
 mod mlp;
 
 pub use cifar_cnn::{CifarCnn, CifarCnnConfig};
 pub use classifier::{accuracy, classification_metrics, cross_entropy};
 pub use cnn::{MnistCnn, MnistCnnConfig};
-pub use dropout::Dropout;
 pub use gpt::{Gpt, GptConfig, GptError, GptSize, SamplingConfig, sample_logits};
 pub use mlp::{Mlp, MlpConfig};

@@ -2,11 +2,10 @@
 //! `SimpleReduceStrategy`).
 
 use burn::config::Config;
-use burn::module::Module;
 use burn::tensor::Tensor;
 use gym_core::{
-    InnerOptimizer, InnerOptimizerConfig, NodeInfo, ReduceOp, Result, StepContext, Strategy,
-    StrategyConfig,
+    InnerOptimizer, InnerOptimizerConfig, NodeInfo, ReduceOp, Replica, Result, StepContext,
+    Strategy, StrategyConfig,
 };
 
 /// Configuration of [`AllReduce`].
@@ -28,8 +27,6 @@ pub struct AllReduce {
 }
 
 impl StrategyConfig for AllReduceConfig {
-    type Strategy = AllReduce;
-
     fn name(&self) -> String {
         "allreduce".into()
     }
@@ -38,22 +35,23 @@ impl StrategyConfig for AllReduceConfig {
         serde_json::to_value(self).expect("config serialises")
     }
 
-    fn init(&self, node: &NodeInfo<'_>) -> Result<AllReduce> {
-        Ok(AllReduce {
-            optim: self.inner.init(node.max_steps)?,
-        })
+    fn init(&self, node: &NodeInfo<'_>) -> Result<Box<dyn Strategy>> {
+        Ok(Box::new(AllReduce {
+            optim: self.inner.init(node.layout, node.max_steps)?,
+        }))
     }
 }
 
 impl Strategy for AllReduce {
-    fn step<M: Module>(
+    fn step(
         &mut self,
-        model: M,
+        replica: &mut dyn Replica,
         grads: Tensor<1>,
         ctx: &mut StepContext<'_>,
-    ) -> Result<M> {
+    ) -> Result<()> {
         let grads = ctx.collective.all_reduce(grads, ReduceOp::Mean)?;
-        Ok(self.optim.step(model, grads, ctx.layout))
+        self.optim.step(replica, grads);
+        Ok(())
     }
 
     fn lr(&self) -> f64 {

@@ -1,25 +1,23 @@
 //! DiLoCo (Douillard et al., 2023): H local steps, then an outer step on the average.
 
 use crate::communicate::{
-    CommunicateOptimizeConfig, CommunicationModule, CommunicationModuleConfig, FlatParams,
-    composed_strategy, is_sync_step,
+    CommunicateOptimizeConfig, CommunicationModule, CommunicationModuleConfig, composed_strategy,
+    is_sync_step,
 };
 use burn::config::Config;
 use burn::module::{Module, Param};
 use burn::optim::{GradientsParams, ModuleOptimizer};
 use burn::tensor::Tensor;
+use gym_core::optim::check_learning_rate;
 use gym_core::{
-    InnerOptimizerConfig, NodeInfo, OptimizerSpec, ReduceOp, Result, SgdSpec, StepContext,
+    GymError, InnerOptimizerConfig, NodeInfo, OptimizerConfig, ReduceOp, Replica, Result,
+    StepContext,
 };
 
-/// The outer optimizer's default: SGD, lr 0.7, momentum 0.9, Nesterov (the paper's).
-pub fn default_outer_optimizer() -> OptimizerSpec {
-    OptimizerSpec::Sgd(
-        SgdSpec::new()
-            .with_lr(0.7)
-            .with_momentum(0.9)
-            .with_nesterov(true),
-    )
+/// The outer optimizer's default: SGD with Nesterov momentum 0.9 and PyTorch's dampening 0
+/// (the paper's; its learning rate is [`DiLoCoCommunicatorConfig::outer_lr`], 0.7).
+pub fn default_outer_optimizer() -> OptimizerConfig {
+    OptimizerConfig::sgd_momentum(0.9, true)
 }
 
 /// Configuration of the DiLoCo communication module.
@@ -27,10 +25,15 @@ pub fn default_outer_optimizer() -> OptimizerSpec {
 pub struct DiLoCoCommunicatorConfig {
     /// Inner steps between synchronisations (H).
     #[config(default = 100)]
-    pub inner_steps: usize,
-    /// Outer optimizer, stepped with the pseudo-gradient at each synchronisation.
+    pub sync_interval: usize,
+    /// Outer optimizer (Burn's), stepped with the pseudo-gradient at each synchronisation.
+    /// It sees the parameters as one flat vector, so optimizers that act on whole matrices
+    /// (Muon) cannot be outer optimizers.
     #[config(default = "default_outer_optimizer()")]
-    pub outer_optimizer: OptimizerSpec,
+    pub outer_optimizer: OptimizerConfig,
+    /// The outer optimizer's learning rate.
+    #[config(default = 0.7)]
+    pub outer_lr: f64,
 }
 
 /// The master parameters as a module, so that Burn's optimizers can step them.
@@ -45,7 +48,7 @@ struct Master {
 /// as OpenDiLoCo), so one all-reduce per synchronisation is the only traffic. With one node
 /// the outer step is still applied, as in the paper.
 pub struct DiLoCoCommunicator {
-    inner_steps: usize,
+    sync_interval: usize,
     outer_lr: f64,
     outer: ModuleOptimizer,
     master: Master,
@@ -61,9 +64,17 @@ impl CommunicationModuleConfig for DiLoCoCommunicatorConfig {
     }
 
     fn init(&self, node: &NodeInfo<'_>) -> Result<Box<dyn CommunicationModule>> {
-        if self.inner_steps == 0 {
-            return Err(gym_core::GymError::InvalidConfig(
-                "DiLoCo needs inner_steps ≥ 1".into(),
+        if self.sync_interval == 0 {
+            return Err(GymError::InvalidConfig(
+                "DiLoCo: `sync_interval` must be at least 1".into(),
+            ));
+        }
+        check_learning_rate("outer_lr", self.outer_lr)?;
+        if matches!(self.outer_optimizer, OptimizerConfig::Muon(_)) {
+            return Err(GymError::InvalidConfig(
+                "DiLoCo: `outer_optimizer` steps the parameters as one flat vector, which Muon \
+                 (2-D only) cannot; use Muon as the inner optimizer"
+                    .into(),
             ));
         }
         // A copy, never an alias of the replica (the original's CPU aliasing defect): Burn
@@ -71,9 +82,9 @@ impl CommunicationModuleConfig for DiLoCoCommunicatorConfig {
         // one, though no graph is ever built on it.
         let values = node.initial_params.clone().inner().autodiff();
         Ok(Box::new(DiLoCoCommunicator {
-            inner_steps: self.inner_steps,
-            outer_lr: self.outer_optimizer.lr(),
-            outer: self.outer_optimizer.build(),
+            sync_interval: self.sync_interval,
+            outer_lr: self.outer_lr,
+            outer: self.outer_optimizer.init(),
             master: Master {
                 values: Param::from_tensor(values),
             },
@@ -82,21 +93,19 @@ impl CommunicationModuleConfig for DiLoCoCommunicatorConfig {
 }
 
 impl CommunicationModule for DiLoCoCommunicator {
-    fn communicate(
-        &mut self,
-        params: &mut FlatParams<'_>,
-        ctx: &mut StepContext<'_>,
-    ) -> Result<()> {
-        if !is_sync_step(ctx.step, self.inner_steps) {
+    fn communicate(&mut self, replica: &mut dyn Replica, ctx: &mut StepContext<'_>) -> Result<()> {
+        if !is_sync_step(ctx.step, self.sync_interval) {
             return Ok(());
         }
-        let average = ctx.collective.all_reduce(params.get(), ReduceOp::Mean)?;
+        let average = ctx
+            .collective
+            .all_reduce(replica.params(), ReduceOp::Mean)?;
         let master = self.master.values.val().inner();
         let mut grads = GradientsParams::new();
         grads.register::<1>(self.master.values.id, master - average);
         let stepped = self.outer.step(self.outer_lr, self.master.clone(), grads);
         self.master = stepped;
-        params.set(self.master.values.val().inner());
+        replica.set_params(self.master.values.val().inner());
         Ok(())
     }
 
@@ -105,8 +114,8 @@ impl CommunicationModule for DiLoCoCommunicator {
     }
 }
 
-/// DiLoCo: an inner optimizer (default AdamW) on every node, and every `inner_steps` (H) an
-/// outer step (default SGD lr 0.7, momentum 0.9, Nesterov) on the averaged replicas.
+/// DiLoCo: an inner optimizer (default AdamW) on every node, and every `sync_interval` (H)
+/// steps an outer step (default SGD lr 0.7, momentum 0.9, Nesterov) on the averaged replicas.
 #[derive(Config, Debug)]
 pub struct DiLoCoConfig {
     /// Each node's own optimizer (default AdamW), clipping its local gradient.

@@ -1,12 +1,14 @@
 //! Federated averaging (McMahan et al., 2017), with random islands.
 
 use crate::communicate::{
-    CommunicateOptimizeConfig, CommunicationModule, CommunicationModuleConfig, FlatParams,
-    composed_strategy, is_sync_step,
+    CommunicateOptimizeConfig, CommunicationModule, CommunicationModuleConfig, composed_strategy,
+    is_sync_step,
 };
 use burn::config::Config;
 use gym_core::rng::derive_seed;
-use gym_core::{Group, GymError, InnerOptimizerConfig, NodeInfo, ReduceOp, Result, StepContext};
+use gym_core::{
+    Group, GymError, InnerOptimizerConfig, NodeInfo, ReduceOp, Replica, Result, StepContext,
+};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
@@ -51,7 +53,7 @@ impl IslandPartition {
 pub struct AveragingCommunicatorConfig {
     /// Steps between averagings (H).
     #[config(default = 1)]
-    pub inner_steps: usize,
+    pub sync_interval: usize,
     /// Average within random islands of this many nodes, redrawn at every averaging;
     /// `None` (or ≥ K) averages all nodes.
     #[config(default = "None")]
@@ -61,7 +63,7 @@ pub struct AveragingCommunicatorConfig {
 /// After every H-th inner step ([`is_sync_step`]), replaces each replica by the mean of its island
 /// (one ring all-reduce within the island; the original all-gathers every replica instead).
 pub struct AveragingCommunicator {
-    inner_steps: usize,
+    sync_interval: usize,
     island_size: Option<usize>,
     seed: u64,
 }
@@ -76,13 +78,18 @@ impl CommunicationModuleConfig for AveragingCommunicatorConfig {
     }
 
     fn init(&self, node: &NodeInfo<'_>) -> Result<Box<dyn CommunicationModule>> {
-        if self.inner_steps == 0 || self.island_size == Some(0) {
+        if self.sync_interval == 0 {
             return Err(GymError::InvalidConfig(
-                "FedAvg needs inner_steps ≥ 1 and island_size ≥ 1".into(),
+                "FedAvg: `sync_interval` must be at least 1".into(),
+            ));
+        }
+        if self.island_size == Some(0) {
+            return Err(GymError::InvalidConfig(
+                "FedAvg: `island_size` must be at least 1".into(),
             ));
         }
         Ok(Box::new(AveragingCommunicator {
-            inner_steps: self.inner_steps,
+            sync_interval: self.sync_interval,
             island_size: self.island_size,
             seed: node.seed,
         }))
@@ -90,12 +97,8 @@ impl CommunicationModuleConfig for AveragingCommunicatorConfig {
 }
 
 impl CommunicationModule for AveragingCommunicator {
-    fn communicate(
-        &mut self,
-        params: &mut FlatParams<'_>,
-        ctx: &mut StepContext<'_>,
-    ) -> Result<()> {
-        if !is_sync_step(ctx.step, self.inner_steps) || ctx.world_size == 1 {
+    fn communicate(&mut self, replica: &mut dyn Replica, ctx: &mut StepContext<'_>) -> Result<()> {
+        if !is_sync_step(ctx.step, self.sync_interval) || ctx.world_size == 1 {
             return Ok(());
         }
         let average = match self.island_size {
@@ -103,17 +106,20 @@ impl CommunicationModule for AveragingCommunicator {
                 let islands = IslandPartition::draw(ctx.world_size, size, self.seed, ctx.step);
                 let island = islands.island_of(ctx.rank);
                 ctx.collective
-                    .all_reduce_in(island, params.get(), ReduceOp::Mean)?
+                    .all_reduce_in(island, replica.params(), ReduceOp::Mean)?
             }
-            _ => ctx.collective.all_reduce(params.get(), ReduceOp::Mean)?,
+            _ => ctx
+                .collective
+                .all_reduce(replica.params(), ReduceOp::Mean)?,
         };
-        params.set(average);
+        replica.set_params(average);
         Ok(())
     }
 }
 
 /// FedAvg: each node steps its own inner optimizer (the user's, which the original
-/// ignores), and every `inner_steps` the replicas are averaged, optionally within islands.
+/// ignores), and every `sync_interval` steps the replicas are averaged, optionally within
+/// islands.
 #[derive(Config, Debug)]
 pub struct FedAvgConfig {
     /// Each node's own optimizer (default AdamW), clipping its local gradient.

@@ -10,19 +10,20 @@
 //! * [`SpartaConfig`]: a random fraction `p` of the parameters averaged every step;
 //! * [`SpartaDiLoCoConfig`]: both SPARTA and DiLoCo;
 //! * [`DeMoConfig`]: each node sends the largest DCT coefficients of its local gradient
-//!   buffer, and every node steps with the sign of their average.
+//!   buffer, and every node steps with the sign of their average ([`demo`], with its DCT
+//!   and its codec).
 //!
 //! All but AllReduce and DeMo are compositions ([`CommunicateOptimizeConfig`]): a local optimizer
 //! step followed by [`communicate::CommunicationModule`]s that each decide their own
 //! timing. Compose your own modules, or implement [`Strategy`](gym_core::Strategy)
-//! directly.
+//! directly. Every configuration is a value of the same type once boxed
+//! (`Box<dyn StrategyConfig>`), so strategies can be listed and chosen at run time.
 
 #![warn(missing_docs)]
 
 mod all_reduce;
 pub mod communicate;
-pub mod dct;
-mod demo;
+pub mod demo;
 mod diloco;
 mod fedavg;
 mod sparta;
@@ -30,7 +31,7 @@ mod sparta_diloco;
 
 pub use all_reduce::{AllReduce, AllReduceConfig};
 pub use communicate::{CommunicateOptimize, CommunicateOptimizeConfig};
-pub use demo::{DeMo, DeMoConfig, IndexWidth, SparseCoefficients};
+pub use demo::{DeMo, DeMoConfig};
 pub use diloco::{
     DiLoCoCommunicator, DiLoCoCommunicatorConfig, DiLoCoConfig, default_outer_optimizer,
 };

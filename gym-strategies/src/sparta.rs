@@ -12,14 +12,14 @@
 //! averaged values only (a ring all-reduce of `m` selected elements per synchronisation).
 
 use crate::communicate::{
-    CommunicateOptimizeConfig, CommunicationModule, CommunicationModuleConfig, FlatParams,
-    composed_strategy, is_sync_step,
+    CommunicateOptimizeConfig, CommunicationModule, CommunicationModuleConfig, composed_strategy,
+    is_sync_step,
 };
 use burn::config::Config;
 use burn::tensor::{IndexingUpdateOp, Int, Tensor, TensorData};
 use gym_core::rng::derive_seed;
 use gym_core::{
-    GymError, InnerOptimizerConfig, NodeInfo, ParamLayout, ReduceOp, Result, StepContext,
+    GymError, InnerOptimizerConfig, NodeInfo, ParamLayout, ReduceOp, Replica, Result, StepContext,
 };
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -149,15 +149,15 @@ pub struct SparseCommunicatorConfig {
     /// How elements are chosen.
     #[config(default = "IndexSelectorKind::Random")]
     pub selector: IndexSelectorKind,
-    /// Synchronise after every `interval`-th step (1: every step).
+    /// Synchronise after every `sync_interval`-th step (1: every step).
     #[config(default = 1)]
-    pub interval: usize,
+    pub sync_interval: usize,
 }
 
 /// Averages the selected elements across nodes, leaving the others local.
 pub struct SparseCommunicator {
     selector: IndexSelector,
-    interval: usize,
+    sync_interval: usize,
 }
 
 impl CommunicationModuleConfig for SparseCommunicatorConfig {
@@ -170,40 +170,41 @@ impl CommunicationModuleConfig for SparseCommunicatorConfig {
     }
 
     fn init(&self, node: &NodeInfo<'_>) -> Result<Box<dyn CommunicationModule>> {
-        if !(0.0..=1.0).contains(&self.p) || self.interval == 0 {
+        if !(0.0..=1.0).contains(&self.p) {
             return Err(GymError::InvalidConfig(format!(
-                "SPARTA needs p in [0, 1] and interval ≥ 1, got p = {} and interval = {}",
-                self.p, self.interval
+                "SPARTA: `p` must be in [0, 1], got {}",
+                self.p
             )));
+        }
+        if self.sync_interval == 0 {
+            return Err(GymError::InvalidConfig(
+                "SPARTA: `sync_interval` must be at least 1".into(),
+            ));
         }
         Ok(Box::new(SparseCommunicator {
             selector: IndexSelector::new(self.selector, self.p, node.seed),
-            interval: self.interval,
+            sync_interval: self.sync_interval,
         }))
     }
 }
 
 impl CommunicationModule for SparseCommunicator {
-    fn communicate(
-        &mut self,
-        params: &mut FlatParams<'_>,
-        ctx: &mut StepContext<'_>,
-    ) -> Result<()> {
-        if !is_sync_step(ctx.step, self.interval) || ctx.world_size == 1 {
+    fn communicate(&mut self, replica: &mut dyn Replica, ctx: &mut StepContext<'_>) -> Result<()> {
+        if !is_sync_step(ctx.step, self.sync_interval) || ctx.world_size == 1 {
             return Ok(());
         }
         let indices = self.selector.next(ctx.layout);
         if indices.is_empty() {
             return Ok(());
         }
-        let flat = params.get();
+        let flat = replica.params();
         let n = indices.len();
         let idx: Vec<i64> = indices.into_iter().map(|i| i as i64).collect();
         let idx = Tensor::<1, Int>::from_data(TensorData::new(idx, [n]), &flat.device());
         let mean = ctx
             .collective
             .all_reduce(flat.clone().select(0, idx.clone()), ReduceOp::Mean)?;
-        params.set(flat.select_assign(0, idx, mean, IndexingUpdateOp::Assign));
+        replica.set_params(flat.select_assign(0, idx, mean, IndexingUpdateOp::Assign));
         Ok(())
     }
 }

@@ -1,5 +1,4 @@
-//! SPARTA + DiLoCo: sparse averaging every `sparta_interval` steps and a DiLoCo outer step
-//! every H steps.
+//! SPARTA + DiLoCo: sparse averaging every few steps and a DiLoCo outer step every H steps.
 
 use crate::communicate::{CommunicateOptimizeConfig, composed_strategy};
 use crate::diloco::DiLoCoCommunicatorConfig;
@@ -7,14 +6,15 @@ use crate::sparta::SparseCommunicatorConfig;
 use burn::config::Config;
 use gym_core::InnerOptimizerConfig;
 
-/// The hybrid of the original's `SPARTADiLoCoStrategy`, with its `sparta_interval` honoured
-/// (the original stores and ignores it): modules `[sparse averaging, DiLoCo]`, in that order.
+/// The hybrid of the original's `SPARTADiLoCoStrategy`, with SPARTA's own sync interval
+/// honoured (the original stores its `sparta_interval` and ignores it): modules
+/// `[sparse averaging, DiLoCo]`, in that order.
 #[derive(Config, Debug)]
 pub struct SpartaDiLoCoConfig {
     /// Each node's own optimizer (default AdamW), clipping its local gradient.
     #[config(default = "InnerOptimizerConfig::new()")]
     pub inner: InnerOptimizerConfig,
-    /// The sparse averaging (its `interval` is SPARTA's interval).
+    /// The sparse averaging, with its own `sync_interval`.
     #[config(default = "SparseCommunicatorConfig::new()")]
     pub sparta: SparseCommunicatorConfig,
     /// The DiLoCo synchronisation.

@@ -1,12 +1,16 @@
-//! Helpers shared by the workspace integration tests: a synthetic classification task and
-//! the location of the shared data sets.
+//! Helpers shared by the workspace integration tests: a synthetic classification task, a
+//! small model trained on it, and the location of the shared data sets.
 
 #![warn(missing_docs)]
 
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::{Dataset, DatasetError};
+use burn::module::Module;
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use gym_core::ImageBatch;
+use gym_core::{
+    FitOutput, ImageBatch, NodeData, ParamLayout, StrategyConfig, Trainer, TrainerConfig,
+};
+use gym_models::{Mlp, MlpConfig};
 use std::path::PathBuf;
 
 /// `<repo>/../shared/data/<name>`, or `$GYM_DATA_DIR/<name>`. Panics with a clear message
@@ -118,4 +122,42 @@ pub fn relative_error(a: Tensor<1>, b: Tensor<1>) -> f64 {
         .fold(0.0f32, f32::max)
         .max(f32::MIN_POSITIVE);
     (diff / scale) as f64
+}
+
+/// A 16-32-4 MLP: the model of the synthetic task ([`Synthetic::new`]`(_, 16, 4, _)`).
+pub fn small_mlp(device: &Device) -> Mlp {
+    MlpConfig::new()
+        .with_input(16)
+        .with_hidden(32)
+        .with_classes(4)
+        .init(device)
+}
+
+/// Trains [`small_mlp`] with `strategy` on `k` nodes for `steps` steps of `batch` examples
+/// per node (1,024 synthetic training examples, no intermediate evaluation).
+pub fn fit_small_mlp(
+    k: usize,
+    steps: usize,
+    batch: usize,
+    seed: u64,
+    strategy: &dyn StrategyConfig,
+) -> FitOutput<Mlp> {
+    let data = NodeData::shared(Synthetic::new(1024, 16, 4, 1), Synthetic::new(64, 16, 4, 2));
+    let config = TrainerConfig::new(k)
+        .with_max_steps(Some(steps))
+        .with_batch_size(batch)
+        .with_val_size(Some(0))
+        .with_seed(seed);
+    Trainer::new(config)
+        .fit(small_mlp, strategy, &data, &SyntheticBatcher)
+        .expect("trains")
+}
+
+/// The trainable parameters of `model`, flat, on the host.
+pub fn flat_params<M: Module>(model: &M) -> Vec<f32> {
+    ParamLayout::trainable(model)
+        .flatten(model)
+        .into_data()
+        .try_to_vec::<f32>()
+        .expect("f32 parameters")
 }

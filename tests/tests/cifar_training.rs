@@ -1,7 +1,7 @@
 //! The CIFAR CNN learns on a handful of CIFAR-like images with four simulated nodes.
 
 use burn::data::dataset::Dataset;
-use gym_core::{InnerOptimizerConfig, NodeData, OptimizerSpec, Trainer, TrainerConfig};
+use gym_core::{InnerOptimizerConfig, NodeData, Trainer, TrainerConfig};
 use gym_data::{Cifar10, CifarBatcher};
 use gym_models::CifarCnnConfig;
 use gym_strategies::AllReduceConfig;
@@ -18,12 +18,10 @@ fn the_cifar_cnn_trains_on_four_nodes() {
     let config = TrainerConfig::new(4)
         .with_max_steps(Some(12))
         .with_batch_size(8)
-        .with_val_size(32)
+        .with_val_size(Some(32))
         .with_val_interval(12)
-        .with_seed(1)
-        .with_log_dir(None)
-        .with_progress(false);
-    let inner = InnerOptimizerConfig::new().with_optimizer(OptimizerSpec::default().with_lr(3e-3));
+        .with_seed(1);
+    let inner = InnerOptimizerConfig::new().with_lr(3e-3);
     let out = Trainer::new(config)
         .fit(
             // The model's layers at a quarter of their width, to keep the test fast.

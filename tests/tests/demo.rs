@@ -7,11 +7,12 @@
 use burn::module::{Module, Param};
 use burn::tensor::{Device, Tensor, TensorData};
 use gym_core::{
-    Collective, InProcessGroup, LrScheduleConfig, NodeInfo, ParamLayout, StepContext, Strategy,
-    StrategyConfig,
+    Collective, InProcessGroup, LrScheduleConfig, ModelReplica, NodeInfo, ParamLayout, Replica,
+    StepContext, Strategy, StrategyConfig,
 };
-use gym_strategies::dct::{ChunkGrid, Dct, chunk_size};
-use gym_strategies::{DeMo, DeMoConfig, IndexWidth};
+use gym_strategies::demo::codec::IndexWidth;
+use gym_strategies::demo::dct::{ChunkGrid, Dct, chunk_size};
+use gym_strategies::{DeMo, DeMoConfig};
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -106,6 +107,26 @@ fn host(t: Tensor<1>) -> Vec<f32> {
     t.into_data().try_to_vec::<f32>().unwrap()
 }
 
+/// What DeMo is told of node `rank` of `world_size`, training `model` for `max_steps`.
+fn node_info<'a>(
+    rank: usize,
+    world_size: usize,
+    max_steps: usize,
+    device: &'a Device,
+    layout: &'a ParamLayout,
+    model: &Tensors,
+) -> NodeInfo<'a> {
+    NodeInfo {
+        rank,
+        world_size,
+        max_steps,
+        seed: 0,
+        device,
+        layout,
+        initial_params: layout.flatten(model),
+    }
+}
+
 /// What one rank observed after one step, per parameter in the file's order.
 struct Observed {
     params: Vec<Vec<f32>>,
@@ -136,20 +157,12 @@ fn run_case(case: &Value) -> Vec<Vec<Observed>> {
     InProcessGroup::new(k)
         .run(|comm| {
             let rank = comm.rank();
-            let (mut model, order) = Tensors::new(&shapes, &init, &device);
+            let (model, order) = Tensors::new(&shapes, &init, &device);
             let layout = ParamLayout::trainable(&model);
             assert_eq!(layout.entries().len(), shapes.len());
-            let mut demo: DeMo = config
-                .init(&NodeInfo {
-                    rank,
-                    world_size: k,
-                    max_steps: steps.len(),
-                    seed: 0,
-                    device: &device,
-                    layout: &layout,
-                    initial_params: layout.flatten(&model),
-                })
-                .unwrap();
+            let info = node_info(rank, k, steps.len(), &device, &layout, &model);
+            let mut demo = DeMo::new(&config, &info).unwrap();
+            let mut replica = ModelReplica::new(model, layout.clone());
             let mut observed = vec![];
             for (i, step) in steps.iter().enumerate() {
                 let mut grads = vec![0.0; layout.num_elements()];
@@ -170,9 +183,9 @@ fn run_case(case: &Value) -> Vec<Vec<Observed>> {
                     TensorData::new(grads, [layout.num_elements()]),
                     &device.clone().inner(),
                 );
-                model = demo.step(model, g, &mut ctx).unwrap();
+                demo.step(&mut replica, g, &mut ctx).unwrap();
                 let after = comm.stats();
-                let flat = host(layout.flatten(&model));
+                let flat = host(replica.params());
                 let mut obs = Observed {
                     params: vec![vec![]; shapes.len()],
                     delta: vec![vec![]; shapes.len()],
@@ -371,17 +384,9 @@ fn full_topk_on_one_node_is_sign_sgd() {
         .with_compression_chunk(4);
     let group = InProcessGroup::new(1);
     let comm = group.handle(0);
-    let mut demo = config
-        .init(&NodeInfo {
-            rank: 0,
-            world_size: 1,
-            max_steps: 1,
-            seed: 0,
-            device: &device,
-            layout: &layout,
-            initial_params: layout.flatten(&model),
-        })
-        .unwrap();
+    let info = node_info(0, 1, 1, &device, &layout, &model);
+    let mut demo = DeMo::new(&config, &info).unwrap();
+    let mut replica = ModelReplica::new(model, layout.clone());
     let mut ctx = StepContext {
         rank: 0,
         world_size: 1,
@@ -391,8 +396,8 @@ fn full_topk_on_one_node_is_sign_sgd() {
         layout: &layout,
     };
     let g = Tensor::from_data(TensorData::new(grads.clone(), [n]), &device.clone().inner());
-    let model = demo.step(model, g, &mut ctx).unwrap();
-    let after = host(layout.flatten(&model));
+    demo.step(&mut replica, g, &mut ctx).unwrap();
+    let after = host(replica.params());
     let lr32 = lr as f32;
     for i in 0..n {
         let expected = before[i] - lr32 * grads[i].signum();
@@ -409,15 +414,7 @@ fn invalid_settings_are_typed_errors() {
     let device = Device::default().autodiff();
     let (model, _) = Tensors::new(&[vec![4]], &[vec![0.0; 4]], &device);
     let layout = ParamLayout::trainable(&model);
-    let info = NodeInfo {
-        rank: 0,
-        world_size: 1,
-        max_steps: 1,
-        seed: 0,
-        device: &device,
-        layout: &layout,
-        initial_params: layout.flatten(&model),
-    };
+    let info = node_info(0, 1, 1, &device, &layout, &model);
     for (config, what) in [
         (
             DeMoConfig::new().with_compression_topk(0),
@@ -431,7 +428,8 @@ fn invalid_settings_are_typed_errors() {
             DeMoConfig::new().with_compression_decay(1.0),
             "compression_decay",
         ),
-        (DeMoConfig::new().with_lr(-1.0), "learning rate"),
+        (DeMoConfig::new().with_lr(-1.0), "`lr`"),
+        (DeMoConfig::new().with_lr(f64::NAN), "`lr`"),
         (
             DeMoConfig::new().with_weight_decay(f64::NAN),
             "weight_decay",
@@ -495,10 +493,8 @@ fn demo_trains_a_conv_net_on_four_nodes() {
     let config = TrainerConfig::new(4)
         .with_max_steps(Some(80))
         .with_batch_size(16)
-        .with_val_size(256)
+        .with_val_size(Some(256))
         .with_val_interval(1000)
-        .with_log_dir(None)
-        .with_progress(false)
         .with_seed(3);
     let strategy = DeMoConfig::new()
         .with_lr(3e-3)

@@ -3,8 +3,7 @@
 
 use burn::tensor::Device;
 use gym_core::{
-    AdamWSpec, FitOutput, InnerOptimizerConfig, NodeData, OptimizerSpec, ParamLayout, SgdSpec,
-    Trainer, TrainerConfig,
+    FitOutput, InnerOptimizerConfig, NodeData, OptimizerConfig, ParamLayout, Trainer, TrainerConfig,
 };
 use gym_models::{Mlp, MlpConfig};
 use gym_strategies::AllReduceConfig;
@@ -13,7 +12,7 @@ use tests::{Synthetic, SyntheticBatcher, relative_error};
 const STEPS: usize = 20;
 const BATCH: usize = 8;
 
-fn train(num_nodes: usize, batch: usize, optimizer: &OptimizerSpec) -> FitOutput<Mlp> {
+fn train(num_nodes: usize, batch: usize, inner: &InnerOptimizerConfig) -> FitOutput<Mlp> {
     // Without shuffling, rank r reads items r, r+K, r+2K, …; so at step s the K nodes
     // together read items [s·K·b, (s+1)·K·b), exactly the one-node batch of step s.
     let data = NodeData::shared(
@@ -24,12 +23,9 @@ fn train(num_nodes: usize, batch: usize, optimizer: &OptimizerSpec) -> FitOutput
         .with_max_steps(Some(STEPS))
         .with_batch_size(batch)
         .with_shuffle(false)
-        .with_val_size(0)
-        .with_log_dir(None)
-        .with_progress(false)
+        .with_val_size(Some(0))
         .with_seed(7);
-    let strategy = AllReduceConfig::new()
-        .with_inner(InnerOptimizerConfig::new().with_optimizer(optimizer.clone()));
+    let strategy = AllReduceConfig::new().with_inner(inner.clone());
     Trainer::new(config)
         .fit(
             |d: &Device| {
@@ -46,12 +42,15 @@ fn train(num_nodes: usize, batch: usize, optimizer: &OptimizerSpec) -> FitOutput
         .expect("training runs")
 }
 
-fn assert_equivalent(optimizer: OptimizerSpec) {
-    let four = train(4, BATCH, &optimizer);
-    let one = train(1, 4 * BATCH, &optimizer);
+fn assert_equivalent(optimizer: OptimizerConfig, lr: f64) {
+    let inner = InnerOptimizerConfig::new()
+        .with_optimizer(optimizer)
+        .with_lr(lr);
+    let four = train(4, BATCH, &inner);
+    let one = train(1, 4 * BATCH, &inner);
     let flat = |m: &Mlp| ParamLayout::trainable(m).flatten(m);
     let err = relative_error(flat(&four.model), flat(&one.model));
-    assert!(err <= 1e-5, "relative error {err:e} with {optimizer:?}");
+    assert!(err <= 1e-5, "relative error {err:e} with {inner:?}");
     // The mean over nodes of the per-node losses is the one-node loss, step by step, and
     // it fell: the comparison is not vacuous.
     for (a, b) in four.report.train.iter().zip(&one.report.train) {
@@ -72,12 +71,10 @@ fn assert_equivalent(optimizer: OptimizerSpec) {
 
 #[test]
 fn allreduce_k4_equals_one_node_with_four_times_the_batch_sgd() {
-    assert_equivalent(OptimizerSpec::Sgd(
-        SgdSpec::new().with_lr(0.1).with_momentum(0.9),
-    ));
+    assert_equivalent(OptimizerConfig::sgd_momentum(0.9, false), 0.1);
 }
 
 #[test]
 fn allreduce_k4_equals_one_node_with_four_times_the_batch_adamw() {
-    assert_equivalent(OptimizerSpec::AdamW(AdamWSpec::new().with_lr(1e-2)));
+    assert_equivalent(OptimizerConfig::adamw(), 1e-2);
 }

@@ -4,8 +4,8 @@
 use burn::module::Module;
 use burn::tensor::{Device, Tensor};
 use gym_core::{
-    GymError, ImageBatch, NodeData, NodeInfo, Result, StepContext, Strategy, StrategyConfig,
-    TrainModel, Trainer, TrainerConfig,
+    GymError, ImageBatch, NodeData, NodeInfo, Replica, Result, StepContext, Strategy,
+    StrategyConfig, TrainModel, Trainer, TrainerConfig,
 };
 use gym_models::{Mlp, MlpConfig};
 use gym_strategies::AllReduceConfig;
@@ -48,9 +48,7 @@ fn config(k: usize) -> TrainerConfig {
     TrainerConfig::new(k)
         .with_max_steps(Some(20))
         .with_batch_size(4)
-        .with_val_size(0)
-        .with_log_dir(None)
-        .with_progress(false)
+        .with_val_size(Some(0))
 }
 
 fn data() -> NodeData<tests::Example> {
@@ -126,37 +124,27 @@ fn fault_nan_loss_is_a_typed_error_naming_rank_and_step() {
     }
 }
 
-/// A user-written strategy whose step fails on rank 3 at step 5 (and otherwise does nothing).
-struct FailingConfig;
-struct Failing {
-    rank: usize,
-}
+/// A user-written strategy whose step fails on rank 3 at step 5 (and otherwise waits for
+/// the others).
+struct Failing;
 
-impl StrategyConfig for FailingConfig {
-    type Strategy = Failing;
+impl StrategyConfig for Failing {
     fn name(&self) -> String {
         "failing".into()
     }
-    fn to_json(&self) -> serde_json::Value {
-        serde_json::Value::Null
-    }
-    fn init(&self, node: &NodeInfo<'_>) -> Result<Failing> {
-        Ok(Failing { rank: node.rank })
+    fn init(&self, node: &NodeInfo<'_>) -> Result<Box<dyn Strategy>> {
+        Ok(Box::new(FailingNode(node.rank)))
     }
 }
 
-impl Strategy for Failing {
-    fn step<M: Module>(
-        &mut self,
-        model: M,
-        _grads: Tensor<1>,
-        ctx: &mut StepContext<'_>,
-    ) -> Result<M> {
-        if self.rank == 3 && ctx.step == 5 {
+struct FailingNode(usize);
+
+impl Strategy for FailingNode {
+    fn step(&mut self, _: &mut dyn Replica, _: Tensor<1>, ctx: &mut StepContext<'_>) -> Result<()> {
+        if self.0 == 3 && ctx.step == 5 {
             return Err(GymError::Strategy("link down".into()));
         }
-        ctx.collective.barrier()?;
-        Ok(model)
+        Ok(ctx.collective.barrier()?)
     }
     fn lr(&self) -> f64 {
         0.0
@@ -166,12 +154,7 @@ impl Strategy for Failing {
 #[test]
 fn fault_strategy_error_names_rank_and_step() {
     let err = Trainer::new(config(4))
-        .fit(
-            faulty(99, 0, false),
-            &FailingConfig,
-            &data(),
-            &SyntheticBatcher,
-        )
+        .fit(faulty(99, 0, false), &Failing, &data(), &SyntheticBatcher)
         .err()
         .expect("the run fails");
     assert!(
@@ -209,4 +192,29 @@ fn fault_bad_configurations_and_data_are_typed_errors() {
     assert!(matches!(fit(config(2), no_val), GymError::Data(m) if m.contains("validation")));
     let unwritable = config(2).with_log_dir(Some("/proc/no-such-dir".into()));
     assert!(matches!(fit(unwritable, data()), GymError::Io { .. }));
+}
+
+#[test]
+fn fault_a_bad_learning_rate_is_refused_before_any_node_starts() {
+    let log_dir = std::env::temp_dir().join(format!("gym-nan-lr-{}", std::process::id()));
+    let config = config(4)
+        .with_log_dir(Some(log_dir.to_string_lossy().into_owned()))
+        .with_run_name(Some("nan".into()));
+    for lr in [f64::NAN, -1e-3, 0.0, f64::INFINITY] {
+        let strategy =
+            AllReduceConfig::new().with_inner(gym_core::InnerOptimizerConfig::new().with_lr(lr));
+        let err = Trainer::new(config.clone())
+            .fit(mlp, &strategy, &data(), &SyntheticBatcher)
+            .err()
+            .expect("rejected");
+        // A configuration error naming the field, not a node failure at step 0.
+        assert!(
+            matches!(&err, GymError::InvalidConfig(m) if m.contains("`lr`")),
+            "lr {lr}: {err}"
+        );
+    }
+    assert!(
+        !log_dir.exists(),
+        "no run folder is created for a refused run"
+    );
 }

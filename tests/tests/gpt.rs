@@ -452,10 +452,8 @@ fn short_run(data: &NodeData<gym_data::TokenWindow>, diloco: bool, seed: u64) ->
     let config = TrainerConfig::new(2)
         .with_max_steps(Some(30))
         .with_batch_size(8)
-        .with_val_size(0)
-        .with_seed(seed)
-        .with_log_dir(None)
-        .with_progress(false);
+        .with_val_size(Some(0))
+        .with_seed(seed);
     let init = |d: &Device| {
         GptConfig::new(65, 16)
             .with_n_layer(1)
@@ -465,13 +463,12 @@ fn short_run(data: &NodeData<gym_data::TokenWindow>, diloco: bool, seed: u64) ->
             .init(d)
             .unwrap()
     };
-    let inner = gym_core::InnerOptimizerConfig::new()
-        .with_optimizer(gym_core::OptimizerSpec::AdamW(gym_core::AdamWSpec::new()).with_lr(3e-3));
+    let inner = gym_core::InnerOptimizerConfig::new().with_lr(3e-3);
     let trainer = Trainer::new(config);
     let out = if diloco {
         let strategy = DiLoCoConfig::new()
             .with_inner(inner)
-            .with_communicator(DiLoCoCommunicatorConfig::new().with_inner_steps(10));
+            .with_communicator(DiLoCoCommunicatorConfig::new().with_sync_interval(10));
         trainer.fit(init, &strategy, data, &TokenBatcher)
     } else {
         trainer.fit(

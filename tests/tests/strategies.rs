@@ -1,46 +1,25 @@
 //! The communication-efficient strategies against independent references.
 
+use burn::nn::{Linear, LinearConfig};
 use burn::tensor::{Device, Tensor, TensorData};
 use gym_core::{
-    AdamWSpec, Collective, FitOutput, InProcessGroup, InnerOptimizerConfig, NodeData, NodeInfo,
-    OptimizerSpec, ParamLayout, SgdSpec, StepContext, StrategyConfig, Trainer, TrainerConfig,
+    Collective, FitOutput, InProcessGroup, InnerOptimizerConfig, ModelReplica, NodeInfo,
+    OptimizerConfig, ParamLayout, Replica, StepContext, StrategyConfig,
 };
-use gym_models::{Mlp, MlpConfig};
-use gym_strategies::communicate::{CommunicationModuleConfig, FlatParams};
+use gym_models::Mlp;
+use gym_strategies::communicate::CommunicationModuleConfig;
 use gym_strategies::{
     AllReduceConfig, AveragingCommunicatorConfig, DiLoCoCommunicatorConfig, DiLoCoConfig,
     FedAvgConfig, IslandPartition, SparseCommunicatorConfig, SpartaConfig, SpartaDiLoCoConfig,
 };
-use tests::{Synthetic, SyntheticBatcher};
+use tests::{fit_small_mlp, flat_params, small_mlp};
 
-fn mlp(d: &Device) -> Mlp {
-    MlpConfig::new()
-        .with_input(16)
-        .with_hidden(32)
-        .with_classes(4)
-        .init(d)
-}
-
-fn fit<S: StrategyConfig>(k: usize, steps: usize, strategy: &S) -> FitOutput<Mlp> {
-    let data = NodeData::shared(Synthetic::new(1024, 16, 4, 1), Synthetic::new(64, 16, 4, 2));
-    let config = TrainerConfig::new(k)
-        .with_max_steps(Some(steps))
-        .with_batch_size(8)
-        .with_val_size(0)
-        .with_log_dir(None)
-        .with_progress(false)
-        .with_seed(5);
-    Trainer::new(config)
-        .fit(mlp, strategy, &data, &SyntheticBatcher)
-        .expect("runs")
+fn fit(k: usize, steps: usize, strategy: &dyn StrategyConfig) -> FitOutput<Mlp> {
+    fit_small_mlp(k, steps, 8, 5, strategy)
 }
 
 fn flat(m: &Mlp) -> Vec<f32> {
-    ParamLayout::trainable(m)
-        .flatten(m)
-        .into_data()
-        .try_to_vec::<f32>()
-        .unwrap()
+    flat_params(m)
 }
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
@@ -51,24 +30,27 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 }
 
 fn adamw() -> InnerOptimizerConfig {
-    InnerOptimizerConfig::new().with_optimizer(OptimizerSpec::AdamW(AdamWSpec::new().with_lr(3e-3)))
+    InnerOptimizerConfig::new().with_lr(3e-3)
 }
 
-fn plain_outer() -> OptimizerSpec {
-    OptimizerSpec::Sgd(SgdSpec::new().with_lr(1.0))
+/// Plain SGD with lr 1 as DiLoCo's outer step: the master becomes the average.
+fn plain_outer(module: DiLoCoCommunicatorConfig) -> DiLoCoCommunicatorConfig {
+    module
+        .with_outer_optimizer(OptimizerConfig::sgd())
+        .with_outer_lr(1.0)
 }
 
 #[test]
 fn diloco_with_outer_sgd_lr_1_and_no_momentum_equals_fedavg() {
     let h = 5;
-    let diloco = DiLoCoConfig::new().with_inner(adamw()).with_communicator(
-        DiLoCoCommunicatorConfig::new()
-            .with_inner_steps(h)
-            .with_outer_optimizer(plain_outer()),
-    );
+    let diloco = DiLoCoConfig::new()
+        .with_inner(adamw())
+        .with_communicator(plain_outer(
+            DiLoCoCommunicatorConfig::new().with_sync_interval(h),
+        ));
     let fedavg = FedAvgConfig::new()
         .with_inner(adamw())
-        .with_communicator(AveragingCommunicatorConfig::new().with_inner_steps(h));
+        .with_communicator(AveragingCommunicatorConfig::new().with_sync_interval(h));
     let (a, b) = (fit(4, 23, &diloco), fit(4, 23, &fedavg));
     let d = max_abs_diff(&flat(&a.model), &flat(&b.model));
     assert!(d <= 1e-6, "max |Δ| = {d:e}");
@@ -81,11 +63,11 @@ fn diloco_with_outer_sgd_lr_1_and_no_momentum_equals_fedavg() {
 
 #[test]
 fn diloco_on_one_node_with_h_1_equals_plain_inner_training() {
-    let diloco = DiLoCoConfig::new().with_inner(adamw()).with_communicator(
-        DiLoCoCommunicatorConfig::new()
-            .with_inner_steps(1)
-            .with_outer_optimizer(plain_outer()),
-    );
+    let diloco = DiLoCoConfig::new()
+        .with_inner(adamw())
+        .with_communicator(plain_outer(
+            DiLoCoCommunicatorConfig::new().with_sync_interval(1),
+        ));
     let plain = AllReduceConfig::new().with_inner(adamw());
     let (a, b) = (fit(1, 20, &diloco), fit(1, 20, &plain));
     let d = max_abs_diff(&flat(&a.model), &flat(&b.model));
@@ -98,7 +80,7 @@ fn diloco_on_one_node_applies_the_outer_step() {
     // training: the outer step is not skipped as in the original.
     let diloco = DiLoCoConfig::new()
         .with_inner(adamw())
-        .with_communicator(DiLoCoCommunicatorConfig::new().with_inner_steps(2));
+        .with_communicator(DiLoCoCommunicatorConfig::new().with_sync_interval(2));
     let plain = AllReduceConfig::new().with_inner(adamw());
     let d = max_abs_diff(
         &flat(&fit(1, 10, &diloco).model),
@@ -107,8 +89,20 @@ fn diloco_on_one_node_applies_the_outer_step() {
     assert!(d > 1e-4, "{d}");
 }
 
-/// Drives one node's module through `syncs` synchronisations with the given replica values
-/// (one node, so the average is the replica itself) and returns what it writes back.
+/// A one-layer model whose `n` weights are the flat parameters.
+fn linear(n: usize, device: &Device) -> Linear {
+    LinearConfig::new(n, 1).with_bias(false).init(device)
+}
+
+fn host(v: &[f32], device: &Device) -> Tensor<1> {
+    Tensor::from_data(
+        TensorData::new(v.to_vec(), [v.len()]),
+        &device.clone().inner(),
+    )
+}
+
+/// Drives one node's module through a synchronisation per replica value (one node, so the
+/// average is the replica itself) and returns what it writes back.
 fn drive(
     module: &dyn CommunicationModuleConfig,
     initial: Vec<f32>,
@@ -116,17 +110,9 @@ fn drive(
     every: usize,
 ) -> Vec<Vec<f32>> {
     let device = Device::default().autodiff();
-    let layout = ParamLayout::trainable(
-        &burn::nn::LinearConfig::new(initial.len(), 1)
-            .with_bias(false)
-            .init(&device),
-    );
-    let t = |v: &Vec<f32>| {
-        Tensor::<1>::from_data(
-            TensorData::new(v.clone(), [v.len()]),
-            &device.clone().inner(),
-        )
-    };
+    let model = linear(initial.len(), &device);
+    let layout = ParamLayout::trainable(&model);
+    let mut replica = ModelReplica::new(model, layout.clone());
     let group = InProcessGroup::new(1);
     let comm = group.handle(0);
     let mut m = module
@@ -137,7 +123,7 @@ fn drive(
             seed: 1,
             device: &device,
             layout: &layout,
-            initial_params: t(&initial),
+            initial_params: host(&initial, &device),
         })
         .unwrap();
     replicas
@@ -152,15 +138,9 @@ fn drive(
                 collective: &comm as &dyn Collective,
                 layout: &layout,
             };
-            let source = || t(theta);
-            let mut params = FlatParams::new(&source);
-            m.communicate(&mut params, &mut ctx).unwrap();
-            params
-                .into_changed()
-                .expect("a sync")
-                .into_data()
-                .try_to_vec::<f32>()
-                .unwrap()
+            replica.set_params(host(theta, &device));
+            m.communicate(&mut replica, &mut ctx).unwrap();
+            replica.params().into_data().try_to_vec::<f32>().unwrap()
         })
         .collect()
 }
@@ -168,15 +148,10 @@ fn drive(
 #[test]
 fn outer_nesterov_matches_a_hand_computed_three_step_sequence() {
     let (lr, mu) = (0.7f64, 0.9f64);
-    let outer = OptimizerSpec::Sgd(
-        SgdSpec::new()
-            .with_lr(lr)
-            .with_momentum(mu)
-            .with_nesterov(true),
-    );
     let module = DiLoCoCommunicatorConfig::new()
-        .with_inner_steps(3)
-        .with_outer_optimizer(outer);
+        .with_sync_interval(3)
+        .with_outer_optimizer(OptimizerConfig::sgd_momentum(mu, true))
+        .with_outer_lr(lr);
     let initial = vec![1.0f32, -2.0, 0.5];
     let replicas = vec![
         vec![0.9f32, -1.8, 0.5],
@@ -229,10 +204,14 @@ fn sparta_with_p_0_never_communicates() {
 
 #[test]
 fn sparta_diloco_honours_the_sparta_interval() {
-    let n = ParamLayout::trainable(&mlp(&Device::default().autodiff())).num_elements() as u64;
+    let n = ParamLayout::trainable(&small_mlp(&Device::default().autodiff())).num_elements() as u64;
     let hybrid = SpartaDiLoCoConfig::new()
-        .with_sparta(SparseCommunicatorConfig::new().with_p(1.0).with_interval(4))
-        .with_diloco(DiLoCoCommunicatorConfig::new().with_inner_steps(10));
+        .with_sparta(
+            SparseCommunicatorConfig::new()
+                .with_p(1.0)
+                .with_sync_interval(4),
+        )
+        .with_diloco(DiLoCoCommunicatorConfig::new().with_sync_interval(10));
     let out = fit(2, 21, &hybrid);
     // Sparse syncs after steps 3, 7, 11, 15, 19 (5), DiLoCo after 9 and 19 (2): 7 all-reduces
     // of n floats, ring cost 2·(2−1)/2 · 4n bytes each.
@@ -244,20 +223,18 @@ fn sparta_diloco_honours_the_sparta_interval() {
 #[test]
 fn fedavg_islands_average_within_and_differ_across() {
     let module = AveragingCommunicatorConfig::new()
-        .with_inner_steps(1)
+        .with_sync_interval(1)
         .with_island_size(Some(2));
     let device = Device::default().autodiff();
-    let layout = ParamLayout::trainable(
-        &burn::nn::LinearConfig::new(3, 1)
-            .with_bias(false)
-            .init(&device),
-    );
+    let layout = ParamLayout::trainable(&linear(3, &device));
     let group = InProcessGroup::new(4);
     let results = group
         .run(|comm| {
             let rank = comm.rank();
-            let values = vec![(rank * rank) as f32 * 10.0, rank as f32, 1.0];
-            let t = Tensor::<1>::from_data(TensorData::new(values, [3]), &device.clone().inner());
+            let values = [(rank * rank) as f32 * 10.0, rank as f32, 1.0];
+            let t = host(&values, &device);
+            let mut replica = ModelReplica::new(linear(3, &device), layout.clone());
+            replica.set_params(t.clone());
             let mut m = module
                 .init(&NodeInfo {
                     rank,
@@ -277,15 +254,8 @@ fn fedavg_islands_average_within_and_differ_across() {
                 collective: &comm,
                 layout: &layout,
             };
-            let source = || t.clone();
-            let mut params = FlatParams::new(&source);
-            m.communicate(&mut params, &mut ctx).unwrap();
-            params
-                .into_changed()
-                .unwrap()
-                .into_data()
-                .try_to_vec::<f32>()
-                .unwrap()
+            m.communicate(&mut replica, &mut ctx).unwrap();
+            replica.params().into_data().try_to_vec::<f32>().unwrap()
         })
         .unwrap();
     let results: Vec<Vec<f32>> = results.into_iter().map(Result::unwrap).collect();
@@ -317,8 +287,8 @@ fn fedavg_islands_average_within_and_differ_across() {
 fn diloco_with_h_20_sends_a_twentieth_of_allreduce_bytes() {
     // 60 steps: AllReduce all-reduces the gradient 60 times; DiLoCo the parameters after
     // steps 19, 39 and 59. Same buffer size and ring cost: exactly 1/20 of the bytes.
-    let diloco =
-        DiLoCoConfig::new().with_communicator(DiLoCoCommunicatorConfig::new().with_inner_steps(20));
+    let diloco = DiLoCoConfig::new()
+        .with_communicator(DiLoCoCommunicatorConfig::new().with_sync_interval(20));
     let (a, b) = (fit(4, 60, &diloco), fit(4, 60, &AllReduceConfig::new()));
     let (d, r) = (a.report.comm[0].bytes_sent, b.report.comm[0].bytes_sent);
     assert_eq!(a.report.comm[0].all_reduce_calls, 3);

@@ -4,9 +4,10 @@ use burn::module::Module;
 use burn::nn::{Linear, LinearConfig};
 use burn::tensor::activation::relu;
 use burn::tensor::{Device, Tensor};
-use gym_core::{ImageBatch, NodeData, ParamLayout, TrainModel, Trainer, TrainerConfig};
+use gym_core::Dropout;
+use gym_core::{GymError, ImageBatch, NodeData, ParamLayout, TrainModel, Trainer, TrainerConfig};
 use gym_data::{MnistBatcher, MnistDataset, MnistSplit};
-use gym_models::{Dropout, MlpConfig, cross_entropy};
+use gym_models::{MlpConfig, cross_entropy};
 use gym_strategies::AllReduceConfig;
 use tests::{Synthetic, SyntheticBatcher, shared_data};
 
@@ -34,11 +35,9 @@ fn run(seed: u64) -> (Vec<u32>, Vec<f64>) {
     let config = TrainerConfig::new(4)
         .with_max_steps(Some(15))
         .with_batch_size(8)
-        .with_val_size(16)
+        .with_val_size(Some(16))
         .with_val_interval(5)
-        .with_seed(seed)
-        .with_log_dir(None)
-        .with_progress(false);
+        .with_seed(seed);
     let init = |d: &Device| DropoutNet {
         fc1: LinearConfig::new(16, 32).init(d),
         dropout: Dropout::new(0.5),
@@ -65,6 +64,50 @@ fn the_same_seed_gives_the_same_bits_whatever_the_thread_timing() {
     assert_ne!(run(12).1, first.1, "another seed trains differently");
 }
 
+/// A linear classifier behind Burn's own dropout, which draws from the backend's
+/// process-wide generator.
+#[derive(Module, Debug)]
+struct BurnDropoutNet {
+    dropout: burn::nn::Dropout,
+    fc: Linear,
+}
+
+impl TrainModel for BurnDropoutNet {
+    type Batch = ImageBatch;
+    fn loss(&self, batch: &ImageBatch) -> Tensor<1> {
+        let x = self
+            .dropout
+            .forward(batch.images.clone().flatten::<2>(1, 3));
+        cross_entropy(self.fc.forward(x), batch.targets.clone())
+    }
+}
+
+/// Burn's `Dropout` cannot be reproducible inside `fit` (the nodes share the backend's
+/// generator, so its masks follow thread timing): `fit` finds it before any node starts and
+/// says what to use. Without randomness (p = 0) the same network runs.
+#[test]
+fn burn_dropout_is_refused_with_the_layer_to_use_instead() {
+    let fit = |prob: f64| {
+        let data = NodeData::shared(Synthetic::new(128, 16, 4, 3), Synthetic::new(16, 16, 4, 4));
+        let config = TrainerConfig::new(2)
+            .with_max_steps(Some(2))
+            .with_batch_size(8);
+        let init = move |d: &Device| BurnDropoutNet {
+            dropout: burn::nn::DropoutConfig::new(prob).init(),
+            fc: LinearConfig::new(16, 4).init(d),
+        };
+        Trainer::new(config).fit(init, &AllReduceConfig::new(), &data, &SyntheticBatcher)
+    };
+    match fit(0.5) {
+        Err(e @ GymError::SharedRandomness) => {
+            assert!(e.to_string().contains("gym_core::Dropout"), "{e}")
+        }
+        Err(e) => panic!("expected SharedRandomness, got {e}"),
+        Ok(_) => panic!("Burn's dropout was accepted"),
+    }
+    assert!(fit(0.0).is_ok());
+}
+
 #[test]
 fn mnist_mlp_on_four_nodes_learns_and_writes_its_logs() {
     let dir = shared_data("mnist");
@@ -76,13 +119,11 @@ fn mnist_mlp_on_four_nodes_learns_and_writes_its_logs() {
     let config = TrainerConfig::new(4)
         .with_max_steps(Some(60))
         .with_batch_size(32)
-        .with_val_size(256)
+        .with_val_size(Some(256))
         .with_val_interval(20)
         .with_run_name(Some("mlp-test".into()))
-        .with_log_dir(Some(log_dir.to_string_lossy().into_owned()))
-        .with_progress(false);
-    let inner = gym_core::InnerOptimizerConfig::new()
-        .with_optimizer(gym_core::OptimizerSpec::default().with_lr(1e-3));
+        .with_log_dir(Some(log_dir.to_string_lossy().into_owned()));
+    let inner = gym_core::InnerOptimizerConfig::new().with_lr(1e-3);
     let strategy = AllReduceConfig::new().with_inner(inner);
     let out = Trainer::new(config)
         .fit(
@@ -143,9 +184,7 @@ fn a_per_node_factory_is_called_once_per_node_and_split() {
     let config = TrainerConfig::new(3)
         .with_max_steps(Some(5))
         .with_batch_size(8)
-        .with_val_size(16)
-        .with_log_dir(None)
-        .with_progress(false);
+        .with_val_size(Some(16));
     let out = Trainer::new(config)
         .fit(
             |d: &Device| {
@@ -162,4 +201,30 @@ fn a_per_node_factory_is_called_once_per_node_and_split() {
         .unwrap();
     assert_eq!(calls.load(Ordering::SeqCst), 3 * 2);
     assert_eq!(out.report.train.len(), 5);
+}
+
+/// `TrainerConfig::new(4)` with a batch of 128 and nothing else set runs (the unset
+/// validation size follows the batch size) and writes nothing.
+#[test]
+fn a_library_call_with_only_a_batch_size_runs_and_writes_nothing() {
+    let data = NodeData::shared(Synthetic::new(1024, 16, 4, 3), Synthetic::new(64, 16, 4, 4));
+    let config = TrainerConfig::new(4).with_batch_size(128);
+    let before = std::fs::read_dir(".").unwrap().count();
+    let out = Trainer::new(config)
+        .fit(
+            tests::small_mlp,
+            &AllReduceConfig::new(),
+            &data,
+            &SyntheticBatcher,
+        )
+        .unwrap();
+    // One epoch of 256 examples per node: two steps; evaluations at 0 and at the end.
+    assert_eq!(out.report.steps, 2);
+    assert_eq!(out.report.validation.len(), 2);
+    assert_eq!(out.report.log_dir, None);
+    assert_eq!(
+        std::fs::read_dir(".").unwrap().count(),
+        before,
+        "no file written"
+    );
 }

@@ -12,7 +12,7 @@
 //! ```
 
 use clap::{Parser, ValueEnum};
-use gym_core::RunSummary;
+use examples::summary::RunSummary;
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
@@ -164,14 +164,14 @@ fn main() -> ExitCode {
             Task::Mnist => cmd
                 .args(["--model", "mlp", "--batch-size", "64", "--lr", lr])
                 .args(["--max-steps", &cli.max_steps.unwrap_or(200).to_string()])
-                .args(["--inner-steps", "20", "--p-sparta", "0.005"]),
+                .args(["--sync-interval", "20", "--p-sparta", "0.005"]),
             Task::Nanogpt => cmd
                 .args(["--n-layer", "2", "--n-head", "2", "--n-embd", "64"])
                 .args(["--block-size", &GPT_BLOCK.to_string()])
                 .args(["--batch-size", &GPT_BATCH.to_string()])
                 .args(["--lr", "1e-3", "--warmup-steps", "10"])
                 .args(["--max-steps", &cli.max_steps.unwrap_or(100).to_string()])
-                .args(["--inner-steps", "20", "--num-tokens", "0"]),
+                .args(["--sync-interval", "20", "--num-tokens", "0"]),
         };
         cmd.args(["--run-name", &run_name, "--log-dir"])
             .arg(&cli.log_dir);

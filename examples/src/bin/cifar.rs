@@ -8,13 +8,10 @@
 //! cargo run --release -p examples --bin cifar -- --num-nodes 4 --max-steps 2000
 //! ```
 
-use burn::tensor::Device;
 use clap::Parser;
-use examples::cifar::{CifarArgs, MODEL_NAME, cifar_data, cifar_model, write_summary};
-use examples::cli::{self, CommonArgs, WithStrategy};
-use examples::{backend, report};
-use gym_core::{NodeData, RunSummary, StrategyConfig, Trainer};
-use gym_data::{CifarBatcher, CifarItem};
+use examples::cli::{self, CommonArgs};
+use examples::runner;
+use examples::tasks::{self, CifarArgs};
 use serde::Serialize;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -36,69 +33,7 @@ struct Cli {
 fn main() -> ExitCode {
     let process_start = Instant::now();
     let (cli, _) = cli::parse::<Cli>();
-    match run(&cli, process_start) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-fn run(cli: &Cli, process_start: Instant) -> Result<(), Box<dyn std::error::Error>> {
-    let (device, backend) = backend::select();
-    eprintln!("backend: {backend}");
-    let data = cifar_data(cli.common.data_dir.as_deref(), &cli.cifar)?;
-    eprintln!(
-        "data: {} ({} train, {} validation images)",
-        data.dataset, data.train_len, data.val_len
-    );
-    let run = Run {
-        cli,
-        dataset: data.dataset,
-        data: data.data,
-        device,
-        backend,
-        process_start,
-    };
-    cli.common.dispatch(&run)
-}
-
-/// Everything a run needs besides the strategy.
-struct Run<'a> {
-    cli: &'a Cli,
-    dataset: &'static str,
-    data: NodeData<CifarItem>,
-    device: Device,
-    backend: String,
-    process_start: Instant,
-}
-
-impl WithStrategy for &Run<'_> {
-    type Output = Result<(), Box<dyn std::error::Error>>;
-
-    fn run<S: StrategyConfig>(self, strategy: &S) -> Self::Output {
-        let common = &self.cli.common;
-        let trainer = Trainer::new(common.trainer_config()).with_devices(vec![self.device.clone()]);
-        let fit_start = Instant::now();
-        let out = trainer.fit(cifar_model, strategy, &self.data, &CifarBatcher)?;
-        let summary = RunSummary::new(
-            &out.report,
-            &strategy.name(),
-            MODEL_NAME,
-            &self.backend,
-            self.process_start,
-            fit_start,
-        );
-        let dir = common.run_dir(&out.report.run_name);
-        let path = write_summary(&summary, self.dataset, &dir)?;
-        cli::save_run_config(self.cli, &dir)?;
-        report::print_summary(&summary);
-        println!("dataset           {}", self.dataset);
-        println!(
-            "logs              {}",
-            path.parent().unwrap_or(&path).display()
-        );
-        Ok(())
-    }
+    runner::train_main(process_start, &cli, &cli.common, || {
+        Ok(tasks::cifar(cli.common.data_dir.as_deref(), &cli.cifar)?)
+    })
 }

@@ -21,7 +21,7 @@ use std::sync::Arc;
 /// not above `target` — which is 1 when `n` has no divisor in `2..=target` (a prime).
 ///
 /// ```
-/// use gym_strategies::dct::chunk_size;
+/// use gym_strategies::demo::dct::chunk_size;
 /// assert_eq!(chunk_size(768, 64), 64);
 /// assert_eq!(chunk_size(50257, 64), 29);
 /// assert_eq!(chunk_size(66, 64), 33);

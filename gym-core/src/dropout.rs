@@ -9,8 +9,9 @@ use rand::Rng;
 /// Burn's own dropout).
 ///
 /// Burn's `Dropout` draws from the backend's process-wide generator, which the node threads
-/// share, so its masks depend on thread timing. This one draws its masks on the host from
-/// [`gym_core::rng`], the node's own stream, so a run is reproducible from its seed.
+/// share, so its masks depend on thread timing: [`Trainer::fit`](crate::Trainer::fit) refuses
+/// a model that draws from it. This one draws its masks on the host from the node's own
+/// stream ([`crate::rng`]), so a run is reproducible from its seed.
 #[derive(Module, Debug)]
 pub struct Dropout {
     /// Drop probability, in `[0, 1)`.
@@ -59,7 +60,7 @@ impl Dropout {
         let n: usize = mask_shape.iter().product();
         let keep = 1.0 - self.prob;
         let scale = (1.0 / keep) as f32;
-        let values: Vec<f32> = gym_core::rng::with_node_rng(|rng| {
+        let values: Vec<f32> = crate::rng::with_node_rng(|rng| {
             (0..n)
                 .map(|_| {
                     if rng.random::<f64>() < keep {

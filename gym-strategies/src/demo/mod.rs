@@ -26,14 +26,17 @@
 //!   16), two bytes up to 65 536 (the default 64 × 64 chunks), four beyond. The original
 //!   sends int64. All parameters' pairs travel in one all-gather per step.
 
-use crate::dct::{ChunkGrid, Dct};
+pub mod codec;
+pub mod dct;
+
 use burn::config::Config;
-use burn::module::Module;
 use burn::optim::lr_scheduler::module_lr_scheduler::ModuleLrScheduler;
 use burn::tensor::{Tensor, TensorData};
-use gym_core::optim::clip_grad_norm;
+use codec::{IndexWidth, SparseCoefficients, read_index, top_k_per_chunk};
+use dct::{ChunkGrid, Dct};
+use gym_core::optim::{check_learning_rate, clip_grad_norm};
 use gym_core::{
-    GymError, LrScheduleConfig, NodeInfo, ParamLayout, Result, StepContext, Strategy,
+    GymError, LrScheduleConfig, NodeInfo, ParamLayout, Replica, Result, StepContext, Strategy,
     StrategyConfig,
 };
 
@@ -55,7 +58,7 @@ pub struct DeMoConfig {
     /// Coefficients sent per chunk (capped at the chunk's size).
     #[config(default = 32)]
     pub compression_topk: usize,
-    /// Target chunk length per dimension (see [`crate::dct::chunk_size`]).
+    /// Target chunk length per dimension (see [`dct::chunk_size`]).
     #[config(default = 64)]
     pub compression_chunk: usize,
     /// Decoupled weight decay λ.
@@ -64,74 +67,38 @@ pub struct DeMoConfig {
 }
 
 impl DeMoConfig {
-    fn validate(&self) -> Result<()> {
+    /// Checks every setting.
+    pub fn validate(&self) -> Result<()> {
         let bad = |why: String| Err(GymError::InvalidConfig(format!("DeMo: {why}")));
+        check_learning_rate("lr", self.lr)?;
+        self.schedule.validate()?;
+        if let Some(max_norm) = self.max_norm
+            && !(max_norm.is_finite() && max_norm > 0.0)
+        {
+            return bad(format!(
+                "`max_norm` must be positive and finite, got {max_norm}"
+            ));
+        }
         if self.compression_topk == 0 {
-            return bad("compression_topk must be at least 1".into());
+            return bad("`compression_topk` must be at least 1".into());
         }
         if self.compression_chunk == 0 {
-            return bad("compression_chunk must be at least 1".into());
+            return bad("`compression_chunk` must be at least 1".into());
         }
         if !(0.0..1.0).contains(&self.compression_decay) {
             return bad(format!(
-                "compression_decay must be in [0, 1), got {}",
+                "`compression_decay` must be in [0, 1), got {}",
                 self.compression_decay
             ));
         }
         if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
             return bad(format!(
-                "weight_decay must be finite and non-negative, got {}",
+                "`weight_decay` must be finite and non-negative, got {}",
                 self.weight_decay
             ));
         }
         Ok(())
     }
-}
-
-/// The width of the indices DeMo sends: the smallest unsigned integer type that holds every
-/// position within a chunk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum IndexWidth {
-    /// `u8`: chunks of up to 256 coefficients.
-    U8,
-    /// `u16`: chunks of up to 65 536 coefficients.
-    U16,
-    /// `u32`: larger chunks.
-    U32,
-}
-
-impl IndexWidth {
-    /// The width for chunks of `chunk_len` coefficients.
-    pub fn for_chunk_len(chunk_len: usize) -> Self {
-        if chunk_len <= 1 << 8 {
-            IndexWidth::U8
-        } else if chunk_len <= 1 << 16 {
-            IndexWidth::U16
-        } else {
-            IndexWidth::U32
-        }
-    }
-
-    /// Bytes per index.
-    pub fn bytes(self) -> usize {
-        match self {
-            IndexWidth::U8 => 1,
-            IndexWidth::U16 => 2,
-            IndexWidth::U32 => 4,
-        }
-    }
-}
-
-/// What a node sends for one parameter: `k` coefficients of every chunk.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SparseCoefficients {
-    /// Coefficients per chunk.
-    pub k: usize,
-    /// For chunk `c`, entries `c·k..(c+1)·k`: positions within the chunk (row-major in the
-    /// chunk, as [`ChunkGrid`] stores them).
-    pub indices: Vec<u32>,
-    /// The signed coefficients at those positions.
-    pub values: Vec<f32>,
 }
 
 /// DeMo's state for one parameter.
@@ -180,8 +147,6 @@ pub struct DeMo {
 }
 
 impl StrategyConfig for DeMoConfig {
-    type Strategy = DeMo;
-
     fn name(&self) -> String {
         "demo".into()
     }
@@ -190,28 +155,18 @@ impl StrategyConfig for DeMoConfig {
         serde_json::to_value(self).expect("config serialises")
     }
 
-    fn init(&self, node: &NodeInfo<'_>) -> Result<DeMo> {
-        self.validate()?;
-        Ok(DeMo {
-            params: DeMo::param_states(node.layout, self.compression_chunk, self.compression_topk),
-            dct: Dct::new(),
-            workspace: Workspace::default(),
-            schedule: self.schedule.init(self.lr, node.max_steps)?,
-            decay: self.compression_decay as f32,
-            weight_decay: self.weight_decay,
-            max_norm: self.max_norm,
-            lr: self.lr,
-        })
+    fn init(&self, node: &NodeInfo<'_>) -> Result<Box<dyn Strategy>> {
+        Ok(Box::new(DeMo::new(self, node)?))
     }
 }
 
 impl Strategy for DeMo {
-    fn step<M: Module>(
+    fn step(
         &mut self,
-        model: M,
+        replica: &mut dyn Replica,
         grads: Tensor<1>,
         ctx: &mut StepContext<'_>,
-    ) -> Result<M> {
+    ) -> Result<()> {
         let grads = match self.max_norm {
             Some(max_norm) => clip_grad_norm(grads, max_norm),
             None => grads,
@@ -224,7 +179,7 @@ impl Strategy for DeMo {
         let gathered = ctx.collective.all_gather_bytes(payload)?;
         let direction = self.aggregate(&gathered)?;
 
-        let params = ctx.layout.flatten(&model);
+        let params = replica.params();
         let direction = Tensor::from_data(
             TensorData::new(direction, [params.dims()[0]]),
             &params.device(),
@@ -234,7 +189,8 @@ impl Strategy for DeMo {
         } else {
             params
         };
-        Ok(ctx.layout.load(model, params - direction.mul_scalar(lr)))
+        replica.set_params(params - direction.mul_scalar(lr));
+        Ok(())
     }
 
     fn lr(&self) -> f64 {
@@ -243,6 +199,22 @@ impl Strategy for DeMo {
 }
 
 impl DeMo {
+    /// The DeMo state of the node `node` describes, as `config` sets it.
+    pub fn new(config: &DeMoConfig, node: &NodeInfo<'_>) -> Result<Self> {
+        let c = config;
+        c.validate()?;
+        Ok(DeMo {
+            params: DeMo::param_states(node.layout, c.compression_chunk, c.compression_topk),
+            dct: Dct::new(),
+            workspace: Workspace::default(),
+            schedule: c.schedule.init(c.lr, node.max_steps)?,
+            decay: c.compression_decay as f32,
+            weight_decay: c.weight_decay,
+            max_norm: c.max_norm,
+            lr: c.lr,
+        })
+    }
+
     fn param_states(layout: &ParamLayout, chunk: usize, topk: usize) -> Vec<ParamState> {
         layout
             .entries()
@@ -392,50 +364,6 @@ fn host(grads: Tensor<1>) -> Result<Vec<f32>> {
         .map_err(|e| GymError::InvalidConfig(format!("DeMo: cannot read the gradient: {e:?}")))
 }
 
-/// The `sent.k` coefficients of largest magnitude in every chunk of `chunk_len`, written
-/// into `sent` (its buffers are reused); `keys` is a workspace.
-fn top_k_per_chunk(
-    coefficients: &[f32],
-    chunk_len: usize,
-    keys: &mut Vec<u64>,
-    sent: &mut SparseCoefficients,
-) {
-    let k = sent.k;
-    sent.indices.clear();
-    sent.values.clear();
-    for chunk in coefficients.chunks_exact(chunk_len.max(1)) {
-        // A non-negative float's bits order like its value (NaN above ∞, as `total_cmp`
-        // orders |c|), so one u64 comparison ranks by |c| with the position as tie-break:
-        // far cheaper than comparing through the chunk.
-        keys.clear();
-        keys.extend(
-            chunk
-                .iter()
-                .enumerate()
-                .map(|(i, c)| (u64::from(c.abs().to_bits()) << 32) | i as u64),
-        );
-        let (k, len) = (k.min(keys.len()), keys.len());
-        if k < len {
-            // Partial selection: the k largest end up last, in no particular order (the
-            // original's `topk(sorted=False)`).
-            keys.select_nth_unstable(len - k);
-        }
-        for &key in &keys[len - k..] {
-            let i = key as u32;
-            sent.indices.push(i);
-            sent.values.push(chunk[i as usize]);
-        }
-    }
-}
-
-fn read_index(bytes: &[u8], j: usize, width: IndexWidth) -> u32 {
-    match width {
-        IndexWidth::U8 => bytes[j] as u32,
-        IndexWidth::U16 => u16::from_le_bytes([bytes[2 * j], bytes[2 * j + 1]]) as u32,
-        IndexWidth::U32 => u32::from_le_bytes(bytes[4 * j..4 * j + 4].try_into().expect("4 bytes")),
-    }
-}
-
 /// `sign(x)` with `sign(0) = 0` (torch's `sign_`), keeping NaN.
 fn sign(x: f32) -> f32 {
     if x > 0.0 {
@@ -450,46 +378,6 @@ fn sign(x: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn top_k_keeps_the_largest_magnitudes_of_each_chunk() {
-        let c = [0.1, -5.0, 3.0, 0.0, /* chunk 2 */ 1.0, 2.0, -3.0, 4.0];
-        let mut s = SparseCoefficients {
-            k: 2,
-            indices: vec![9; 7],
-            values: Vec::new(),
-        };
-        top_k_per_chunk(&c, 4, &mut Vec::new(), &mut s);
-        assert_eq!(s.indices.len(), 4, "the buffers are cleared first");
-        let mut first: Vec<u32> = s.indices[..2].to_vec();
-        first.sort();
-        let mut second: Vec<u32> = s.indices[2..].to_vec();
-        second.sort();
-        assert_eq!((first, second), (vec![1, 2], vec![2, 3]));
-        for (j, &i) in s.indices.iter().enumerate() {
-            assert_eq!(s.values[j], c[(j / 2) * 4 + i as usize]);
-        }
-    }
-
-    #[test]
-    fn index_width_is_the_smallest_that_holds_a_chunk_position() {
-        assert_eq!(IndexWidth::for_chunk_len(256), IndexWidth::U8);
-        assert_eq!(IndexWidth::for_chunk_len(257), IndexWidth::U16);
-        assert_eq!(IndexWidth::for_chunk_len(64 * 64), IndexWidth::U16);
-        assert_eq!(IndexWidth::for_chunk_len(65_537), IndexWidth::U32);
-        for (w, x) in [
-            (IndexWidth::U8, 200u32),
-            (IndexWidth::U16, 4095),
-            (IndexWidth::U32, 70_000),
-        ] {
-            let bytes = match w {
-                IndexWidth::U8 => vec![x as u8],
-                IndexWidth::U16 => (x as u16).to_le_bytes().to_vec(),
-                IndexWidth::U32 => x.to_le_bytes().to_vec(),
-            };
-            assert_eq!(read_index(&bytes, 0, w), x);
-        }
-    }
 
     #[test]
     fn sign_of_zero_is_zero() {

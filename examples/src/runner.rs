@@ -1,0 +1,191 @@
+//! One way to run a task, shared by every binary and by `compare`: the runner fits the task
+//! with a strategy, writes `summary.json` and `run_config.toml` into the run's folder, and
+//! prints the summary.
+//!
+//! A binary is: parse flags → build the [`Task`] (data, model, batcher; see
+//! [`crate::tasks`]) → hand it to the [`Runner`] with a strategy (a value:
+//! [`CommonArgs::strategy_config`]).
+
+use crate::backend;
+use crate::cli::{self, CommonArgs};
+use crate::summary::{RunLabels, RunSummary, print_summary};
+use burn::data::dataloader::batcher::Batcher;
+use burn::tensor::Device;
+use gym_core::{NodeData, RunReport, StrategyConfig, TrainModel, Trainer};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+/// The error type of the example binaries.
+pub type BoxError = Box<dyn std::error::Error>;
+
+/// What an example trains: the model, the data, and how items become batches.
+pub struct Task<M, I, B> {
+    /// How runs name the model, e.g. `mlp`.
+    pub model_name: String,
+    /// How runs name the data, e.g. `MNIST`.
+    pub dataset: String,
+    /// Builds the model on a device (called once per node).
+    pub init: Box<dyn Fn(&Device) -> M + Send + Sync>,
+    /// Train and validation data.
+    pub data: NodeData<I>,
+    /// Turns items into the model's batches.
+    pub batcher: B,
+}
+
+/// What a run measured and where it wrote it.
+#[derive(Debug, Clone)]
+pub struct RunResult {
+    /// Everything `fit` measured.
+    pub report: RunReport,
+    /// The figures of `summary.json`.
+    pub summary: RunSummary,
+    /// The run's folder.
+    pub dir: PathBuf,
+}
+
+/// A finished run with its trained model.
+pub struct Finished<M> {
+    /// The average of the final replicas.
+    pub model: M,
+    /// What the run measured and where it wrote it.
+    pub result: RunResult,
+}
+
+/// A [`Task`] whose model type is not known to the caller (`compare`, or a binary that picks
+/// the model from a flag).
+pub trait TrainTask {
+    /// How runs name the model.
+    fn model_name(&self) -> &str;
+
+    /// How runs name the data.
+    fn dataset(&self) -> &str;
+
+    /// Trains the task with `strategy` and the flags `args`, as [`Runner::fit`] does.
+    fn train(
+        &self,
+        runner: &Runner,
+        args: &CommonArgs,
+        strategy: &dyn StrategyConfig,
+        run_config: &serde_json::Value,
+    ) -> Result<RunResult, BoxError>;
+}
+
+impl<M, I, B> TrainTask for Task<M, I, B>
+where
+    M: TrainModel,
+    I: Send + 'static,
+    B: Batcher<I, M::Batch>,
+{
+    fn model_name(&self) -> &str {
+        &self.model_name
+    }
+
+    fn dataset(&self) -> &str {
+        &self.dataset
+    }
+
+    fn train(
+        &self,
+        runner: &Runner,
+        args: &CommonArgs,
+        strategy: &dyn StrategyConfig,
+        run_config: &serde_json::Value,
+    ) -> Result<RunResult, BoxError> {
+        Ok(runner.fit(self, args, strategy, run_config)?.result)
+    }
+}
+
+/// Runs tasks on this process's device.
+pub struct Runner {
+    device: Device,
+    backend: String,
+    process_start: Instant,
+}
+
+impl Runner {
+    /// A runner on the device [`backend::select`] picks (printed on stderr), for a process
+    /// that started at `process_start`.
+    pub fn new(process_start: Instant) -> Self {
+        let (device, backend) = backend::select();
+        eprintln!("backend: {backend}");
+        Runner {
+            device,
+            backend,
+            process_start,
+        }
+    }
+
+    /// Fits `task` with `strategy` as `args` describe, writes the run's `summary.json` and
+    /// `run_config.toml` (`run_config`: the resolved flags), and prints the summary.
+    pub fn fit<M, I, B>(
+        &self,
+        task: &Task<M, I, B>,
+        args: &CommonArgs,
+        strategy: &dyn StrategyConfig,
+        run_config: &serde_json::Value,
+    ) -> Result<Finished<M>, BoxError>
+    where
+        M: TrainModel,
+        I: Send + 'static,
+        B: Batcher<I, M::Batch>,
+    {
+        let trainer = Trainer::new(args.trainer_config()).with_devices(vec![self.device.clone()]);
+        let fit_start = Instant::now();
+        let out = trainer.fit(&task.init, strategy, &task.data, &task.batcher)?;
+        let labels = RunLabels {
+            strategy: &strategy.name(),
+            model: &task.model_name,
+            dataset: &task.dataset,
+            backend: &self.backend,
+        };
+        let summary = RunSummary::new(&out.report, labels, self.process_start, fit_start);
+        let dir = args.run_dir(&out.report.run_name);
+        summary.write(&dir)?;
+        cli::save_run_config(run_config, &dir)?;
+        print_summary(&summary);
+        println!("logs              {}", dir.display());
+        Ok(Finished {
+            model: out.model,
+            result: RunResult {
+                report: out.report,
+                summary,
+                dir,
+            },
+        })
+    }
+}
+
+/// The whole of a binary that trains one task: builds the task with `task`, trains it with
+/// the strategy `common` names, and returns the exit status (printing the error, if any).
+/// `cli` is every flag of the binary, saved as the run's `run_config.toml`.
+pub fn train_main<A: serde::Serialize>(
+    process_start: Instant,
+    cli: &A,
+    common: &CommonArgs,
+    task: impl FnOnce() -> Result<Box<dyn TrainTask>, BoxError>,
+) -> ExitCode {
+    exit_code((|| {
+        let runner = Runner::new(process_start);
+        let task = task()?;
+        let strategy = common.strategy_config();
+        task.train(
+            &runner,
+            common,
+            strategy.as_ref(),
+            &serde_json::to_value(cli)?,
+        )?;
+        Ok(())
+    })())
+}
+
+/// The exit status of a binary whose work returned `result`, printing the error if any.
+pub fn exit_code(result: Result<(), BoxError>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,175 @@
+//! What an example run reports: the figures of `summary.json` and the lines it prints.
+
+use gym_core::{GymError, RunReport};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// The figures every example run writes to `<log-dir>/<run-name>/summary.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunSummary {
+    /// Run name.
+    pub run_name: String,
+    /// Strategy name.
+    pub strategy: String,
+    /// Model name.
+    pub model: String,
+    /// The data, e.g. `MNIST` or `CIFAR-like (lossy approximation)`.
+    pub dataset: String,
+    /// Backend the run used.
+    pub backend: String,
+    /// Number of nodes.
+    pub num_nodes: usize,
+    /// Steps taken.
+    pub steps: usize,
+    /// Loss of the last step (mean over nodes).
+    pub final_train_loss: Option<f64>,
+    /// Loss of the averaged model on the whole validation set.
+    pub final_val_loss: Option<f64>,
+    /// Accuracy of the averaged model on the whole validation set (classifiers).
+    pub val_accuracy: Option<f64>,
+    /// Loss of rank 0's replica on the whole validation set.
+    pub final_local_val_loss: Option<f64>,
+    /// Seconds from process start to the end of the run.
+    pub wall_time_s: f64,
+    /// Seconds from process start to the first training step.
+    pub startup_s: f64,
+    /// Seconds of `fit`.
+    pub fit_time_s: f64,
+    /// Steps per second of the training loop.
+    pub loop_its_per_s: f64,
+    /// Milliseconds per step in forward and backward passes, per node.
+    pub compute_ms_per_step: f64,
+    /// Milliseconds per step in the strategy (communication, compression, update), per node.
+    pub strategy_ms_per_step: f64,
+    /// Payload bytes each node sent (mean over nodes).
+    pub bytes_sent_per_node: f64,
+    /// Payload bytes each node received (mean over nodes).
+    pub bytes_received_per_node: f64,
+    /// Peak resident memory of the process, where the OS reports it.
+    pub peak_rss_bytes: Option<u64>,
+    /// [`RunReport::init_fingerprint`] in hex: equal across runs that started equal.
+    pub init_fingerprint: String,
+    /// [`RunReport::data_fingerprint`] in hex: equal across runs that drew the same samples.
+    pub data_fingerprint: String,
+}
+
+/// What a run trained and where, for its summary.
+#[derive(Debug, Clone, Copy)]
+pub struct RunLabels<'a> {
+    /// Strategy name.
+    pub strategy: &'a str,
+    /// Model name.
+    pub model: &'a str,
+    /// Dataset name.
+    pub dataset: &'a str,
+    /// Backend name.
+    pub backend: &'a str,
+}
+
+impl RunSummary {
+    /// The summary of `report`, for a process that started at `process_start` and called
+    /// `fit` at `fit_start`.
+    pub fn new(
+        report: &RunReport,
+        labels: RunLabels<'_>,
+        process_start: Instant,
+        fit_start: Instant,
+    ) -> Self {
+        let fin = report.final_validation();
+        let to_fit = fit_start.duration_since(process_start).as_secs_f64();
+        RunSummary {
+            run_name: report.run_name.clone(),
+            strategy: labels.strategy.to_string(),
+            model: labels.model.to_string(),
+            dataset: labels.dataset.to_string(),
+            backend: labels.backend.to_string(),
+            num_nodes: report.num_nodes,
+            steps: report.steps,
+            final_train_loss: report.final_train_loss(),
+            final_val_loss: fin.map(|v| v.global_loss),
+            val_accuracy: fin.and_then(|v| v.global_accuracy),
+            final_local_val_loss: fin.map(|v| v.local_loss),
+            wall_time_s: process_start.elapsed().as_secs_f64(),
+            startup_s: to_fit + report.setup_s,
+            fit_time_s: report.wall_s,
+            loop_its_per_s: report.loop_its_per_s(),
+            compute_ms_per_step: report.compute_s_per_step() * 1e3,
+            strategy_ms_per_step: report.strategy_s_per_step() * 1e3,
+            bytes_sent_per_node: report.bytes_sent_per_node(),
+            bytes_received_per_node: report.bytes_received_per_node(),
+            peak_rss_bytes: peak_rss_bytes(),
+            init_fingerprint: format!("{:016x}", report.init_fingerprint),
+            data_fingerprint: format!("{:016x}", report.data_fingerprint),
+        }
+    }
+
+    /// Writes `summary.json` into `dir`.
+    pub fn write(&self, dir: &Path) -> Result<PathBuf, GymError> {
+        let path = dir.join("summary.json");
+        std::fs::create_dir_all(dir).map_err(|e| GymError::io(dir, e))?;
+        let json = serde_json::to_string_pretty(self).expect("summary serialises");
+        std::fs::write(&path, json).map_err(|e| GymError::io(&path, e))?;
+        Ok(path)
+    }
+}
+
+/// Peak resident set size of this process (Linux: `VmHWM`), or `None` elsewhere.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// Prints the run summary as aligned lines.
+pub fn print_summary(s: &RunSummary) {
+    let opt =
+        |x: Option<f64>, digits: usize| x.map_or("-".to_string(), |v| format!("{v:.digits$}"));
+    println!("── {} ──", s.run_name);
+    println!(
+        "strategy          {} on {} nodes ({} backend)",
+        s.strategy, s.num_nodes, s.backend
+    );
+    println!("model             {}", s.model);
+    println!("data              {}", s.dataset);
+    println!("steps             {}", s.steps);
+    println!("train loss        {}", opt(s.final_train_loss, 4));
+    println!("val loss          {}", opt(s.final_val_loss, 4));
+    if let Some(acc) = s.val_accuracy {
+        println!("val accuracy      {:.2}%", acc * 100.0);
+    }
+    println!(
+        "wall time         {:.2} s (start-up {:.2} s)",
+        s.wall_time_s, s.startup_s
+    );
+    println!("loop speed        {:.1} it/s", s.loop_its_per_s);
+    println!(
+        "per step          {:.1} ms forward/backward, {:.1} ms strategy",
+        s.compute_ms_per_step, s.strategy_ms_per_step
+    );
+    println!(
+        "bytes per node    {} sent, {} received",
+        human_bytes(s.bytes_sent_per_node),
+        human_bytes(s.bytes_received_per_node)
+    );
+    if let Some(rss) = s.peak_rss_bytes {
+        println!("peak RSS          {}", human_bytes(rss as f64));
+    }
+}
+
+/// `1.5 MiB`-style sizes.
+pub fn human_bytes(b: f64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{v:.0} {}", UNITS[0])
+    } else {
+        format!("{v:.2} {}", UNITS[u])
+    }
+}

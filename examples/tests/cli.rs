@@ -1,0 +1,80 @@
+//! The example binaries as a user runs them: a bad learning rate is refused before any node
+//! starts, naming the flag; Burn's optimizers are chosen by name.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn mnist_dir() -> PathBuf {
+    tests::shared_data("mnist")
+}
+
+/// Runs the `mnist` binary for a few steps of a small set-up, with `extra` flags.
+fn mnist(log_dir: &std::path::Path, extra: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_mnist"))
+        .args(["--num-nodes", "2", "--max-steps", "3", "--batch-size", "16"])
+        .args(["--val-size", "0", "--no-progress", "--run-name", "run"])
+        .arg("--data-dir")
+        .arg(mnist_dir())
+        .arg("--log-dir")
+        .arg(log_dir)
+        .args(extra)
+        .output()
+        .expect("the mnist binary runs")
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("gym-cli-{name}-{}", std::process::id()));
+    std::fs::remove_dir_all(&dir).ok();
+    dir
+}
+
+#[test]
+fn a_nan_learning_rate_is_refused_before_any_node_starts() {
+    for strategy in ["allreduce", "diloco", "demo"] {
+        let logs = temp_dir(&format!("nan-{strategy}"));
+        let out = mnist(&logs, &["--lr", "nan", "--strategy", strategy]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{strategy}: accepted");
+        assert!(
+            stderr.contains("invalid configuration") && stderr.contains("`lr`"),
+            "{strategy}: {stderr}"
+        );
+        assert!(!stderr.contains("node"), "{strategy}: {stderr}");
+        assert!(
+            !logs.join("run").exists(),
+            "{strategy}: a run folder was made"
+        );
+    }
+}
+
+#[test]
+fn burn_optimizers_are_chosen_by_name() {
+    for optimizer in ["muon", "lion", "adan"] {
+        let logs = temp_dir(&format!("opt-{optimizer}"));
+        let out = mnist(&logs, &["--optimizer", optimizer, "--lr", "1e-3"]);
+        assert!(
+            out.status.success(),
+            "{optimizer}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let summary: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(logs.join("run/summary.json")).unwrap())
+                .unwrap();
+        assert_eq!(summary["steps"], 3);
+        assert!(summary["final_train_loss"].as_f64().unwrap().is_finite());
+        let config: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(logs.join("run/config.json")).unwrap())
+                .unwrap();
+        let inner = &config["strategy"]["config"]["inner"];
+        let named = |v: &serde_json::Value| v.to_string().to_lowercase();
+        match optimizer {
+            // Muon holds the matrices; AdamW the rest.
+            "muon" => {
+                assert!(named(&inner["groups"][0]["optimizer"]).contains("muon"));
+                assert!(named(&inner["optimizer"]).contains("adamw"));
+            }
+            other => assert!(named(&inner["optimizer"]).contains(other), "{inner}"),
+        }
+        std::fs::remove_dir_all(&logs).ok();
+    }
+}

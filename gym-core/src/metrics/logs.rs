@@ -1,0 +1,102 @@
+//! A run's folder: `config.json`, `train.csv`, `validation.csv` and `correlation.csv`,
+//! written row by row as the run goes.
+
+use super::records::{CorrelationRecord, TrainRecord, ValRecord};
+use crate::error::{GymError, Result};
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+/// A run name from the strategy, node count and the current UTC time.
+pub fn default_run_name(strategy: &str, num_nodes: usize) -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{strategy}-n{num_nodes}-{y:04}{m:02}{d:02}-{:02}{:02}{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// `train.csv`, `validation.csv` and (when measured) `correlation.csv` of a run.
+pub(crate) struct CsvLogs {
+    train: BufWriter<File>,
+    val: BufWriter<File>,
+    correlation: Option<BufWriter<File>>,
+    dir: PathBuf,
+}
+
+impl CsvLogs {
+    /// Creates the run folder, its `config.json` and the CSV headers.
+    pub fn create(dir: &Path, config: &serde_json::Value, correlation: bool) -> Result<Self> {
+        std::fs::create_dir_all(dir).map_err(|e| GymError::io(dir, e))?;
+        let config_path = dir.join("config.json");
+        let json = serde_json::to_string_pretty(config).expect("config serialises");
+        std::fs::write(&config_path, json).map_err(|e| GymError::io(&config_path, e))?;
+        let open = |name: &str, header: &str| -> Result<BufWriter<File>> {
+            let path = dir.join(name);
+            let mut w = BufWriter::new(File::create(&path).map_err(|e| GymError::io(&path, e))?);
+            writeln!(w, "{header}")
+                .and_then(|_| w.flush())
+                .map_err(|e| GymError::io(&path, e))?;
+            Ok(w)
+        };
+        Ok(CsvLogs {
+            train: open("train.csv", TrainRecord::CSV_HEADER)?,
+            val: open("validation.csv", ValRecord::CSV_HEADER)?,
+            correlation: if correlation {
+                Some(open("correlation.csv", CorrelationRecord::CSV_HEADER)?)
+            } else {
+                None
+            },
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    pub fn correlation_row(&mut self, r: &CorrelationRecord) -> Result<()> {
+        let Some(w) = self.correlation.as_mut() else {
+            return Ok(());
+        };
+        writeln!(w, "{}", r.csv_row())
+            .and_then(|_| w.flush())
+            .map_err(|e| GymError::io(self.dir.join("correlation.csv"), e))
+    }
+
+    pub fn train_row(&mut self, r: &TrainRecord) -> Result<()> {
+        writeln!(self.train, "{}", r.csv_row())
+            .and_then(|_| self.train.flush())
+            .map_err(|e| GymError::io(self.dir.join("train.csv"), e))
+    }
+
+    pub fn val_row(&mut self, r: &ValRecord) -> Result<()> {
+        writeln!(self.val, "{}", r.csv_row())
+            .and_then(|_| self.val.flush())
+            .map_err(|e| GymError::io(self.dir.join("validation.csv"), e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_run_name_has_strategy_nodes_and_a_timestamp() {
+        let name = default_run_name("allreduce", 4);
+        assert!(name.starts_with("allreduce-n4-20"), "{name}");
+        assert_eq!(name.len(), "allreduce-n4-".len() + 15);
+    }
+}

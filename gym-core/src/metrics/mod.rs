@@ -1,0 +1,16 @@
+//! What a run measures: the records of every step, evaluation and correlation, the
+//! recorder that collects them from the nodes in step order (and draws the progress bar),
+//! the run folder's CSV logs, replica correlation and fingerprints.
+
+mod correlation;
+mod fingerprint;
+mod logs;
+mod recorder;
+mod records;
+
+pub use correlation::mean_pairwise_correlation;
+pub(crate) use fingerprint::Fingerprint;
+pub(crate) use logs::CsvLogs;
+pub use logs::default_run_name;
+pub(crate) use recorder::{EvalKind, NodeStep, Recorder};
+pub use records::{CorrelationRecord, RunReport, TrainRecord, ValRecord};

@@ -1,0 +1,290 @@
+//! Collects what the nodes report into records, in step order, and draws the progress bar.
+
+use super::logs::CsvLogs;
+use super::records::{CorrelationRecord, TrainRecord, ValRecord};
+use crate::collective::CommStats;
+use crate::error::{GymError, Result};
+use crate::model::EvalMetrics;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::Instant;
+
+/// Which replica an evaluation measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum EvalKind {
+    Local,
+    Global,
+}
+
+/// Collects what the nodes report, in step order, into records, CSV rows and the bar.
+pub(crate) struct Recorder {
+    num_nodes: usize,
+    examples_per_step: u64,
+    start: Instant,
+    bar: ProgressBar,
+    state: Mutex<RecorderState>,
+}
+
+struct RecorderState {
+    pending: BTreeMap<usize, PendingStep>,
+    next_step: usize,
+    last_emit: Instant,
+    last_step_done: Instant,
+    train: Vec<TrainRecord>,
+    pending_val: BTreeMap<usize, PendingEval>,
+    validation: Vec<ValRecord>,
+    correlation: Vec<CorrelationRecord>,
+    logs: Option<CsvLogs>,
+    write_error: Option<GymError>,
+}
+
+/// The local and global evaluations of a step, with their example counts, as they arrive.
+type PendingEval = (Option<(EvalMetrics, usize)>, Option<(EvalMetrics, usize)>);
+
+struct PendingStep {
+    losses: Vec<Option<f64>>,
+    lr: f64,
+    sent: u64,
+    received: u64,
+    compute_s: f64,
+    strategy_s: f64,
+}
+
+/// What one node reports after a step.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct NodeStep {
+    /// Mean loss over the node's minibatches.
+    pub loss: f64,
+    /// Learning rate of the step.
+    pub lr: f64,
+    /// The node's cumulative traffic.
+    pub comm: CommStats,
+    /// Seconds in forward and backward passes.
+    pub compute_s: f64,
+    /// Seconds in the strategy's step.
+    pub strategy_s: f64,
+}
+
+impl Recorder {
+    pub fn new(
+        num_nodes: usize,
+        examples_per_step: u64,
+        max_steps: usize,
+        progress: bool,
+        logs: Option<CsvLogs>,
+    ) -> Self {
+        let target = if progress {
+            ProgressDrawTarget::stderr()
+        } else {
+            ProgressDrawTarget::hidden()
+        };
+        let bar = ProgressBar::with_draw_target(Some(max_steps as u64), target);
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{bar:30.cyan/blue} {pos}/{len} [{elapsed_precise}<{eta_precise}, {per_sec}] {msg}",
+            )
+            .expect("valid template")
+            .progress_chars("=> "),
+        );
+        let now = Instant::now();
+        Recorder {
+            num_nodes,
+            examples_per_step,
+            start: now,
+            bar,
+            state: Mutex::new(RecorderState {
+                pending: BTreeMap::new(),
+                next_step: 0,
+                last_emit: now,
+                last_step_done: now,
+                train: Vec::new(),
+                pending_val: BTreeMap::new(),
+                validation: Vec::new(),
+                correlation: Vec::new(),
+                logs,
+                write_error: None,
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, RecorderState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Node `rank` finished `step`.
+    pub fn train_step(&self, rank: usize, step: usize, node: NodeStep) {
+        let mut st = self.lock();
+        let k = self.num_nodes;
+        let p = st.pending.entry(step).or_insert_with(|| PendingStep {
+            losses: vec![None; k],
+            lr: 0.0,
+            sent: 0,
+            received: 0,
+            compute_s: 0.0,
+            strategy_s: 0.0,
+        });
+        p.losses[rank] = Some(node.loss);
+        if rank == 0 {
+            p.lr = node.lr;
+        }
+        p.sent += node.comm.bytes_sent;
+        p.received += node.comm.bytes_received;
+        p.compute_s += node.compute_s;
+        p.strategy_s += node.strategy_s;
+        // Emit every completed step in order.
+        while let Some(p) = st.pending.get(&st.next_step) {
+            if p.losses.iter().any(Option::is_none) {
+                break;
+            }
+            let step = st.next_step;
+            let p = st.pending.remove(&step).expect("present");
+            let now = Instant::now();
+            let rec = TrainRecord {
+                step,
+                examples_seen: (step as u64 + 1) * self.examples_per_step,
+                train_loss: p.losses.iter().map(|l| l.unwrap_or(f64::NAN)).sum::<f64>() / k as f64,
+                lr: p.lr,
+                step_time_s: now.duration_since(st.last_emit).as_secs_f64(),
+                its_per_s: (step + 1) as f64
+                    / now.duration_since(self.start).as_secs_f64().max(1e-9),
+                compute_s: p.compute_s / k as f64,
+                strategy_s: p.strategy_s / k as f64,
+                bytes_sent: p.sent / k as u64,
+                bytes_received: p.received / k as u64,
+            };
+            st.last_emit = now;
+            st.last_step_done = now;
+            self.bar.set_position(step as u64 + 1);
+            self.bar
+                .set_message(format!("loss {:.4} lr {:.6}", rec.train_loss, rec.lr));
+            if let Some(logs) = st.logs.as_mut()
+                && let Err(e) = logs.train_row(&rec)
+            {
+                st.write_error.get_or_insert(e);
+            }
+            st.train.push(rec);
+            st.next_step += 1;
+        }
+    }
+
+    /// An evaluation of `kind` at `step` over `examples` validation items.
+    pub fn eval(&self, step: usize, kind: EvalKind, metrics: EvalMetrics, examples: usize) {
+        let mut st = self.lock();
+        let entry = st.pending_val.entry(step).or_default();
+        match kind {
+            EvalKind::Local => entry.0 = Some((metrics, examples)),
+            EvalKind::Global => entry.1 = Some((metrics, examples)),
+        }
+        if let (Some((local, n)), Some((global, _))) = *entry {
+            st.pending_val.remove(&step);
+            let rec = ValRecord {
+                step,
+                examples_seen: step as u64 * self.examples_per_step,
+                local_loss: local.loss,
+                global_loss: global.loss,
+                local_accuracy: local.accuracy,
+                global_accuracy: global.accuracy,
+                examples: n,
+            };
+            if let Some(logs) = st.logs.as_mut()
+                && let Err(e) = logs.val_row(&rec)
+            {
+                st.write_error.get_or_insert(e);
+            }
+            st.validation.push(rec);
+        }
+    }
+
+    /// The replicas' correlation after `steps` steps.
+    pub fn correlation(&self, steps: usize, correlation: f64) {
+        let mut st = self.lock();
+        let rec = CorrelationRecord {
+            step: steps,
+            examples_seen: steps as u64 * self.examples_per_step,
+            correlation,
+        };
+        if let Some(logs) = st.logs.as_mut()
+            && let Err(e) = logs.correlation_row(&rec)
+        {
+            st.write_error.get_or_insert(e);
+        }
+        st.correlation.push(rec);
+    }
+
+    /// Seconds from the recorder's creation to the last completed step.
+    pub fn loop_seconds(&self) -> f64 {
+        self.lock()
+            .last_step_done
+            .duration_since(self.start)
+            .as_secs_f64()
+    }
+
+    /// Ends the bar and hands over the records; a failed log write is reported here.
+    pub fn finish(&self) -> Result<Records> {
+        self.bar.finish_and_clear();
+        let mut st = self.lock();
+        if let Some(e) = st.write_error.take() {
+            return Err(e);
+        }
+        let mut validation = std::mem::take(&mut st.validation);
+        validation.sort_by_key(|v| v.step);
+        Ok(Records {
+            train: std::mem::take(&mut st.train),
+            validation,
+            correlation: std::mem::take(&mut st.correlation),
+        })
+    }
+
+    /// Hides the bar (on failure).
+    pub fn abandon(&self) {
+        self.bar.abandon();
+    }
+}
+
+/// What the recorder collected over a run.
+pub(crate) struct Records {
+    pub train: Vec<TrainRecord>,
+    pub validation: Vec<ValRecord>,
+    pub correlation: Vec<CorrelationRecord>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recorder_emits_steps_in_order_with_the_mean_loss_over_nodes() {
+        let r = Recorder::new(2, 8, 2, false, None);
+        let c = CommStats {
+            bytes_sent: 10,
+            bytes_received: 20,
+            ..CommStats::default()
+        };
+        let node = |loss, lr, compute_s| NodeStep {
+            loss,
+            lr,
+            comm: c,
+            compute_s,
+            strategy_s: 0.5,
+        };
+        r.train_step(1, 1, node(4.0, 0.1, 1.0)); // step 1 before step 0: buffered
+        r.train_step(0, 0, node(1.0, 0.5, 2.0));
+        r.train_step(1, 0, node(3.0, 0.9, 4.0));
+        r.train_step(0, 1, node(2.0, 0.6, 3.0));
+        let train = r.finish().unwrap().train;
+        assert_eq!(train.len(), 2);
+        assert_eq!(
+            (train[0].step, train[0].train_loss, train[0].lr),
+            (0, 2.0, 0.5)
+        );
+        assert_eq!(
+            (train[1].step, train[1].train_loss, train[1].lr),
+            (1, 3.0, 0.6)
+        );
+        assert_eq!(train[1].examples_seen, 16);
+        assert_eq!(train[0].bytes_sent, 10);
+        assert_eq!((train[0].compute_s, train[1].compute_s), (3.0, 2.0));
+        assert_eq!(train[0].strategy_s, 0.5);
+    }
+}

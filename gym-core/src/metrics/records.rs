@@ -1,0 +1,192 @@
+//! The records a run produces: one per step, per evaluation and per correlation, and the
+//! run's report that holds them all.
+
+use crate::collective::CommStats;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// One training step, over all nodes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainRecord {
+    /// The step, from 0.
+    pub step: usize,
+    /// Training examples seen by all nodes after this step.
+    pub examples_seen: u64,
+    /// Mean over nodes of each node's loss (itself the mean over its minibatches).
+    pub train_loss: f64,
+    /// Learning rate used by this step (rank 0's).
+    pub lr: f64,
+    /// Wall time since the previous step completed on every node.
+    pub step_time_s: f64,
+    /// Steps per second since the loop started.
+    pub its_per_s: f64,
+    /// Seconds in forward and backward passes (data included), mean over nodes.
+    pub compute_s: f64,
+    /// Seconds in the strategy's step (communication and update), mean over nodes.
+    pub strategy_s: f64,
+    /// Cumulative payload bytes sent, mean per node.
+    pub bytes_sent: u64,
+    /// Cumulative payload bytes received, mean per node.
+    pub bytes_received: u64,
+}
+
+/// One evaluation: rank 0's own replica (local) and the average of all replicas (global).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ValRecord {
+    /// Steps taken before this evaluation.
+    pub step: usize,
+    /// Training examples seen by all nodes before it.
+    pub examples_seen: u64,
+    /// Loss of rank 0's replica.
+    pub local_loss: f64,
+    /// Loss of the parameter average of all replicas (equal to local with one node).
+    pub global_loss: f64,
+    /// Accuracy of rank 0's replica, for classifiers.
+    pub local_accuracy: Option<f64>,
+    /// Accuracy of the averaged replicas, for classifiers.
+    pub global_accuracy: Option<f64>,
+    /// Validation examples evaluated.
+    pub examples: usize,
+}
+
+/// How far the replicas have drifted apart (spec §2.9): logged every
+/// [`correlation_interval`](crate::TrainerConfig::correlation_interval) steps.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CorrelationRecord {
+    /// Steps taken when it was measured.
+    pub step: usize,
+    /// Training examples seen by all nodes by then.
+    pub examples_seen: u64,
+    /// Mean over pairs of replicas of the Pearson correlation of their flattened float
+    /// tensors: 1 when the replicas are identical.
+    pub correlation: f64,
+}
+
+impl TrainRecord {
+    /// The columns of `train.csv`.
+    pub const CSV_HEADER: &'static str = "step,examples_seen,train_loss,train_perplexity,lr,step_time_s,its_per_s,compute_s,strategy_s,bytes_sent,bytes_received";
+
+    /// This record as a row of `train.csv`.
+    pub fn csv_row(&self) -> String {
+        format!(
+            "{},{},{},{},{},{},{},{},{},{},{}",
+            self.step,
+            self.examples_seen,
+            self.train_loss,
+            self.train_loss.exp(),
+            self.lr,
+            self.step_time_s,
+            self.its_per_s,
+            self.compute_s,
+            self.strategy_s,
+            self.bytes_sent,
+            self.bytes_received
+        )
+    }
+}
+
+impl ValRecord {
+    /// The columns of `validation.csv`.
+    pub const CSV_HEADER: &'static str = "step,examples_seen,local_loss,local_perplexity,global_loss,global_perplexity,local_accuracy,global_accuracy";
+
+    /// This record as a row of `validation.csv` (accuracies empty for non-classifiers).
+    pub fn csv_row(&self) -> String {
+        let opt = |x: Option<f64>| x.map(|v| v.to_string()).unwrap_or_default();
+        format!(
+            "{},{},{},{},{},{},{},{}",
+            self.step,
+            self.examples_seen,
+            self.local_loss,
+            self.local_loss.exp(),
+            self.global_loss,
+            self.global_loss.exp(),
+            opt(self.local_accuracy),
+            opt(self.global_accuracy)
+        )
+    }
+}
+
+impl CorrelationRecord {
+    /// The columns of `correlation.csv`.
+    pub const CSV_HEADER: &'static str = "step,examples_seen,correlation";
+
+    /// This record as a row of `correlation.csv`.
+    pub fn csv_row(&self) -> String {
+        format!("{},{},{}", self.step, self.examples_seen, self.correlation)
+    }
+}
+
+/// Everything a run measured. Returned by [`Trainer::fit`](crate::Trainer::fit).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunReport {
+    /// The run's name (its log folder under the log directory).
+    pub run_name: String,
+    /// Where the logs were written, if anywhere.
+    pub log_dir: Option<PathBuf>,
+    /// Number of nodes.
+    pub num_nodes: usize,
+    /// Steps taken.
+    pub steps: usize,
+    /// Per-step records.
+    pub train: Vec<TrainRecord>,
+    /// Evaluations, the last over the whole validation set.
+    pub validation: Vec<ValRecord>,
+    /// Replica correlations, if a `correlation_interval` was set.
+    pub correlation: Vec<CorrelationRecord>,
+    /// A hash of the initial parameters (every float tensor of the replicas, which all
+    /// start equal): runs with equal fingerprints started from the same model.
+    pub init_fingerprint: u64,
+    /// A hash of the training sample indices every node drew, in rank and step order: runs
+    /// with equal fingerprints saw the same data in the same order.
+    pub data_fingerprint: u64,
+    /// Each node's training traffic.
+    pub comm: Vec<CommStats>,
+    /// Seconds spent in `fit` before the first step (replicas, data, logs).
+    pub setup_s: f64,
+    /// Seconds of the training loop, from the start of the nodes to the last step.
+    pub loop_s: f64,
+    /// Seconds of the whole `fit` call.
+    pub wall_s: f64,
+}
+
+impl RunReport {
+    /// Steps per second of the training loop.
+    pub fn loop_its_per_s(&self) -> f64 {
+        self.steps as f64 / self.loop_s.max(1e-9)
+    }
+
+    /// Mean over nodes of the bytes each sent.
+    pub fn bytes_sent_per_node(&self) -> f64 {
+        mean(self.comm.iter().map(|c| c.bytes_sent as f64))
+    }
+
+    /// Mean over nodes of the bytes each received.
+    pub fn bytes_received_per_node(&self) -> f64 {
+        mean(self.comm.iter().map(|c| c.bytes_received as f64))
+    }
+
+    /// Mean seconds per step in forward and backward passes (per node).
+    pub fn compute_s_per_step(&self) -> f64 {
+        mean(self.train.iter().map(|r| r.compute_s))
+    }
+
+    /// Mean seconds per step in the strategy: communication, compression and update.
+    pub fn strategy_s_per_step(&self) -> f64 {
+        mean(self.train.iter().map(|r| r.strategy_s))
+    }
+
+    /// The loss of the last step.
+    pub fn final_train_loss(&self) -> Option<f64> {
+        self.train.last().map(|r| r.train_loss)
+    }
+
+    /// The final evaluation (whole validation set).
+    pub fn final_validation(&self) -> Option<&ValRecord> {
+        self.validation.last()
+    }
+}
+
+fn mean(xs: impl Iterator<Item = f64>) -> f64 {
+    let (s, n) = xs.fold((0.0, 0usize), |(s, n), x| (s + x, n + 1));
+    if n == 0 { 0.0 } else { s / n as f64 }
+}

@@ -1,0 +1,36 @@
+//! What every node of a run does, resolved once by the trainer from its configuration and
+//! the data: the node loop reads this plan, never the configuration.
+
+/// The schedule of a run's node loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RunPlan {
+    /// Number of nodes.
+    pub num_nodes: usize,
+    /// Optimizer steps.
+    pub max_steps: usize,
+    /// Examples per forward/backward pass.
+    pub minibatch: usize,
+    /// Passes accumulated per step (`batch_size / minibatch`).
+    pub accumulation: usize,
+    /// Validation examples per intermediate evaluation (0: none).
+    pub val_size: usize,
+    /// Steps between intermediate evaluations.
+    pub val_interval: usize,
+    /// Steps between replica correlations, if measured.
+    pub correlation_interval: Option<usize>,
+    /// The run seed.
+    pub seed: u64,
+}
+
+impl RunPlan {
+    /// Whether an intermediate evaluation runs before `step`.
+    pub fn evaluates_before(&self, step: usize) -> bool {
+        self.val_size > 0 && step.is_multiple_of(self.val_interval)
+    }
+
+    /// Whether the replicas' correlation is measured after `step`.
+    pub fn correlates_after(&self, step: usize) -> bool {
+        self.correlation_interval
+            .is_some_and(|every| (step + 1).is_multiple_of(every))
+    }
+}
