@@ -8,8 +8,8 @@ use burn::optim::{
 };
 use clap::{Args, FromArgMatches, Parser, ValueEnum};
 use gym_core::{
-    InnerOptimizerConfig, LrScheduleConfig, OptimizerConfig, OptimizerGroup, ParamSelection,
-    StrategyConfig, TrainerConfig,
+    ComputeModel, InnerOptimizerConfig, LrScheduleConfig, Network, OptimizerConfig, OptimizerGroup,
+    ParamSelection, SimulationConfig, StrategyConfig, Topology, TrainerConfig,
 };
 use gym_strategies::{
     AllReduceConfig, AveragingCommunicatorConfig, DeMoConfig, DiLoCoCommunicatorConfig,
@@ -20,6 +20,7 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
+use std::str::FromStr;
 
 /// The strategies the examples can run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, ValueEnum, Serialize)]
@@ -165,6 +166,31 @@ pub struct CommonArgs {
     /// Threads each node's tensor kernels may use (0: share all node threads).
     #[arg(long, default_value_t = 1)]
     pub kernel_threads_per_node: usize,
+    /// Simulate time on this network: datacenter, cross-region, wan, internet,
+    /// BANDWIDTH:LATENCY (1gbit:10ms) or UP/DOWN:LATENCY (100mbit/1gbit:40ms); several,
+    /// comma-separated, give one link per node.
+    #[arg(long, value_parser = checked::<Network>)]
+    pub network: Option<String>,
+    /// How the nodes are connected: switch (default), relay, or islands:SIZE:WAN
+    /// (islands:4:internet).
+    #[arg(long, value_parser = checked::<Topology>)]
+    pub topology: Option<String>,
+    /// Each node's compute for simulated time: cpu (default; this machine), h100, a100,
+    /// effective TFLOPS (50), or measured (the wall time here, not reproducible).
+    #[arg(long, value_parser = checked::<ComputeModel>)]
+    pub node_tflops: Option<String>,
+    /// Per-node speed factors, comma-separated (1,1,0.5,1): node r's step takes 1/speed of
+    /// the time.
+    #[arg(long, value_delimiter = ',')]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub node_speed: Vec<f64>,
+    /// σ of every node's step-time jitter: lognormal with mean 1, drawn from the seed.
+    #[arg(long)]
+    pub jitter: Option<f64>,
+    /// Report the simulated time until the averaged model's validation loss first reaches
+    /// this value (time to target; needs --network).
+    #[arg(long)]
+    pub target_loss: Option<f64>,
     /// Steps between synchronisations: DiLoCo's outer step (default 100), FedAvg's
     /// averaging (default 1).
     #[arg(short = 'H', long)]
@@ -244,8 +270,8 @@ impl CommonArgs {
     }
 
     /// The trainer configuration these flags describe.
-    pub fn trainer_config(&self) -> TrainerConfig {
-        TrainerConfig::new(self.num_nodes)
+    pub fn trainer_config(&self) -> Result<TrainerConfig, String> {
+        Ok(TrainerConfig::new(self.num_nodes)
             .with_num_epochs(self.epochs)
             .with_max_steps(self.max_steps)
             .with_batch_size(self.batch_size)
@@ -258,6 +284,40 @@ impl CommonArgs {
             .with_progress(!self.no_progress)
             .with_kernel_threads_per_node(self.kernel_threads_per_node)
             .with_correlation_interval(self.correlation_interval)
+            .with_simulation(self.simulation()?))
+    }
+
+    /// The simulated cluster these flags describe (`--network` and its companions), or
+    /// `None` without `--network`; a spec that does not parse names its flag.
+    pub fn simulation(&self) -> Result<Option<SimulationConfig>, String> {
+        let Some(network) = &self.network else {
+            let set = [
+                ("--topology", self.topology.is_some()),
+                ("--node-tflops", self.node_tflops.is_some()),
+                ("--node-speed", !self.node_speed.is_empty()),
+                ("--jitter", self.jitter.is_some()),
+                ("--target-loss", self.target_loss.is_some()),
+            ];
+            return match set.iter().find(|(_, given)| *given) {
+                Some((flag, _)) => Err(format!("{flag} needs --network (simulated time)")),
+                None => Ok(None),
+            };
+        };
+        let network: Network = parsed("--network", network)?;
+        let topology = match &self.topology {
+            Some(t) => parsed("--topology", t)?,
+            None => Topology::Switch,
+        };
+        let compute = match &self.node_tflops {
+            Some(c) => parsed("--node-tflops", c)?,
+            None => ComputeModel::cpu(),
+        };
+        Ok(Some(
+            SimulationConfig::new(network.with_topology(topology))
+                .with_compute(compute)
+                .with_node_speed(self.node_speed.clone())
+                .with_jitter(self.jitter.unwrap_or(0.0)),
+        ))
     }
 
     /// Each node's own optimizer as these flags describe it.
@@ -331,6 +391,17 @@ impl CommonArgs {
     pub fn run_dir(&self, run_name: &str) -> PathBuf {
         self.log_dir.join(run_name)
     }
+}
+
+/// A value parser that checks a spec parses as `T` and keeps it as written (so that the
+/// run configuration saves the spec the user gave).
+fn checked<T: FromStr<Err = String>>(spec: &str) -> Result<String, String> {
+    spec.parse::<T>().map(|_| spec.to_string())
+}
+
+/// `spec` parsed as `T`, or an error naming `flag`.
+fn parsed<T: FromStr<Err = String>>(flag: &str, spec: &str) -> Result<T, String> {
+    spec.parse().map_err(|e| format!("{flag}: {e}"))
 }
 
 /// A bad `--config` file.

@@ -16,8 +16,8 @@
 use crate::cli::{self, CommonArgs, ConfigFile, StrategyName};
 use crate::plot::{Chart, Series};
 use crate::runner::{BoxError, Runner, TrainTask};
-use crate::summary::{RunSummary, human_bytes};
-use crate::tasks::{self, CifarArgs, GptArgs, MnistModel};
+use crate::summary::{RunSummary, human_bytes, seconds};
+use crate::tasks::{self, TaskArgs};
 use clap::{CommandFactory, Parser, ValueEnum};
 use gym_core::{CorrelationRecord, RunReport, StrategyConfig, TrainRecord, ValRecord};
 use serde::Serialize;
@@ -25,19 +25,6 @@ use std::ffi::OsString;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
-
-/// What to train.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Task {
-    /// MNIST digits (`--model mlp` or `cnn`).
-    Mnist,
-    /// Character-level nanoGPT on tiny-shakespeare (or `--text-file`).
-    Shakespeare,
-    /// A small CNN on CIFAR-10 (`--data-dir`), or on the CIFAR-like approximation
-    /// (`--approx FILE`).
-    Cifar,
-}
 
 /// The x axis of the loss plots.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
@@ -58,9 +45,10 @@ pub struct CompareArgs {
     #[command(flatten)]
     #[serde(flatten)]
     pub common: CommonArgs,
-    /// Task to train.
-    #[arg(long, value_enum, default_value = "mnist")]
-    pub task: Task,
+    /// What to train.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub task: TaskArgs,
     /// Strategies to compare, comma-separated. Per-strategy flags go in a `--config` file's
     /// `[overrides.<strategy>]` table.
     #[arg(
@@ -76,17 +64,6 @@ pub struct CompareArgs {
     /// X axis of the loss plots.
     #[arg(long, value_enum, default_value = "step")]
     pub x_axis: XAxis,
-    /// MNIST: model.
-    #[arg(long, value_enum, default_value = "mlp")]
-    pub model: MnistModel,
-    /// Shakespeare: the text and the GPT (by default 2 layers × 2 heads × 64 dims, context 64).
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub gpt: GptArgs,
-    /// CIFAR: where the images come from.
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub cifar: CifarArgs,
 }
 
 /// One strategy's run.
@@ -113,34 +90,6 @@ pub struct Comparison {
     pub identical_conditions: bool,
 }
 
-impl CompareArgs {
-    /// The command line, with the comparison's defaults for the GPT task: a CPU-sized model
-    /// (2 layers, 2 heads, 64 dims, context 64).
-    pub fn command_with_defaults() -> clap::Command {
-        let defaults = [
-            ("block_size", "64"),
-            ("n_layer", "2"),
-            ("n_head", "2"),
-            ("n_embd", "64"),
-        ];
-        let mut command = CompareArgs::command();
-        for (id, value) in defaults {
-            command = command.mut_arg(id, |a| a.default_value(value));
-        }
-        command
-    }
-
-    /// The task these flags name, its data loaded once for every strategy.
-    fn task(&self) -> Result<Box<dyn TrainTask>, BoxError> {
-        let data_dir = self.common.data_dir.as_deref();
-        Ok(match self.task {
-            Task::Mnist => tasks::mnist(data_dir, self.model)?,
-            Task::Shakespeare => Box::new(tasks::gpt(data_dir, &self.gpt)?.task),
-            Task::Cifar => tasks::cifar(data_dir, &self.cifar)?,
-        })
-    }
-}
-
 /// One strategy of a comparison: its value, and the flags it runs with.
 struct Planned {
     name: StrategyName,
@@ -151,7 +100,7 @@ struct Planned {
 /// Parses `argv` (program name first, `--config` honoured) and runs the comparison.
 pub fn run(argv: &[OsString]) -> Result<Comparison, BoxError> {
     let process_start = Instant::now();
-    let command = CompareArgs::command_with_defaults();
+    let command = tasks::with_small_gpt(CompareArgs::command());
     let (args, file): (CompareArgs, ConfigFile) = cli::try_parse_from(&command, argv)?;
     if args.strategies.is_empty() {
         return Err("--strategies names no strategy".into());
@@ -188,7 +137,7 @@ pub fn run(argv: &[OsString]) -> Result<Comparison, BoxError> {
         .collect::<Result<Vec<_>, BoxError>>()?;
 
     let runner = Runner::new(process_start);
-    let task = args.task()?;
+    let task = args.task.build(args.common.data_dir.as_deref())?;
     let mut outcomes = Vec::new();
     for run in plan {
         eprintln!("── {} ──", run.name.as_str());
@@ -244,7 +193,7 @@ fn write_outputs(
             .collect()
     };
     let task = &label;
-    let charts = [
+    let mut charts = vec![
         (
             "val_loss.svg",
             Chart {
@@ -268,6 +217,22 @@ fn write_outputs(
             },
         ),
     ];
+    if outcomes
+        .iter()
+        .any(|o| o.summary.simulated_time_s.is_some())
+    {
+        charts.push((
+            "val_loss_vs_time.svg",
+            Chart {
+                title: format!("{task}: validation loss against simulated time"),
+                x_label: "simulated seconds (log scale)".into(),
+                y_label: "validation loss".into(),
+                log_x: true,
+                x_bytes: false,
+                series: val_series(&|_, v| v.sim_time_s.unwrap_or(f64::NAN)),
+            },
+        ));
+    }
     for (name, chart) in charts {
         let path = dir.join(name);
         chart.write_svg(&path)?;
@@ -339,8 +304,21 @@ pub fn results_table(
         .iter()
         .find(|o| o.strategy == StrategyName::Allreduce)
         .map(|o| o.summary.bytes_sent_per_node);
-    t.push_str("| Strategy | Final train loss | Final val loss | Val accuracy | Wall time | it/s | Final LR | Sent per node | Reduction vs AllReduce |\n");
-    t.push_str("| :--- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    let simulated = outcomes
+        .iter()
+        .any(|o| o.summary.simulated_time_s.is_some());
+    let target = c.target_loss;
+    t.push_str("| Strategy | Final train loss | Final val loss | Val accuracy | Wall time | it/s | Final LR | Sent per node | Reduction vs AllReduce |");
+    let mut rule = String::from("| :--- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    if simulated {
+        t.push_str(" Simulated time | Compute utilisation |");
+        rule.push_str(" ---: | ---: |");
+        if let Some(x) = target {
+            let _ = write!(t, " Time to loss {x} |");
+            rule.push_str(" ---: |");
+        }
+    }
+    let _ = writeln!(t, "\n{rule}");
     for o in outcomes {
         let s = &o.summary;
         let opt = |x: Option<f64>| x.map_or("-".into(), |v| format!("{v:.4}"));
@@ -349,7 +327,7 @@ pub fn results_table(
             Some(_) => "∞".into(),
             None => "-".into(),
         };
-        let _ = writeln!(
+        let _ = write!(
             t,
             "| **{}** | {} | {} | {} | {} | {:.2} | {:.6} | {} | {} |",
             o.strategy.as_str(),
@@ -357,12 +335,29 @@ pub fn results_table(
             opt(s.final_val_loss),
             s.val_accuracy
                 .map_or("-".into(), |a| format!("{:.2}%", a * 100.0)),
-            duration(s.fit_time_s),
+            seconds(s.fit_time_s),
             s.loop_its_per_s,
             o.report.train.last().map_or(0.0, |r| r.lr),
             human_bytes(s.bytes_sent_per_node),
             reduction,
         );
+        if simulated {
+            let _ = write!(
+                t,
+                " {} | {} |",
+                s.simulated_time_s.map_or("-".into(), seconds),
+                s.compute_utilisation
+                    .map_or("-".into(), |u| format!("{:.1}%", 100.0 * u)),
+            );
+            if target.is_some() {
+                let _ = write!(
+                    t,
+                    " {} |",
+                    s.time_to_target_s.map_or("not reached".into(), seconds)
+                );
+            }
+        }
+        t.push('\n');
     }
     let _ = writeln!(
         t,
@@ -379,14 +374,6 @@ pub fn results_table(
     t
 }
 
-fn duration(s: f64) -> String {
-    if s < 60.0 {
-        format!("{s:.1} s")
-    } else {
-        format!("{} min {:.0} s", (s / 60.0).floor(), s % 60.0)
-    }
-}
-
 fn write(dir: &Path, name: &str, text: &str) -> std::io::Result<PathBuf> {
     let path = dir.join(name);
     std::fs::write(&path, text)?;
@@ -400,7 +387,7 @@ fn write_metrics(dir: &Path, outcomes: &[Outcome]) -> Result<Vec<PathBuf>, BoxEr
     let mut val = format!("strategy,bytes_sent,{}\n", ValRecord::CSV_HEADER);
     let mut corr = format!("strategy,{}\n", CorrelationRecord::CSV_HEADER);
     let mut summary = String::from(
-        "strategy,final_train_loss,final_val_loss,val_accuracy,fit_time_s,loop_its_per_s,bytes_sent_per_node,bytes_received_per_node\n",
+        "strategy,final_train_loss,final_val_loss,val_accuracy,fit_time_s,loop_its_per_s,bytes_sent_per_node,bytes_received_per_node,simulated_time_s,compute_utilisation,time_to_target_s\n",
     );
     let opt = |x: Option<f64>| x.map_or(String::new(), |v| v.to_string());
     for o in outcomes {
@@ -434,14 +421,17 @@ fn write_metrics(dir: &Path, outcomes: &[Outcome]) -> Result<Vec<PathBuf>, BoxEr
         line("summary", serde_json::to_value(s)?);
         let _ = writeln!(
             summary,
-            "{name},{},{},{},{},{},{},{}",
+            "{name},{},{},{},{},{},{},{},{},{},{}",
             opt(s.final_train_loss),
             opt(s.final_val_loss),
             opt(s.val_accuracy),
             s.fit_time_s,
             s.loop_its_per_s,
             s.bytes_sent_per_node,
-            s.bytes_received_per_node
+            s.bytes_received_per_node,
+            opt(s.simulated_time_s),
+            opt(s.compute_utilisation),
+            opt(s.time_to_target_s)
         );
     }
     let mut files = vec![

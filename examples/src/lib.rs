@@ -1,6 +1,7 @@
 //! Shared pieces of the example binaries: one flag vocabulary ([`cli`]), the tasks they
 //! train ([`tasks`]), one runner that fits a task and reports it ([`runner`], [`summary`]),
-//! backend selection, and the comparison of strategies ([`compare`], [`plot`]).
+//! backend selection, the comparison of strategies ([`compare`], [`plot`]) and grids of runs
+//! on a simulated cluster ([`sweep`]).
 
 #![warn(missing_docs)]
 
@@ -10,4 +11,5 @@ pub mod compare;
 pub mod plot;
 pub mod runner;
 pub mod summary;
+pub mod sweep;
 pub mod tasks;

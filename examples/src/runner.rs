@@ -130,7 +130,7 @@ impl Runner {
         I: Send + 'static,
         B: Batcher<I, M::Batch>,
     {
-        let trainer = Trainer::new(args.trainer_config()).with_devices(vec![self.device.clone()]);
+        let trainer = Trainer::new(args.trainer_config()?).with_devices(vec![self.device.clone()]);
         let fit_start = Instant::now();
         let out = trainer.fit(&task.init, strategy, &task.data, &task.batcher)?;
         let labels = RunLabels {
@@ -139,7 +139,13 @@ impl Runner {
             dataset: &task.dataset,
             backend: &self.backend,
         };
-        let summary = RunSummary::new(&out.report, labels, self.process_start, fit_start);
+        let summary = RunSummary::new(
+            &out.report,
+            labels,
+            args.target_loss,
+            self.process_start,
+            fit_start,
+        );
         let dir = args.run_dir(&out.report.run_name);
         summary.write(&dir)?;
         cli::save_run_config(run_config, &dir)?;
@@ -187,5 +193,26 @@ pub fn exit_code(result: Result<(), BoxError>) -> ExitCode {
             eprintln!("error: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The exit status of a command that writes files (`compare`, `sweep`): lists them, or
+/// prints the error (clap's own errors, `--help` included, as clap prints them).
+pub fn files_exit_code(result: Result<Vec<PathBuf>, BoxError>) -> ExitCode {
+    match result {
+        Ok(files) => {
+            println!("written:");
+            for f in &files {
+                println!("  {}", f.display());
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => match e.downcast::<clap::Error>() {
+            Ok(clap_error) => clap_error.exit(),
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        },
     }
 }

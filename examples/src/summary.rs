@@ -48,6 +48,21 @@ pub struct RunSummary {
     pub bytes_received_per_node: f64,
     /// Peak resident memory of the process, where the OS reports it.
     pub peak_rss_bytes: Option<u64>,
+    /// Simulated seconds of the run (the slowest node's clock), with `--network`.
+    pub simulated_time_s: Option<f64>,
+    /// Simulated seconds of forward and backward passes, mean over nodes.
+    pub simulated_compute_s: Option<f64>,
+    /// Simulated seconds of exposed communication, mean over nodes.
+    pub simulated_comm_s: Option<f64>,
+    /// Simulated seconds spent waiting for other nodes, mean over nodes.
+    pub simulated_idle_s: Option<f64>,
+    /// Compute ÷ (compute + exposed communication + idle) in simulated time.
+    pub compute_utilisation: Option<f64>,
+    /// The `--target-loss` of the run.
+    pub target_loss: Option<f64>,
+    /// Simulated seconds until the averaged model's validation loss first reached
+    /// `target_loss`; `None` if it never did.
+    pub time_to_target_s: Option<f64>,
     /// [`RunReport::init_fingerprint`] in hex: equal across runs that started equal.
     pub init_fingerprint: String,
     /// [`RunReport::data_fingerprint`] in hex: equal across runs that drew the same samples.
@@ -69,10 +84,11 @@ pub struct RunLabels<'a> {
 
 impl RunSummary {
     /// The summary of `report`, for a process that started at `process_start` and called
-    /// `fit` at `fit_start`.
+    /// `fit` at `fit_start`, with the time to reach `target_loss` if one is given.
     pub fn new(
         report: &RunReport,
         labels: RunLabels<'_>,
+        target_loss: Option<f64>,
         process_start: Instant,
         fit_start: Instant,
     ) -> Self {
@@ -99,6 +115,13 @@ impl RunSummary {
             bytes_sent_per_node: report.bytes_sent_per_node(),
             bytes_received_per_node: report.bytes_received_per_node(),
             peak_rss_bytes: peak_rss_bytes(),
+            simulated_time_s: report.simulated_time_s(),
+            simulated_compute_s: report.simulated_compute_s(),
+            simulated_comm_s: report.simulated_comm_s(),
+            simulated_idle_s: report.simulated_idle_s(),
+            compute_utilisation: report.compute_utilisation(),
+            target_loss,
+            time_to_target_s: target_loss.and_then(|t| report.time_to_target_s(t)),
             init_fingerprint: format!("{:016x}", report.init_fingerprint),
             data_fingerprint: format!("{:016x}", report.data_fingerprint),
         }
@@ -155,6 +178,48 @@ pub fn print_summary(s: &RunSummary) {
     );
     if let Some(rss) = s.peak_rss_bytes {
         println!("peak RSS          {}", human_bytes(rss as f64));
+    }
+    if let (Some(t), Some(c), Some(m), Some(i), Some(u)) = (
+        s.simulated_time_s,
+        s.simulated_compute_s,
+        s.simulated_comm_s,
+        s.simulated_idle_s,
+        s.compute_utilisation,
+    ) {
+        println!(
+            "simulated time    {} ({} compute, {} communication, {} idle per node; {:.1}% utilisation)",
+            seconds(t),
+            seconds(c),
+            seconds(m),
+            seconds(i),
+            100.0 * u
+        );
+    }
+    if let Some(target) = s.target_loss {
+        let label = format!("time to loss {target}");
+        match s.time_to_target_s {
+            Some(t) => println!("{label:<18}{} (simulated)", seconds(t)),
+            None => println!("{label:<18}not reached"),
+        }
+    }
+}
+
+/// `1.23 s`, `4.5 ms`, `2 h 03 min`-style durations.
+pub fn seconds(s: f64) -> String {
+    if s >= 3600.0 {
+        format!(
+            "{} h {:02} min",
+            (s / 3600.0).floor(),
+            ((s % 3600.0) / 60.0).floor()
+        )
+    } else if s >= 60.0 {
+        format!("{} min {:.0} s", (s / 60.0).floor(), s % 60.0)
+    } else if s >= 1.0 {
+        format!("{s:.2} s")
+    } else if s >= 1e-3 {
+        format!("{:.2} ms", s * 1e3)
+    } else {
+        format!("{:.1} µs", s * 1e6)
     }
 }
 

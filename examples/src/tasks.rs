@@ -5,6 +5,7 @@
 use crate::runner::{BoxError, Task, TrainTask};
 use burn::data::dataset::Dataset;
 use burn::tensor::Device;
+use clap::Command;
 use clap::{Args, ValueEnum};
 use gym_core::{ImageBatch, NodeData, TrainModel};
 use gym_data::{
@@ -215,5 +216,62 @@ pub fn gpt(data_dir: Option<&Path>, args: &GptArgs) -> Result<GptTask, BoxError>
         task,
         corpus,
         config,
+    })
+}
+
+/// Which task a multi-run command (`compare`, `sweep`) trains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TaskName {
+    /// MNIST digits (`--model mlp` or `cnn`).
+    Mnist,
+    /// Character-level nanoGPT on tiny-shakespeare (or `--text-file`).
+    Shakespeare,
+    /// A small CNN on CIFAR-10 (`--data-dir`), or on the CIFAR-like approximation
+    /// (`--approx FILE`).
+    Cifar,
+}
+
+/// The flags that choose a task and its model, shared by `compare` and `sweep`.
+#[derive(Debug, Clone, Args, Serialize)]
+pub struct TaskArgs {
+    /// Task to train.
+    #[arg(long, value_enum, default_value = "mnist")]
+    pub task: TaskName,
+    /// MNIST: model.
+    #[arg(long, value_enum, default_value = "mlp")]
+    pub model: MnistModel,
+    /// Shakespeare: the text and the GPT (by default 2 layers × 2 heads × 64 dims, context 64).
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub gpt: GptArgs,
+    /// CIFAR: where the images come from.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub cifar: CifarArgs,
+}
+
+impl TaskArgs {
+    /// The task these flags name, its data loaded once for every run.
+    pub fn build(&self, data_dir: Option<&Path>) -> Result<Box<dyn TrainTask>, BoxError> {
+        Ok(match self.task {
+            TaskName::Mnist => mnist(data_dir, self.model)?,
+            TaskName::Shakespeare => Box::new(gpt(data_dir, &self.gpt)?.task),
+            TaskName::Cifar => cifar(data_dir, &self.cifar)?,
+        })
+    }
+}
+
+/// `command` with a CPU-sized GPT as the default (2 layers, 2 heads, 64 dims, context 64),
+/// as multi-run commands want.
+pub fn with_small_gpt(command: Command) -> Command {
+    let defaults = [
+        ("block_size", "64"),
+        ("n_layer", "2"),
+        ("n_head", "2"),
+        ("n_embd", "64"),
+    ];
+    defaults.into_iter().fold(command, |c, (id, value)| {
+        c.mut_arg(id, |a| a.default_value(value))
     })
 }

@@ -78,3 +78,64 @@ fn burn_optimizers_are_chosen_by_name() {
         std::fs::remove_dir_all(&logs).ok();
     }
 }
+
+#[test]
+fn simulated_time_flags_are_checked_and_reported() {
+    let logs = temp_dir("sim");
+    let out = mnist(
+        &logs,
+        &[
+            "--network",
+            "1gbit:10ms",
+            "--node-speed",
+            "1,0.5",
+            "--target-loss",
+            "9",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(logs.join("run/summary.json")).unwrap())
+            .unwrap();
+    let time = summary["simulated_time_s"].as_f64().unwrap();
+    let idle = summary["simulated_idle_s"].as_f64().unwrap();
+    assert!(time > 0.0 && idle > 0.0, "the fast node waits: {summary}");
+    // Without intermediate evaluations, the target is first seen at the end.
+    assert_eq!(summary["time_to_target_s"].as_f64(), Some(time));
+    let train = std::fs::read_to_string(logs.join("run/train.csv")).unwrap();
+    assert!(
+        train
+            .lines()
+            .next()
+            .unwrap()
+            .ends_with("sim_time_s,sim_compute_s,sim_comm_s,sim_idle_s")
+    );
+    for (flags, says) in [
+        (&["--network", "fast"][..], "is not a network"),
+        (
+            &["--network", "1gbit:10ms", "--topology", "mesh"][..],
+            "is not a topology",
+        ),
+        (
+            &["--network", "1gbit:10ms", "--node-tflops", "lots"][..],
+            "is not a node",
+        ),
+        (&["--target-loss", "2"][..], "--target-loss needs --network"),
+        (
+            &["--network", "1gbit:10ms", "--node-speed", "1,1,1"][..],
+            "node_speed",
+        ),
+    ] {
+        let out = mnist(&temp_dir("bad"), flags);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains(says),
+            "{flags:?}: {stderr}"
+        );
+    }
+    std::fs::remove_dir_all(&logs).ok();
+}

@@ -11,7 +11,9 @@
 //! over minibatches into one flat buffer ([`ParamLayout`]), and hands them with its
 //! [`Replica`] to its strategy, which communicates through a [`Collective`] (where all bytes
 //! are counted) and steps Burn's optimizers ([`optim`]); the [`metrics`] recorder turns the
-//! nodes' reports into records, CSV logs and a progress bar.
+//! nodes' reports into records, CSV logs and a progress bar. With a
+//! [`SimulationConfig`], every node also keeps a simulated clock ([`simulation`],
+//! [`network`]) that its compute and its collectives advance.
 //!
 //! Library code never names a backend: it takes a Burn [`Device`](burn::tensor::Device).
 
@@ -24,27 +26,34 @@ mod dropout;
 pub mod error;
 pub mod metrics;
 mod model;
+pub mod network;
 mod node;
 pub mod optim;
 pub mod params;
 mod plan;
 mod replica;
 pub mod rng;
+pub mod simulation;
 mod strategy;
 mod trainer;
 
 pub use batch::{ImageBatch, TokenBatch};
-pub use collective::{Collective, CommStats, Group, InProcessCollective, InProcessGroup, ReduceOp};
+pub use collective::{
+    Collective, CommStats, Group, InProcessCollective, InProcessGroup, Pending, ReduceOp,
+    SimulatedTime,
+};
 pub use data::{DistributedSampler, NodeData, SharedDataset, Split};
 pub use dropout::Dropout;
 pub use error::{CollectiveError, GymError, Result};
 pub use metrics::{CorrelationRecord, RunReport, TrainRecord, ValRecord};
 pub use model::{EvalMetrics, TrainModel};
+pub use network::{Link, Network, Topology};
 pub use optim::{
     InnerOptimizer, InnerOptimizerConfig, LrScheduleConfig, OptimizerConfig, OptimizerGroup,
     ParamSelection,
 };
 pub use params::{ParamEntry, ParamLayout};
 pub use replica::{ModelReplica, Replica};
+pub use simulation::{ComputeModel, SimulationConfig};
 pub use strategy::{NodeInfo, StepContext, Strategy, StrategyConfig};
 pub use trainer::{FitOutput, Trainer, TrainerConfig};

@@ -1,5 +1,6 @@
 //! What the trainer asks of a model: a batch in, a scalar loss out.
 
+use crate::params::ParamLayout;
 use burn::module::Module;
 use burn::tensor::Tensor;
 
@@ -58,5 +59,18 @@ pub trait TrainModel: Module + 'static {
             loss: self.loss(batch).into_scalar::<f64>(),
             accuracy: None,
         }
+    }
+
+    /// FLOPs of one example's forward and backward passes, which the simulated clock
+    /// charges ([`crate::simulation`]). Counted as the matrix products' and convolutions'
+    /// multiply-adds, two FLOPs each forward and twice that backward; element-wise
+    /// operations, normalisation and pooling are left out.
+    ///
+    /// The default, 6 × the trainable parameters, is exact for a model that uses every
+    /// weight once per example (dense layers; biases are counted as weights). A model that
+    /// reuses its weights — convolutions over positions, a transformer over tokens — should
+    /// count its own, as `gym-models`' models do. Called on the training replica.
+    fn flops_per_example(&self) -> f64 {
+        6.0 * ParamLayout::trainable(self).num_elements() as f64
     }
 }

@@ -59,7 +59,7 @@ where
         mut strategy,
         view,
     } = start;
-    let plan = shared.plan;
+    let plan = &shared.plan;
     let device = &shared.devices[rank];
     rng::seed_node(plan.seed, rank);
     let layout = replica.layout().clone();
@@ -106,6 +106,9 @@ where
             grads = grads.div_scalar(plan.accumulation as f64);
         }
         let compute_s = compute_start.elapsed().as_secs_f64();
+        if let Some(simulated) = plan.step_compute_s(rank, step, compute_s) {
+            comm.compute(simulated);
+        }
         let strategy_start = Instant::now();
         let mut ctx = StepContext {
             rank,
@@ -126,6 +129,7 @@ where
                 comm: comm.stats(),
                 compute_s,
                 strategy_s: strategy_start.elapsed().as_secs_f64(),
+                simulated: comm.simulated_time(),
             },
         );
         if plan.correlates_after(step) {

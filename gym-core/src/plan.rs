@@ -1,8 +1,10 @@
 //! What every node of a run does, resolved once by the trainer from its configuration and
 //! the data: the node loop reads this plan, never the configuration.
 
+use crate::simulation::SimulationConfig;
+
 /// The schedule of a run's node loop.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub(crate) struct RunPlan {
     /// Number of nodes.
     pub num_nodes: usize,
@@ -20,12 +22,22 @@ pub(crate) struct RunPlan {
     pub correlation_interval: Option<usize>,
     /// The run seed.
     pub seed: u64,
+    /// The simulated cluster and the FLOPs of one node's step, if time is simulated.
+    pub simulation: Option<(SimulationConfig, f64)>,
 }
 
 impl RunPlan {
     /// Whether an intermediate evaluation runs before `step`.
     pub fn evaluates_before(&self, step: usize) -> bool {
         self.val_size > 0 && step.is_multiple_of(self.val_interval)
+    }
+
+    /// Simulated seconds of `rank`'s forward and backward passes at `step`, which took
+    /// `measured_s` here; `None` without simulated time.
+    pub fn step_compute_s(&self, rank: usize, step: usize, measured_s: f64) -> Option<f64> {
+        self.simulation
+            .as_ref()
+            .map(|(sim, flops)| sim.step_compute_s(rank, step, self.seed, *flops, measured_s))
     }
 
     /// Whether the replicas' correlation is measured after `step`.

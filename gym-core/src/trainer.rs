@@ -11,6 +11,7 @@ use crate::params::ParamLayout;
 use crate::plan::RunPlan;
 use crate::replica::ModelReplica;
 use crate::rng;
+use crate::simulation::SimulationConfig;
 use crate::strategy::{NodeInfo, StrategyConfig};
 use burn::config::Config;
 use burn::data::dataloader::batcher::Batcher;
@@ -65,6 +66,9 @@ pub struct TrainerConfig {
     /// over the pool of all node threads.
     #[config(default = 1)]
     pub kernel_threads_per_node: usize,
+    /// The cluster to simulate time on (network, compute, stragglers); `None`: no
+    /// simulated time, only bytes.
+    pub simulation: Option<SimulationConfig>,
 }
 
 impl TrainerConfig {
@@ -119,11 +123,15 @@ impl TrainerConfig {
         if self.max_steps.is_none() && self.num_epochs == 0 {
             return bad("`num_epochs` must be at least 1 when `max_steps` is not set".into());
         }
+        if let Some(sim) = &self.simulation {
+            sim.validate(self.num_nodes)?;
+        }
         Ok(())
     }
 
-    /// The node loop's plan, for shards that hold `steps_per_epoch` batches.
-    fn plan(&self, steps_per_epoch: usize) -> RunPlan {
+    /// The node loop's plan, for shards that hold `steps_per_epoch` batches of a model
+    /// whose examples cost `flops_per_example`.
+    fn plan(&self, steps_per_epoch: usize, flops_per_example: f64) -> RunPlan {
         let minibatch = self.effective_minibatch();
         RunPlan {
             num_nodes: self.num_nodes,
@@ -134,6 +142,10 @@ impl TrainerConfig {
             val_interval: self.val_interval,
             correlation_interval: self.correlation_interval,
             seed: self.seed,
+            simulation: self
+                .simulation
+                .clone()
+                .map(|sim| (sim, flops_per_example * self.batch_size as f64)),
         }
     }
 }
@@ -248,7 +260,6 @@ impl Trainer {
             }
             steps_per_epoch = steps_per_epoch.min(shard / cfg.batch_size);
         }
-        let plan = cfg.plan(steps_per_epoch);
 
         // Replicas: rank 0 from the seed, the others copied from it. Every `init` draws from
         // the backend's global generator (lazily: `materialize` forces it), so all of them
@@ -277,7 +288,7 @@ impl Trainer {
                 let state = base_state.clone().to_device(&device.clone().inner());
                 replicas.push(all_float.load(fresh, state));
             }
-            let probe_items = (0..plan.minibatch.min(2))
+            let probe_items = (0..cfg.effective_minibatch().min(2))
                 .map(|i| get_item(&*views[0].train, i))
                 .collect::<Result<Vec<I>>>()?;
             let probe_batch = batcher.batch(probe_items, &devices[0]);
@@ -286,6 +297,8 @@ impl Trainer {
             }
             (replicas, init_fingerprint.finish())
         };
+
+        let plan = cfg.plan(steps_per_epoch, replicas[0].flops_per_example());
 
         // Every node's strategy, built before any node starts.
         let layouts: Vec<ParamLayout> = replicas.iter().map(ParamLayout::trainable).collect();
@@ -332,15 +345,20 @@ impl Trainer {
             None => None,
         };
 
-        let group = InProcessGroup::new(k);
+        let group = match &cfg.simulation {
+            Some(sim) => InProcessGroup::simulated(k, sim.network.clone()),
+            None => InProcessGroup::new(k),
+        };
         let setup_s = fit_start.elapsed().as_secs_f64();
         let recorder = Recorder::new(
             k,
             (cfg.batch_size * k) as u64,
             plan.max_steps,
+            cfg.simulation.is_some(),
             cfg.progress,
             logs,
         );
+        let max_steps = plan.max_steps;
         let shared = NodeShared {
             plan,
             devices: &devices,
@@ -439,13 +457,14 @@ impl Trainer {
             run_name,
             log_dir,
             num_nodes: k,
-            steps: plan.max_steps,
+            steps: max_steps,
             train: records.train,
             validation: records.validation,
             correlation: records.correlation,
             init_fingerprint,
             data_fingerprint: data_fingerprint.finish(),
             comm: (0..k).map(|r| group.stats(r)).collect(),
+            simulated: (0..k).filter_map(|r| group.simulated_time(r)).collect(),
             setup_s,
             loop_s,
             wall_s: fit_start.elapsed().as_secs_f64(),

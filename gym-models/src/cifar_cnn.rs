@@ -1,5 +1,6 @@
 //! A small CNN for CIFAR-10 (32×32 colour images), sized to train on a CPU.
 
+use crate::classifier::{conv_flops, dense_flops};
 use burn::config::Config;
 use burn::module::Module;
 use burn::nn::conv::{Conv2d, Conv2dConfig};
@@ -39,6 +40,8 @@ pub struct CifarCnn {
     pool: MaxPool2d,
     fc1: Linear,
     fc2: Linear,
+    /// Training FLOPs per image.
+    flops: f64,
 }
 
 impl CifarCnnConfig {
@@ -58,6 +61,12 @@ impl CifarCnnConfig {
             pool: MaxPool2dConfig::new([2, 2]).with_strides([2, 2]).init(),
             fc1: LinearConfig::new(c3 * side * side, self.hidden).init(device),
             fc2: LinearConfig::new(self.hidden, self.classes).init(device),
+            // Each convolution at the size its input has (halved by every pooling).
+            flops: conv_flops(self.channels, c1, 3, 8 * side, 8 * side)
+                + conv_flops(c1, c2, 3, 4 * side, 4 * side)
+                + conv_flops(c2, c3, 3, 2 * side, 2 * side)
+                + dense_flops(c3 * side * side, self.hidden)
+                + dense_flops(self.hidden, self.classes),
         }
     }
 }
@@ -94,5 +103,16 @@ mod tests {
         assert_eq!(ParamLayout::trainable(&model).num_elements(), expected);
         let logits = model.forward(Tensor::zeros([2, 3, 32, 32], &device));
         assert_eq!(logits.dims(), [2, 10]);
+        // Forward multiply-adds: conv 3→32 at 32×32, 32→64 at 16×16, 64→64 at 8×8 (3×3),
+        // then 1024×128 and 128×10; training is three times twice that.
+        let macs = 3 * 32 * 9 * 32 * 32
+            + 32 * 64 * 9 * 16 * 16
+            + 64 * 64 * 9 * 8 * 8
+            + 1024 * 128
+            + 128 * 10;
+        assert_eq!(
+            gym_core::TrainModel::flops_per_example(&model),
+            6.0 * macs as f64
+        );
     }
 }

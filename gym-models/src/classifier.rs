@@ -28,8 +28,10 @@ pub fn classification_metrics(logits: Tensor<2>, targets: Tensor<1, Int>) -> Eva
 }
 
 /// Implements [`TrainModel`](gym_core::TrainModel) for an image classifier whose
-/// `forward(images) -> logits` is an inherent method: cross-entropy loss, and loss plus
-/// accuracy for evaluation. One definition for every classifier in this crate.
+/// `forward(images) -> logits` and `flops: f64` (training FLOPs per image, from
+/// [`dense_flops`] and [`conv_flops`]) are its own: cross-entropy loss, loss plus
+/// accuracy for evaluation, and its FLOPs. One definition for every classifier in this
+/// crate.
 macro_rules! image_classifier {
     ($model:ty) => {
         impl gym_core::TrainModel for $model {
@@ -48,7 +50,23 @@ macro_rules! image_classifier {
                     batch.targets.clone(),
                 )
             }
+
+            fn flops_per_example(&self) -> f64 {
+                self.flops
+            }
         }
     };
+}
+
+/// Training FLOPs per example of a dense layer `inputs → outputs`: `2·in·out` forward,
+/// twice that backward (gradients of the input and of the weights).
+pub fn dense_flops(inputs: usize, outputs: usize) -> f64 {
+    3.0 * 2.0 * (inputs * outputs) as f64
+}
+
+/// Training FLOPs per example of a `k×k` convolution `c_in → c_out` with an output of
+/// `h×w` positions: `2·c_in·c_out·k²·h·w` forward, twice that backward.
+pub fn conv_flops(c_in: usize, c_out: usize, kernel: usize, h: usize, w: usize) -> f64 {
+    3.0 * 2.0 * (c_in * c_out * kernel * kernel * h * w) as f64
 }
 pub(crate) use image_classifier;

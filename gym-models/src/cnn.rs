@@ -1,5 +1,6 @@
 //! The original's MNIST CNN (`example/mnist.py`).
 
+use crate::classifier::{conv_flops, dense_flops};
 use burn::config::Config;
 use burn::module::Module;
 use burn::nn::conv::{Conv2d, Conv2dConfig};
@@ -67,6 +68,8 @@ pub struct MnistCnn {
     fc1: Linear,
     dropout: Dropout,
     fc2: Linear,
+    /// Training FLOPs per 28×28 image.
+    flops: f64,
 }
 
 impl MnistCnnConfig {
@@ -78,6 +81,14 @@ impl MnistCnnConfig {
             fc1: LinearConfig::new(128 * 7 * 7, 256).init(device),
             dropout: Dropout::new(self.head_dropout),
             fc2: LinearConfig::new(256, self.classes).init(device),
+            // Two 3×3 convolutions at 28×28, two at 14×14 (padding keeps the size), then
+            // the dense head.
+            flops: conv_flops(1, 64, 3, 28, 28)
+                + conv_flops(64, 64, 3, 28, 28)
+                + conv_flops(64, 128, 3, 14, 14)
+                + conv_flops(128, 128, 3, 14, 14)
+                + dense_flops(128 * 7 * 7, 256)
+                + dense_flops(256, self.classes),
         }
     }
 }
@@ -117,5 +128,15 @@ mod tests {
         assert_eq!(ParamLayout::trainable(&model).num_elements(), expected);
         let logits = model.forward(Tensor::zeros([3, 1, 28, 28], &device));
         assert_eq!(logits.dims(), [3, 10]);
+        let macs = 64 * 9 * 28 * 28
+            + 64 * 64 * 9 * 28 * 28
+            + 64 * 128 * 9 * 14 * 14
+            + 128 * 128 * 9 * 14 * 14
+            + 6272 * 256
+            + 256 * 10;
+        assert_eq!(
+            gym_core::TrainModel::flops_per_example(&model),
+            6.0 * macs as f64
+        );
     }
 }

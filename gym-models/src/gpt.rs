@@ -176,6 +176,22 @@ impl GptConfig {
             .with_n_embd(n_embd)
     }
 
+    /// Training FLOPs per token of a sequence of `block_size` tokens, as nanoGPT's
+    /// `estimate_mfu` counts them (PaLM, Chowdhery et al. 2022, appendix B):
+    /// `6·N + 12·L·d·T`, with `N = 12·L·d² + d·V` the weights of the matrix products (the
+    /// four projections of every block and the tied output head; biases, LayerNorms and
+    /// embedding lookups add no multiply-adds) and `12·L·d·T` the attention scores and
+    /// their weighted sum over the `T` positions, forward and backward.
+    pub fn flops_per_token(&self) -> f64 {
+        let (l, d, v, t) = (
+            self.n_layer as f64,
+            self.n_embd as f64,
+            self.vocab_size as f64,
+            self.block_size as f64,
+        );
+        6.0 * (12.0 * l * d * d + d * v) + 12.0 * l * d * t
+    }
+
     /// Checks that the sizes build a model.
     pub fn validate(&self) -> Result<(), GptError> {
         let bad = |s: String| Err(GptError::InvalidConfig(s));
@@ -612,6 +628,11 @@ impl TrainModel for Gpt {
         let (logits, targets) = self.flat_logits(batch);
         classification_metrics(logits, targets)
     }
+
+    /// One sequence of `block_size` tokens: [`GptConfig::flops_per_token`] each.
+    fn flops_per_example(&self) -> f64 {
+        self.config.block_size as f64 * self.config.flops_per_token()
+    }
 }
 
 impl Gpt {
@@ -638,6 +659,28 @@ mod tests {
         // GPT-2 (124M) with its 1024 positions: 124,439,808 parameters.
         let base = GptConfig::preset(GptSize::Base, 50257, 1024);
         assert_eq!(base.num_params() + 1024 * 768, 124_439_808);
+    }
+
+    /// The FLOP count against the model itself: every 2-D weight but the position table is
+    /// a matrix product's (the token table is also the output head), plus attention's
+    /// `12·L·d·T` per token.
+    #[test]
+    fn the_flop_count_follows_the_models_matrices() {
+        let device = Device::default().autodiff();
+        let config = GptConfig::new(65, 32)
+            .with_n_layer(3)
+            .with_n_head(2)
+            .with_n_embd(16);
+        let model = config.init(&device).unwrap();
+        let weights: usize = gym_core::ParamLayout::trainable(&model)
+            .entries()
+            .iter()
+            .filter(|e| e.shape.len() == 2 && !e.path.starts_with("wpe"))
+            .map(|e| e.numel)
+            .sum();
+        assert_eq!(weights, 3 * 12 * 16 * 16 + 16 * 65);
+        let per_token = 6.0 * weights as f64 + 12.0 * 3.0 * 16.0 * 32.0;
+        assert_eq!(model.flops_per_example(), 32.0 * per_token);
     }
 
     #[test]

@@ -22,7 +22,7 @@ pub mod gpt;
 mod mlp;
 
 pub use cifar_cnn::{CifarCnn, CifarCnnConfig};
-pub use classifier::{accuracy, classification_metrics, cross_entropy};
+pub use classifier::{accuracy, classification_metrics, conv_flops, cross_entropy, dense_flops};
 pub use cnn::{MnistCnn, MnistCnnConfig};
 pub use gpt::{Gpt, GptConfig, GptError, GptSize, SamplingConfig, sample_logits};
 pub use mlp::{Mlp, MlpConfig};

@@ -1,5 +1,6 @@
 //! A two-layer perceptron for fast CPU runs.
 
+use crate::classifier::dense_flops;
 use burn::config::Config;
 use burn::module::Module;
 use burn::nn::{Linear, LinearConfig};
@@ -25,6 +26,8 @@ pub struct MlpConfig {
 pub struct Mlp {
     fc1: Linear,
     fc2: Linear,
+    /// Training FLOPs per example.
+    flops: f64,
 }
 
 impl MlpConfig {
@@ -33,6 +36,7 @@ impl MlpConfig {
         Mlp {
             fc1: LinearConfig::new(self.input, self.hidden).init(device),
             fc2: LinearConfig::new(self.hidden, self.classes).init(device),
+            flops: dense_flops(self.input, self.hidden) + dense_flops(self.hidden, self.classes),
         }
     }
 }

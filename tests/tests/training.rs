@@ -154,9 +154,15 @@ fn mnist_mlp_on_four_nodes_learns_and_writes_its_logs() {
     let mut lines = train_csv.lines();
     assert_eq!(
         lines.next().unwrap(),
-        "step,examples_seen,train_loss,train_perplexity,lr,step_time_s,its_per_s,compute_s,strategy_s,bytes_sent,bytes_received"
+        "step,examples_seen,train_loss,train_perplexity,lr,step_time_s,its_per_s,compute_s,strategy_s,bytes_sent,bytes_received,sim_time_s,sim_compute_s,sim_comm_s,sim_idle_s"
     );
-    assert_eq!(lines.count(), 60);
+    let rows: Vec<&str> = lines.collect();
+    assert_eq!(rows.len(), 60);
+    assert!(
+        rows[0].ends_with(",,,,"),
+        "no simulated time without a network: {}",
+        rows[0]
+    );
     let val_csv = std::fs::read_to_string(run_dir.join("validation.csv")).unwrap();
     assert_eq!(val_csv.lines().count(), 1 + 4);
     let config: serde_json::Value =

@@ -14,21 +14,5 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     let argv: Vec<OsString> = std::env::args_os().collect();
-    match examples::compare::run(&argv) {
-        Ok(comparison) => {
-            println!("written:");
-            for f in &comparison.files {
-                println!("  {}", f.display());
-            }
-            ExitCode::SUCCESS
-        }
-        Err(e) => match e.downcast::<clap::Error>() {
-            // --help, --version and flag errors, as clap prints them.
-            Ok(clap_error) => clap_error.exit(),
-            Err(e) => {
-                eprintln!("error: {e}");
-                ExitCode::FAILURE
-            }
-        },
-    }
+    examples::runner::files_exit_code(examples::compare::run(&argv).map(|c| c.files))
 }

@@ -1,8 +1,10 @@
 //! The in-process collective: nodes are threads of one process that meet at rendezvous points.
 
-use super::{Collective, CollectiveOp, CommStats, Group, ReduceOp, cost};
+use super::{Collective, CollectiveOp, CommStats, Group, Pending, ReduceOp, cost};
 use crate::error::CollectiveError;
+use crate::network::Network;
 use burn::tensor::Tensor;
+use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -28,6 +30,10 @@ pub struct InProcessGroup {
 
 struct Shared {
     world_size: usize,
+    /// The simulated network, if the run simulates time.
+    network: Option<Network>,
+    /// Per rank: the simulated clock.
+    clocks: Vec<Mutex<NodeClock>>,
     aborted: AtomicBool,
     abort_info: Mutex<Option<(usize, String)>>,
     left: Vec<AtomicBool>,
@@ -48,7 +54,51 @@ struct RvState {
     arrived: usize,
     call: Option<(CollectiveOp, usize)>,
     inputs: Vec<Option<Payload>>,
-    outcome: Option<Arc<Outcome>>,
+    /// Per member: the simulated time at which it is ready (arrived, its link free).
+    ready: Vec<f64>,
+    outcome: Option<Arc<Completed>>,
+}
+
+/// A finished call: its result, and its simulated start and end if time is simulated.
+struct Completed {
+    outcome: Outcome,
+    timing: Option<(f64, f64)>,
+}
+
+/// One node's simulated time, in seconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct SimulatedTime {
+    /// The node's clock.
+    pub now_s: f64,
+    /// Time spent computing.
+    pub compute_s: f64,
+    /// Time spent communicating that compute did not hide (exposed communication).
+    pub comm_s: f64,
+    /// Time spent waiting for other nodes to reach a collective.
+    pub idle_s: f64,
+}
+
+/// A node's clock and when its link is next free.
+#[derive(Debug, Clone, Copy, Default)]
+struct NodeClock {
+    time: SimulatedTime,
+    link_free_s: f64,
+}
+
+impl NodeClock {
+    /// Waits, at the node's current time, for a collective that was ready on this node's
+    /// side at `own_ready` and ran from `start` to `end`: the part of the wait before
+    /// `start` that the node spent ready is idle, the rest communication.
+    fn finish(&mut self, own_ready: f64, start: f64, end: f64) {
+        let w = self.time.now_s;
+        if end <= w {
+            return;
+        }
+        let idle = (start.min(end) - w.max(own_ready)).max(0.0);
+        self.time.idle_s += idle;
+        self.time.comm_s += (end - w) - idle;
+        self.time.now_s = end;
+    }
 }
 
 /// What one rank deposits at a rendezvous.
@@ -74,9 +124,23 @@ enum Accounting {
 impl InProcessGroup {
     /// A cluster of `world_size` ranks.
     pub fn new(world_size: usize) -> Self {
+        Self::build(world_size, None)
+    }
+
+    /// A cluster of `world_size` ranks on `network`, whose nodes keep simulated clocks
+    /// (see the [module documentation](super)).
+    pub fn simulated(world_size: usize, network: Network) -> Self {
+        Self::build(world_size, Some(network))
+    }
+
+    fn build(world_size: usize, network: Option<Network>) -> Self {
         InProcessGroup {
             shared: Arc::new(Shared {
                 world_size,
+                network,
+                clocks: (0..world_size)
+                    .map(|_| Mutex::new(NodeClock::default()))
+                    .collect(),
                 aborted: AtomicBool::new(false),
                 abort_info: Mutex::new(None),
                 left: (0..world_size).map(|_| AtomicBool::new(false)).collect(),
@@ -154,6 +218,14 @@ impl InProcessGroup {
         lock(&self.shared.stats[rank])[Accounting::Training as usize]
     }
 
+    /// The simulated clock of `rank`, if the group simulates time.
+    pub fn simulated_time(&self, rank: usize) -> Option<SimulatedTime> {
+        self.shared
+            .network
+            .as_ref()
+            .map(|_| lock(&self.shared.clocks[rank]).time)
+    }
+
     /// Bytes and calls of `rank` made through an [observer](InProcessCollective::observer)
     /// handle (evaluation of the averaged model, final averaging): not part of the metric.
     pub fn observer_stats(&self, rank: usize) -> CommStats {
@@ -198,6 +270,7 @@ impl Shared {
                 Arc::new(Rendezvous {
                     state: Mutex::new(RvState {
                         inputs: (0..group.size()).map(|_| None).collect(),
+                        ready: vec![0.0; group.size()],
                         ..RvState::default()
                     }),
                     cv: Condvar::new(),
@@ -237,12 +310,67 @@ impl InProcessCollective {
         lock(&self.shared.stats[self.rank])[Accounting::Training as usize]
     }
 
+    /// Advances this node's simulated clock by `seconds` of computation (nothing happens
+    /// when the group does not simulate time).
+    pub fn compute(&self, seconds: f64) {
+        if self.shared.network.is_some() {
+            let mut clock = lock(&self.shared.clocks[self.rank]);
+            clock.time.now_s += seconds;
+            clock.time.compute_s += seconds;
+        }
+    }
+
+    /// Whether this handle's calls are charged to the simulated clock (time is simulated
+    /// and the handle counts training traffic).
+    fn timed(&self) -> bool {
+        self.shared.network.is_some() && self.accounting == Accounting::Training
+    }
+
+    /// A blocking call: exchanges, then waits for the transfer on the simulated clock.
+    fn call(
+        &self,
+        group: &Group,
+        op: CollectiveOp,
+        payload: Option<Payload>,
+    ) -> Result<Arc<Completed>, CollectiveError> {
+        let (done, own_ready) = self.exchange(group, op, payload)?;
+        if let Some((start, end)) = done.timing {
+            lock(&self.shared.clocks[self.rank]).finish(own_ready, start, end);
+        }
+        Ok(done)
+    }
+
+    /// A call whose waiting on the simulated clock is left to the returned `Pending`.
+    fn start<T>(
+        &self,
+        group: &Group,
+        op: CollectiveOp,
+        payload: Payload,
+        result: impl FnOnce(&Outcome) -> T,
+    ) -> Result<Pending<T>, CollectiveError> {
+        let (done, own_ready) = self.exchange(group, op, Some(payload))?;
+        let value = result(&done.outcome);
+        Ok(match done.timing {
+            Some((start, end)) => {
+                let shared = self.shared.clone();
+                let rank = self.rank;
+                Pending::new(
+                    value,
+                    Box::new(move || lock(&shared.clocks[rank]).finish(own_ready, start, end)),
+                )
+            }
+            None => Pending::ready(value),
+        })
+    }
+
+    /// The rendezvous: deposits this rank's input, and returns the call's result with the
+    /// simulated time at which this rank was ready for it.
     fn exchange(
         &self,
         group: &Group,
         op: CollectiveOp,
         payload: Option<Payload>,
-    ) -> Result<Arc<Outcome>, CollectiveError> {
+    ) -> Result<(Arc<Completed>, f64), CollectiveError> {
         group.validate(self.rank, self.shared.world_size)?;
         if let CollectiveOp::Broadcast { root } = op
             && !group.contains(root)
@@ -275,6 +403,14 @@ impl InProcessCollective {
             .position(|&m| m == self.rank)
             .expect("validated membership");
 
+        // Ready when arrived and the link is free of earlier transfers.
+        let own_ready = if self.timed() {
+            let clock = lock(&self.shared.clocks[self.rank]);
+            clock.time.now_s.max(clock.link_free_s)
+        } else {
+            0.0
+        };
+
         let rv = self.shared.rendezvous(group);
         let mut state = lock(&rv.state);
         match state.call {
@@ -292,12 +428,26 @@ impl InProcessCollective {
             Some(_) => {}
         }
         state.inputs[pos] = payload;
+        state.ready[pos] = own_ready;
         state.arrived += 1;
         let my_generation = state.generation;
 
         let outcome = if state.arrived == group.size() {
             let inputs: Vec<Option<Payload>> = state.inputs.iter_mut().map(Option::take).collect();
-            let outcome = Arc::new(combine(op, group, inputs));
+            let timing = match &self.shared.network {
+                Some(network) if self.timed() => {
+                    let start = state.ready.iter().copied().fold(0.0, f64::max);
+                    Some((
+                        start,
+                        start + network.collective_time(op, group, payload_bytes),
+                    ))
+                }
+                _ => None,
+            };
+            let outcome = Arc::new(Completed {
+                outcome: combine(op, group, inputs),
+                timing,
+            });
             state.arrived = 0;
             state.call = None;
             state.generation += 1;
@@ -330,6 +480,10 @@ impl InProcessCollective {
             }
         };
         drop(state);
+        if let Some((_, end)) = outcome.timing {
+            let mut clock = lock(&self.shared.clocks[self.rank]);
+            clock.link_free_s = clock.link_free_s.max(end);
+        }
 
         let (sent, received) = cost(op, group, self.rank, payload_bytes);
         let mut stats = lock(&self.shared.stats[self.rank]);
@@ -342,7 +496,7 @@ impl InProcessCollective {
             CollectiveOp::AllGather | CollectiveOp::AllGatherBytes => s.all_gather_calls += 1,
             CollectiveOp::Barrier => s.barrier_calls += 1,
         }
-        Ok(outcome)
+        Ok((outcome, own_ready))
     }
 }
 
@@ -401,11 +555,14 @@ impl Collective for InProcessCollective {
         op: ReduceOp,
     ) -> Result<Tensor<1>, CollectiveError> {
         let device = tensor.device();
-        match &*self.exchange(
-            group,
-            CollectiveOp::AllReduce(op),
-            Some(Payload::Tensor(Box::new(tensor))),
-        )? {
+        match &self
+            .call(
+                group,
+                CollectiveOp::AllReduce(op),
+                Some(Payload::Tensor(Box::new(tensor))),
+            )?
+            .outcome
+        {
             Outcome::One(t) => Ok((**t).clone().to_device(&device.inner())),
             _ => unreachable!("all-reduce yields one tensor"),
         }
@@ -418,11 +575,14 @@ impl Collective for InProcessCollective {
         root: usize,
     ) -> Result<Tensor<1>, CollectiveError> {
         let device = tensor.device();
-        match &*self.exchange(
-            group,
-            CollectiveOp::Broadcast { root },
-            Some(Payload::Tensor(Box::new(tensor))),
-        )? {
+        match &self
+            .call(
+                group,
+                CollectiveOp::Broadcast { root },
+                Some(Payload::Tensor(Box::new(tensor))),
+            )?
+            .outcome
+        {
             Outcome::One(t) => Ok((**t).clone().to_device(&device.inner())),
             _ => unreachable!("broadcast yields one tensor"),
         }
@@ -434,11 +594,14 @@ impl Collective for InProcessCollective {
         tensor: Tensor<1>,
     ) -> Result<Vec<Tensor<1>>, CollectiveError> {
         let device = tensor.device().inner();
-        match &*self.exchange(
-            group,
-            CollectiveOp::AllGather,
-            Some(Payload::Tensor(Box::new(tensor))),
-        )? {
+        match &self
+            .call(
+                group,
+                CollectiveOp::AllGather,
+                Some(Payload::Tensor(Box::new(tensor))),
+            )?
+            .outcome
+        {
             Outcome::All(ts) => Ok(ts.iter().map(|t| t.clone().to_device(&device)).collect()),
             _ => unreachable!("all-gather yields every tensor"),
         }
@@ -449,19 +612,63 @@ impl Collective for InProcessCollective {
         group: &Group,
         bytes: Vec<u8>,
     ) -> Result<Vec<Vec<u8>>, CollectiveError> {
-        match &*self.exchange(
-            group,
-            CollectiveOp::AllGatherBytes,
-            Some(Payload::Bytes(bytes)),
-        )? {
+        match &self
+            .call(
+                group,
+                CollectiveOp::AllGatherBytes,
+                Some(Payload::Bytes(bytes)),
+            )?
+            .outcome
+        {
             Outcome::AllBytes(all) => Ok(all.clone()),
             _ => unreachable!("a byte all-gather yields every buffer"),
         }
     }
 
     fn barrier_in(&self, group: &Group) -> Result<(), CollectiveError> {
-        self.exchange(group, CollectiveOp::Barrier, None)
-            .map(|_| ())
+        self.call(group, CollectiveOp::Barrier, None).map(|_| ())
+    }
+
+    fn all_reduce_start_in(
+        &self,
+        group: &Group,
+        tensor: Tensor<1>,
+        op: ReduceOp,
+    ) -> Result<Pending<Tensor<1>>, CollectiveError> {
+        let device = tensor.device().inner();
+        self.start(
+            group,
+            CollectiveOp::AllReduce(op),
+            Payload::Tensor(Box::new(tensor)),
+            |outcome| match outcome {
+                Outcome::One(t) => (**t).clone().to_device(&device),
+                _ => unreachable!("all-reduce yields one tensor"),
+            },
+        )
+    }
+
+    fn all_gather_start_in(
+        &self,
+        group: &Group,
+        tensor: Tensor<1>,
+    ) -> Result<Pending<Vec<Tensor<1>>>, CollectiveError> {
+        let device = tensor.device().inner();
+        self.start(
+            group,
+            CollectiveOp::AllGather,
+            Payload::Tensor(Box::new(tensor)),
+            |outcome| match outcome {
+                Outcome::All(ts) => ts.iter().map(|t| t.clone().to_device(&device)).collect(),
+                _ => unreachable!("all-gather yields every tensor"),
+            },
+        )
+    }
+
+    fn simulated_time(&self) -> Option<SimulatedTime> {
+        self.shared
+            .network
+            .as_ref()
+            .map(|_| lock(&self.shared.clocks[self.rank]).time)
     }
 }
 

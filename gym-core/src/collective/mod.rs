@@ -10,20 +10,72 @@
 //! real network, with `n` the size in bytes of one node's tensor and `k` the number of
 //! ranks taking part (the world, or a sub-group):
 //!
-//! | operation | sent per node | received per node | algorithm |
-//! |---|---|---|---|
-//! | [`all_reduce`](Collective::all_reduce) | ⌊2(k−1)·n / k⌋ | ⌊2(k−1)·n / k⌋ | ring: reduce-scatter, then all-gather |
-//! | [`broadcast`](Collective::broadcast) | `n`, except the last rank of the chain: 0 | `n`, except the root: 0 | pipelined chain from the root through the group in rank order |
-//! | [`all_gather`](Collective::all_gather), [`all_gather_bytes`](Collective::all_gather_bytes) | (k−1)·n | (k−1)·n | ring |
-//! | [`barrier`](Collective::barrier) | 0 | 0 | |
+//! | operation | sent per node | received per node | algorithm | simulated time, one switch, links (α, β) |
+//! |---|---|---|---|---|
+//! | [`all_reduce`](Collective::all_reduce) | ⌊2(k−1)·n / k⌋ | ⌊2(k−1)·n / k⌋ | ring: reduce-scatter, then all-gather | `2(k−1)·α + 2(k−1)/k · n/β` |
+//! | [`broadcast`](Collective::broadcast) | `n`, except the last rank of the chain: 0 | `n`, except the root: 0 | pipelined chain from the root through the group in rank order | `(k−2+s)·(α + n/(s·β))`, best `s` |
+//! | [`all_gather`](Collective::all_gather), [`all_gather_bytes`](Collective::all_gather_bytes) | (k−1)·n | (k−1)·n | ring | `(k−1)·α + (k−1)·n/β` |
+//! | [`barrier`](Collective::barrier) | 0 | 0 | dissemination | `⌈log₂ k⌉·α` |
+//!
+//! The time column applies when the run simulates time (below); asymmetric links, islands
+//! and relays are in [`crate::network`], with the sources.
 //!
 //! With `k = 1` nothing is sent. These counters are the project's bytes-communicated metric.
 //! Only payload bytes are counted: no headers, no latency. A tensor's byte size is its
 //! element count times the size of its element type; a byte buffer's is its length.
+//!
+//! # Simulated time
+//!
+//! On a group built with a [`Network`](crate::network::Network)
+//! ([`InProcessGroup::simulated`]), every node also keeps a simulated clock
+//! ([`SimulatedTime`]): its compute advances it, and each collective charges the time its
+//! algorithm takes on that network ([`Network::collective_time`](crate::network::Network::collective_time)).
+//! A collective starts when its last member is ready (the node has arrived and its own link
+//! is free) and ends its duration later. A member's wait for the others is *idle*; the
+//! collective's duration, and any wait for its own link, is *communication*. A collective
+//! started without waiting ([`Collective::all_reduce_start`]) occupies the link but not the
+//! node: its [`Pending`] result, taken later with [`Pending::wait`], costs only the part of
+//! the transfer the node's compute did not hide.
 
 mod in_process;
 
-pub use in_process::{InProcessCollective, InProcessGroup};
+pub use in_process::{InProcessCollective, InProcessGroup, SimulatedTime};
+
+/// The result of a collective started without waiting for it
+/// ([`Collective::all_reduce_start`], [`Collective::all_gather_start`]). Take it with
+/// [`wait`](Self::wait), which charges the simulated clock the part of the transfer that
+/// has not finished by then.
+#[must_use = "a started collective is only complete once waited for"]
+pub struct Pending<T> {
+    value: T,
+    finish: Option<Box<dyn FnOnce() + Send>>,
+}
+
+impl<T> Pending<T> {
+    /// A result that is complete already (a collective that does not overlap).
+    pub fn ready(value: T) -> Self {
+        Pending {
+            value,
+            finish: None,
+        }
+    }
+
+    /// A result whose waiting runs `finish` (charging the clock) before handing it over.
+    pub(crate) fn new(value: T, finish: Box<dyn FnOnce() + Send>) -> Self {
+        Pending {
+            value,
+            finish: Some(finish),
+        }
+    }
+
+    /// Waits for the collective and returns its result.
+    pub fn wait(self) -> Result<T, CollectiveError> {
+        if let Some(finish) = self.finish {
+            finish();
+        }
+        Ok(self.value)
+    }
+}
 
 use crate::error::CollectiveError;
 use burn::tensor::Tensor;
@@ -250,5 +302,49 @@ pub trait Collective: Send + Sync {
     /// [`barrier_in`](Self::barrier_in) over the whole world.
     fn barrier(&self) -> Result<(), CollectiveError> {
         self.barrier_in(&Group::world(self.world_size()))
+    }
+
+    /// Starts [`all_reduce_in`](Self::all_reduce_in) without waiting for it: the node may
+    /// compute while the transfer is on its link. Every member must start it; the result
+    /// is the same. The default waits at once (no overlap).
+    fn all_reduce_start_in(
+        &self,
+        group: &Group,
+        tensor: Tensor<1>,
+        op: ReduceOp,
+    ) -> Result<Pending<Tensor<1>>, CollectiveError> {
+        self.all_reduce_in(group, tensor, op).map(Pending::ready)
+    }
+
+    /// [`all_reduce_start_in`](Self::all_reduce_start_in) over the whole world.
+    fn all_reduce_start(
+        &self,
+        tensor: Tensor<1>,
+        op: ReduceOp,
+    ) -> Result<Pending<Tensor<1>>, CollectiveError> {
+        self.all_reduce_start_in(&Group::world(self.world_size()), tensor, op)
+    }
+
+    /// Starts [`all_gather_in`](Self::all_gather_in) without waiting for it (see
+    /// [`all_reduce_start_in`](Self::all_reduce_start_in)).
+    fn all_gather_start_in(
+        &self,
+        group: &Group,
+        tensor: Tensor<1>,
+    ) -> Result<Pending<Vec<Tensor<1>>>, CollectiveError> {
+        self.all_gather_in(group, tensor).map(Pending::ready)
+    }
+
+    /// [`all_gather_start_in`](Self::all_gather_start_in) over the whole world.
+    fn all_gather_start(
+        &self,
+        tensor: Tensor<1>,
+    ) -> Result<Pending<Vec<Tensor<1>>>, CollectiveError> {
+        self.all_gather_start_in(&Group::world(self.world_size()), tensor)
+    }
+
+    /// This node's simulated clock, when the run simulates a network; `None` otherwise.
+    fn simulated_time(&self) -> Option<SimulatedTime> {
+        None
     }
 }

@@ -2,7 +2,7 @@
 
 use super::logs::CsvLogs;
 use super::records::{CorrelationRecord, TrainRecord, ValRecord};
-use crate::collective::CommStats;
+use crate::collective::{CommStats, SimulatedTime};
 use crate::error::{GymError, Result};
 use crate::model::EvalMetrics;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -20,6 +20,7 @@ pub(crate) enum EvalKind {
 /// Collects what the nodes report, in step order, into records, CSV rows and the bar.
 pub(crate) struct Recorder {
     num_nodes: usize,
+    simulates: bool,
     examples_per_step: u64,
     start: Instant,
     bar: ProgressBar,
@@ -37,6 +38,8 @@ struct RecorderState {
     correlation: Vec<CorrelationRecord>,
     logs: Option<CsvLogs>,
     write_error: Option<GymError>,
+    /// Each node's simulated clock after its last reported step.
+    last_simulated: Vec<SimulatedTime>,
 }
 
 /// The local and global evaluations of a step, with their example counts, as they arrive.
@@ -49,6 +52,9 @@ struct PendingStep {
     received: u64,
     compute_s: f64,
     strategy_s: f64,
+    /// Over the nodes: the latest clock, and the step's compute, communication and idle
+    /// seconds summed.
+    simulated: Option<(f64, SimulatedTime)>,
 }
 
 /// What one node reports after a step.
@@ -64,13 +70,18 @@ pub(crate) struct NodeStep {
     pub compute_s: f64,
     /// Seconds in the strategy's step.
     pub strategy_s: f64,
+    /// The node's simulated clock after the step, if time is simulated.
+    pub simulated: Option<SimulatedTime>,
 }
 
 impl Recorder {
+    /// A recorder for `num_nodes` nodes taking `max_steps` steps of `examples_per_step`
+    /// examples in all, whose nodes report simulated time if `simulates`.
     pub fn new(
         num_nodes: usize,
         examples_per_step: u64,
         max_steps: usize,
+        simulates: bool,
         progress: bool,
         logs: Option<CsvLogs>,
     ) -> Self {
@@ -91,6 +102,7 @@ impl Recorder {
         Recorder {
             num_nodes,
             examples_per_step,
+            simulates,
             start: now,
             bar,
             state: Mutex::new(RecorderState {
@@ -104,6 +116,7 @@ impl Recorder {
                 correlation: Vec::new(),
                 logs,
                 write_error: None,
+                last_simulated: vec![SimulatedTime::default(); num_nodes],
             }),
         }
     }
@@ -123,6 +136,7 @@ impl Recorder {
             received: 0,
             compute_s: 0.0,
             strategy_s: 0.0,
+            simulated: None,
         });
         p.losses[rank] = Some(node.loss);
         if rank == 0 {
@@ -132,6 +146,15 @@ impl Recorder {
         p.received += node.comm.bytes_received;
         p.compute_s += node.compute_s;
         p.strategy_s += node.strategy_s;
+        if let Some(now) = node.simulated {
+            let before = std::mem::replace(&mut st.last_simulated[rank], now);
+            let p = st.pending.get_mut(&step).expect("inserted above");
+            let (latest, sum) = p.simulated.get_or_insert((0.0, SimulatedTime::default()));
+            *latest = latest.max(now.now_s);
+            sum.compute_s += now.compute_s - before.compute_s;
+            sum.comm_s += now.comm_s - before.comm_s;
+            sum.idle_s += now.idle_s - before.idle_s;
+        }
         // Emit every completed step in order.
         while let Some(p) = st.pending.get(&st.next_step) {
             if p.losses.iter().any(Option::is_none) {
@@ -152,6 +175,10 @@ impl Recorder {
                 strategy_s: p.strategy_s / k as f64,
                 bytes_sent: p.sent / k as u64,
                 bytes_received: p.received / k as u64,
+                sim_time_s: p.simulated.map(|(latest, _)| latest),
+                sim_compute_s: p.simulated.map(|(_, s)| s.compute_s / k as f64),
+                sim_comm_s: p.simulated.map(|(_, s)| s.comm_s / k as f64),
+                sim_idle_s: p.simulated.map(|(_, s)| s.idle_s / k as f64),
             };
             st.last_emit = now;
             st.last_step_done = now;
@@ -178,6 +205,12 @@ impl Recorder {
         }
         if let (Some((local, n)), Some((global, _))) = *entry {
             st.pending_val.remove(&step);
+            // Every node finished the steps before this evaluation (it follows their
+            // averaging), so their record is out: its time is the evaluation's.
+            let sim_time_s = match step {
+                0 => self.simulates.then_some(0.0),
+                s => st.train.get(s - 1).and_then(|r| r.sim_time_s),
+            };
             let rec = ValRecord {
                 step,
                 examples_seen: step as u64 * self.examples_per_step,
@@ -186,6 +219,7 @@ impl Recorder {
                 local_accuracy: local.accuracy,
                 global_accuracy: global.accuracy,
                 examples: n,
+                sim_time_s,
             };
             if let Some(logs) = st.logs.as_mut()
                 && let Err(e) = logs.val_row(&rec)
@@ -255,7 +289,7 @@ mod tests {
 
     #[test]
     fn recorder_emits_steps_in_order_with_the_mean_loss_over_nodes() {
-        let r = Recorder::new(2, 8, 2, false, None);
+        let r = Recorder::new(2, 8, 2, false, false, None);
         let c = CommStats {
             bytes_sent: 10,
             bytes_received: 20,
@@ -267,6 +301,7 @@ mod tests {
             comm: c,
             compute_s,
             strategy_s: 0.5,
+            simulated: None,
         };
         r.train_step(1, 1, node(4.0, 0.1, 1.0)); // step 1 before step 0: buffered
         r.train_step(0, 0, node(1.0, 0.5, 2.0));

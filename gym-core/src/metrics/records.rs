@@ -1,7 +1,7 @@
 //! The records a run produces: one per step, per evaluation and per correlation, and the
 //! run's report that holds them all.
 
-use crate::collective::CommStats;
+use crate::collective::{CommStats, SimulatedTime};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
@@ -28,6 +28,15 @@ pub struct TrainRecord {
     pub bytes_sent: u64,
     /// Cumulative payload bytes received, mean per node.
     pub bytes_received: u64,
+    /// Simulated time when every node had finished this step (the slowest node's clock);
+    /// `None` without simulated time.
+    pub sim_time_s: Option<f64>,
+    /// Simulated seconds of this step's forward and backward passes, mean over nodes.
+    pub sim_compute_s: Option<f64>,
+    /// Simulated seconds of this step's exposed communication, mean over nodes.
+    pub sim_comm_s: Option<f64>,
+    /// Simulated seconds this step's nodes waited for each other, mean over nodes.
+    pub sim_idle_s: Option<f64>,
 }
 
 /// One evaluation: rank 0's own replica (local) and the average of all replicas (global).
@@ -47,6 +56,8 @@ pub struct ValRecord {
     pub global_accuracy: Option<f64>,
     /// Validation examples evaluated.
     pub examples: usize,
+    /// Simulated time of the evaluation: when every node had finished the steps before it.
+    pub sim_time_s: Option<f64>,
 }
 
 /// How far the replicas have drifted apart (spec §2.9): logged every
@@ -64,12 +75,12 @@ pub struct CorrelationRecord {
 
 impl TrainRecord {
     /// The columns of `train.csv`.
-    pub const CSV_HEADER: &'static str = "step,examples_seen,train_loss,train_perplexity,lr,step_time_s,its_per_s,compute_s,strategy_s,bytes_sent,bytes_received";
+    pub const CSV_HEADER: &'static str = "step,examples_seen,train_loss,train_perplexity,lr,step_time_s,its_per_s,compute_s,strategy_s,bytes_sent,bytes_received,sim_time_s,sim_compute_s,sim_comm_s,sim_idle_s";
 
-    /// This record as a row of `train.csv`.
+    /// This record as a row of `train.csv` (simulated times empty without a simulation).
     pub fn csv_row(&self) -> String {
         format!(
-            "{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             self.step,
             self.examples_seen,
             self.train_loss,
@@ -80,28 +91,38 @@ impl TrainRecord {
             self.compute_s,
             self.strategy_s,
             self.bytes_sent,
-            self.bytes_received
+            self.bytes_received,
+            optional(self.sim_time_s),
+            optional(self.sim_compute_s),
+            optional(self.sim_comm_s),
+            optional(self.sim_idle_s)
         )
     }
 }
 
+/// A value, or an empty CSV field.
+fn optional(x: Option<f64>) -> String {
+    x.map(|v| v.to_string()).unwrap_or_default()
+}
+
 impl ValRecord {
     /// The columns of `validation.csv`.
-    pub const CSV_HEADER: &'static str = "step,examples_seen,local_loss,local_perplexity,global_loss,global_perplexity,local_accuracy,global_accuracy";
+    pub const CSV_HEADER: &'static str = "step,examples_seen,local_loss,local_perplexity,global_loss,global_perplexity,local_accuracy,global_accuracy,sim_time_s";
 
-    /// This record as a row of `validation.csv` (accuracies empty for non-classifiers).
+    /// This record as a row of `validation.csv` (accuracies empty for non-classifiers,
+    /// simulated time empty without a simulation).
     pub fn csv_row(&self) -> String {
-        let opt = |x: Option<f64>| x.map(|v| v.to_string()).unwrap_or_default();
         format!(
-            "{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{}",
             self.step,
             self.examples_seen,
             self.local_loss,
             self.local_loss.exp(),
             self.global_loss,
             self.global_loss.exp(),
-            opt(self.local_accuracy),
-            opt(self.global_accuracy)
+            optional(self.local_accuracy),
+            optional(self.global_accuracy),
+            optional(self.sim_time_s)
         )
     }
 }
@@ -141,6 +162,8 @@ pub struct RunReport {
     pub data_fingerprint: u64,
     /// Each node's training traffic.
     pub comm: Vec<CommStats>,
+    /// Each node's simulated clock at the end; empty without simulated time.
+    pub simulated: Vec<SimulatedTime>,
     /// Seconds spent in `fit` before the first step (replicas, data, logs).
     pub setup_s: f64,
     /// Seconds of the training loop, from the start of the nodes to the last step.
@@ -183,6 +206,49 @@ impl RunReport {
     /// The final evaluation (whole validation set).
     pub fn final_validation(&self) -> Option<&ValRecord> {
         self.validation.last()
+    }
+
+    /// Simulated seconds of the whole run: the slowest node's clock at the end.
+    pub fn simulated_time_s(&self) -> Option<f64> {
+        self.simulated.iter().map(|t| t.now_s).reduce(f64::max)
+    }
+
+    /// Simulated seconds of forward and backward passes, mean over nodes.
+    pub fn simulated_compute_s(&self) -> Option<f64> {
+        self.simulated_mean(|t| t.compute_s)
+    }
+
+    /// Simulated seconds of exposed communication, mean over nodes.
+    pub fn simulated_comm_s(&self) -> Option<f64> {
+        self.simulated_mean(|t| t.comm_s)
+    }
+
+    /// Simulated seconds spent waiting for other nodes, mean over nodes.
+    pub fn simulated_idle_s(&self) -> Option<f64> {
+        self.simulated_mean(|t| t.idle_s)
+    }
+
+    /// Compute ÷ (compute + exposed communication + idle), over all nodes' simulated time.
+    pub fn compute_utilisation(&self) -> Option<f64> {
+        let (c, m, i) = (
+            self.simulated_compute_s()?,
+            self.simulated_comm_s()?,
+            self.simulated_idle_s()?,
+        );
+        Some(c / (c + m + i))
+    }
+
+    /// Simulated seconds until the averaged model's validation loss first reached
+    /// `target` (at an evaluation); `None` if it never did or time is not simulated.
+    pub fn time_to_target_s(&self, target: f64) -> Option<f64> {
+        self.validation
+            .iter()
+            .find(|v| v.global_loss <= target)
+            .and_then(|v| v.sim_time_s)
+    }
+
+    fn simulated_mean(&self, f: impl Fn(&SimulatedTime) -> f64) -> Option<f64> {
+        (!self.simulated.is_empty()).then(|| mean(self.simulated.iter().map(f)))
     }
 }
 

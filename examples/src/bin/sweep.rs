@@ -1,0 +1,19 @@
+//! A grid of runs — strategies × node counts × synchronisation intervals × networks — on
+//! one task, timed on a simulated cluster: a table and plots of time to target and final
+//! loss.
+//!
+//! ```text
+//! cargo run --release -p examples --bin sweep -- --task shakespeare \
+//!     --strategies allreduce,diloco --nodes 1,2,4,8 --sync-intervals 30 --networks datacenter,internet \
+//!     --global-batch 16 --max-steps 300 --target-loss 2.6 --data-dir ../shared/data/shakespeare
+//! ```
+//!
+//! See [`examples::sweep`] for what the folder holds.
+
+use std::ffi::OsString;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let argv: Vec<OsString> = std::env::args_os().collect();
+    examples::runner::files_exit_code(examples::sweep::run(&argv).map(|s| s.files))
+}

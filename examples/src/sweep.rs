@@ -1,0 +1,383 @@
+//! A grid of runs on one task — strategies × node counts × synchronisation intervals ×
+//! networks — timed on a simulated cluster: the `sweep` binary.
+//!
+//! Every cell is one run of the shared runner, so each has its own folder under
+//! `runs/`. The output folder gets `results.md` (a table of final loss, simulated time,
+//! compute utilisation and time to `--target-loss` per cell), `results.csv`, and plots:
+//! `time_to_target.svg` and `simulated_time.svg` against the node count (one line per
+//! strategy, interval and network), `final_loss.svg` against the node count, and
+//! `val_loss_vs_time_<network>.svg` (every run's validation loss against simulated time).
+//!
+//! With `--global-batch B`, each node trains on `B / K` examples per step, so every cell sees
+//! the same examples per step and in total (equal total tokens).
+
+use crate::cli::{self, CommonArgs, StrategyName};
+use crate::plot::{Chart, Series};
+use crate::runner::{BoxError, Runner};
+use crate::summary::{RunSummary, seconds};
+use crate::tasks::{self, TaskArgs};
+use clap::{CommandFactory, Parser};
+use gym_core::RunReport;
+use serde::Serialize;
+use std::ffi::OsString;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// Run a grid of strategies × node counts × synchronisation intervals × networks on one
+/// task, timed on a simulated cluster, and write a table and plots of time to target and
+/// final loss.
+#[derive(Debug, Clone, Parser, Serialize)]
+#[command(version, about, name = "sweep")]
+pub struct SweepArgs {
+    /// The flags every run shares (`--strategy`, `--num-nodes`, `-H` and `--network` are
+    /// set per cell).
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub common: CommonArgs,
+    /// What to train.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub task: TaskArgs,
+    /// Strategies, comma-separated.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "allreduce,diloco"
+    )]
+    pub strategies: Vec<StrategyName>,
+    /// Node counts, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+    pub nodes: Vec<usize>,
+    /// Synchronisation intervals (H) of the strategies that have one, comma-separated
+    /// (default: each strategy's own).
+    #[arg(long, value_delimiter = ',')]
+    pub sync_intervals: Vec<usize>,
+    /// Networks, comma-separated presets or specs (one link for every node; see --network).
+    #[arg(long, value_delimiter = ',', default_value = "datacenter,internet")]
+    pub networks: Vec<String>,
+    /// Examples per step over all nodes: each of K nodes gets global-batch/K (equal total
+    /// tokens across node counts). Default: --batch-size per node.
+    #[arg(long)]
+    pub global_batch: Option<usize>,
+    /// Output folder.
+    #[arg(long, default_value = "sweep")]
+    pub out_dir: PathBuf,
+}
+
+/// One cell of the grid.
+#[derive(Debug, Clone)]
+pub struct Cell {
+    /// Strategy.
+    pub strategy: StrategyName,
+    /// Nodes.
+    pub nodes: usize,
+    /// Synchronisation interval, for the strategies that have one.
+    pub sync_interval: Option<usize>,
+    /// Network spec.
+    pub network: String,
+    /// What the run measured.
+    pub report: RunReport,
+    /// Its summary.
+    pub summary: RunSummary,
+}
+
+impl Cell {
+    /// The cell's name, e.g. `diloco-H20-k4-internet`, also its run folder.
+    pub fn name(&self) -> String {
+        cell_name(self.strategy, self.sync_interval, self.nodes, &self.network)
+    }
+
+    /// The line a plot draws this cell on: everything but the node count.
+    fn series(&self) -> String {
+        let h = self
+            .sync_interval
+            .map_or(String::new(), |h| format!(" H={h}"));
+        format!("{}{h} on {}", self.strategy.as_str(), self.network)
+    }
+}
+
+fn cell_name(strategy: StrategyName, h: Option<usize>, k: usize, network: &str) -> String {
+    let h = h.map_or(String::new(), |h| format!("-H{h}"));
+    format!("{}{h}-k{k}-{}", strategy.as_str(), file_safe(network))
+}
+
+/// `spec` with every character but letters and digits replaced, for file names.
+fn file_safe(spec: &str) -> String {
+    spec.chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect()
+}
+
+/// What a sweep produced.
+#[derive(Debug, Clone)]
+pub struct Sweep {
+    /// Every cell, in grid order (strategy, interval, network, nodes).
+    pub cells: Vec<Cell>,
+    /// The files written.
+    pub files: Vec<PathBuf>,
+}
+
+/// Whether `strategy` has a synchronisation interval that `-H` sets.
+fn has_sync_interval(strategy: StrategyName) -> bool {
+    matches!(
+        strategy,
+        StrategyName::Diloco | StrategyName::Fedavg | StrategyName::SpartaDiloco
+    )
+}
+
+/// Parses `argv` (program name first, `--config` honoured) and runs the sweep.
+pub fn run(argv: &[OsString]) -> Result<Sweep, BoxError> {
+    let process_start = Instant::now();
+    let command = tasks::with_small_gpt(SweepArgs::command());
+    let (args, file) = cli::try_parse_from::<SweepArgs>(&command, argv)?;
+    if args.strategies.is_empty() || args.nodes.is_empty() || args.networks.is_empty() {
+        return Err("--strategies, --nodes and --networks each need a value".into());
+    }
+    if let Some(k) = args.nodes.iter().find(|&&k| k == 0) {
+        return Err(format!("--nodes: {k} is not a node count").into());
+    }
+    if let Some(b) = args.global_batch
+        && let Some(k) = args.nodes.iter().find(|&&k| b % k != 0)
+    {
+        return Err(format!("--global-batch {b} does not split over {k} nodes").into());
+    }
+    // Every cell's flags, checked before anything is trained.
+    let runs_dir = args.out_dir.join("runs");
+    let mut plan = Vec::new();
+    for &strategy in &args.strategies {
+        // The axis, or the one interval the shared flags give (`-H`, else the default).
+        let from_axis = has_sync_interval(strategy) && !args.sync_intervals.is_empty();
+        let intervals: Vec<Option<usize>> = if from_axis {
+            args.sync_intervals.iter().copied().map(Some).collect()
+        } else if has_sync_interval(strategy) {
+            vec![args.common.sync_interval]
+        } else {
+            vec![None]
+        };
+        for &h in &intervals {
+            for network in &args.networks {
+                for &k in &args.nodes {
+                    let name = cell_name(strategy, h, k, network);
+                    let mut extra = file.overrides_for(strategy).to_vec();
+                    extra.extend(
+                        [
+                            ["--strategy", strategy.as_str()],
+                            ["--num-nodes", &k.to_string()],
+                            ["--network", network],
+                            ["--run-name", &name],
+                            ["--log-dir", &runs_dir.to_string_lossy()],
+                        ]
+                        .iter()
+                        .flat_map(|pair| pair.iter().map(|w| w.to_string())),
+                    );
+                    if let (true, Some(h)) = (from_axis, h) {
+                        extra.extend(["-H".into(), h.to_string()]);
+                    }
+                    if let Some(b) = args.global_batch {
+                        extra.extend(["--batch-size".into(), (b / k).to_string()]);
+                    }
+                    let cell_args: SweepArgs = cli::parse_with(&command, argv, &file, &extra)?;
+                    cell_args.common.trainer_config()?;
+                    plan.push((strategy, h, network.clone(), k, cell_args));
+                }
+            }
+        }
+    }
+
+    let runner = Runner::new(process_start);
+    let task = args.task.build(args.common.data_dir.as_deref())?;
+    let mut cells = Vec::new();
+    for (strategy, h, network, k, cell_args) in plan {
+        eprintln!("── {} ──", cell_name(strategy, h, k, &network));
+        let config = serde_json::to_value(&cell_args)?;
+        let strategy_config = cell_args.common.strategy_config();
+        let result = task.train(
+            &runner,
+            &cell_args.common,
+            strategy_config.as_ref(),
+            &config,
+        )?;
+        cells.push(Cell {
+            strategy,
+            nodes: k,
+            sync_interval: h,
+            network,
+            report: result.report,
+            summary: result.summary,
+        });
+    }
+    let label = format!("{}, {}", task.dataset(), task.model_name());
+    write_outputs(&args, &label, cells)
+}
+
+/// Writes the table, the CSV and the plots of `cells` into `args.out_dir`.
+fn write_outputs(args: &SweepArgs, label: &str, cells: Vec<Cell>) -> Result<Sweep, BoxError> {
+    let dir = &args.out_dir;
+    std::fs::create_dir_all(dir)?;
+    let target = args.common.target_loss;
+    let mut files = Vec::new();
+
+    let mut table = String::new();
+    let batch = match args.global_batch {
+        Some(b) => format!("{b} examples per step over all nodes"),
+        None => format!("{} examples per node per step", args.common.batch_size),
+    };
+    let _ = writeln!(
+        table,
+        "# {label}: {batch}, {} steps, seed {}\n",
+        cells[0].report.steps, args.common.seed
+    );
+    let target_column = target.map_or(String::new(), |t| format!(" Time to loss {t} |"));
+    let _ = writeln!(
+        table,
+        "| Strategy | H | Nodes | Network | Final val loss | Simulated time | Compute utilisation | Sent per node |{target_column}"
+    );
+    let _ = writeln!(
+        table,
+        "| :--- | ---: | ---: | :--- | ---: | ---: | ---: | ---: |{}",
+        if target.is_some() { " ---: |" } else { "" }
+    );
+    let mut csv = String::from(
+        "strategy,sync_interval,nodes,network,final_val_loss,simulated_time_s,compute_utilisation,bytes_sent_per_node,time_to_target_s\n",
+    );
+    let opt = |x: Option<f64>| x.map_or(String::new(), |v| v.to_string());
+    for c in &cells {
+        let s = &c.summary;
+        let _ = write!(
+            table,
+            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            c.strategy.as_str(),
+            c.sync_interval.map_or("-".into(), |h| h.to_string()),
+            c.nodes,
+            c.network,
+            s.final_val_loss.map_or("-".into(), |l| format!("{l:.4}")),
+            s.simulated_time_s.map_or("-".into(), seconds),
+            s.compute_utilisation
+                .map_or("-".into(), |u| format!("{:.1}%", 100.0 * u)),
+            crate::summary::human_bytes(s.bytes_sent_per_node),
+        );
+        if target.is_some() {
+            let _ = write!(
+                table,
+                " {} |",
+                s.time_to_target_s.map_or("not reached".into(), seconds)
+            );
+        }
+        table.push('\n');
+        let _ = writeln!(
+            csv,
+            "{},{},{},{},{},{},{},{},{}",
+            c.strategy.as_str(),
+            c.sync_interval.map_or(String::new(), |h| h.to_string()),
+            c.nodes,
+            c.network,
+            opt(s.final_val_loss),
+            opt(s.simulated_time_s),
+            opt(s.compute_utilisation),
+            s.bytes_sent_per_node,
+            opt(s.time_to_target_s)
+        );
+    }
+    for (name, text) in [("results.md", &table), ("results.csv", &csv)] {
+        let path = dir.join(name);
+        std::fs::write(&path, text)?;
+        files.push(path);
+    }
+    files.push(cli::save_run_config(args, dir)?);
+
+    // One line per (strategy, interval, network) against the node count.
+    let by_nodes = |value: &dyn Fn(&Cell) -> Option<f64>| -> Vec<Series> {
+        let mut series: Vec<Series> = Vec::new();
+        for c in &cells {
+            let Some(y) = value(c) else { continue };
+            let label = c.series();
+            match series.iter_mut().find(|s| s.label == label) {
+                Some(s) => s.points.push((c.nodes as f64, y)),
+                None => series.push(Series {
+                    label,
+                    points: vec![(c.nodes as f64, y)],
+                }),
+            }
+        }
+        series
+    };
+    let mut charts = vec![
+        (
+            "simulated_time.svg".to_string(),
+            Chart {
+                title: format!("{label}: simulated time of the run"),
+                x_label: "nodes".into(),
+                y_label: "simulated seconds".into(),
+                log_x: false,
+                x_bytes: false,
+                series: by_nodes(&|c| c.summary.simulated_time_s),
+            },
+        ),
+        (
+            "final_loss.svg".to_string(),
+            Chart {
+                title: format!("{label}: final validation loss"),
+                x_label: "nodes".into(),
+                y_label: "validation loss".into(),
+                log_x: false,
+                x_bytes: false,
+                series: by_nodes(&|c| c.summary.final_val_loss),
+            },
+        ),
+    ];
+    if let Some(t) = target {
+        let series = by_nodes(&|c| c.summary.time_to_target_s);
+        if !series.is_empty() {
+            charts.push((
+                "time_to_target.svg".to_string(),
+                Chart {
+                    title: format!("{label}: simulated time to validation loss {t}"),
+                    x_label: "nodes".into(),
+                    y_label: "simulated seconds".into(),
+                    log_x: false,
+                    x_bytes: false,
+                    series,
+                },
+            ));
+        }
+    }
+    for network in &args.networks {
+        let series: Vec<Series> = cells
+            .iter()
+            .filter(|c| &c.network == network)
+            .map(|c| Series {
+                label: format!(
+                    "{} k={}",
+                    c.series().split(" on ").next().unwrap_or(""),
+                    c.nodes
+                ),
+                points: c
+                    .report
+                    .validation
+                    .iter()
+                    .filter_map(|v| Some((v.sim_time_s?, v.global_loss)))
+                    .collect(),
+            })
+            .collect();
+        charts.push((
+            format!("val_loss_vs_time_{}.svg", file_safe(network)),
+            Chart {
+                title: format!("{label}: validation loss against simulated time on {network}"),
+                x_label: "simulated seconds (log scale)".into(),
+                y_label: "validation loss".into(),
+                log_x: true,
+                x_bytes: false,
+                series,
+            },
+        ));
+    }
+    for (name, chart) in charts {
+        let path = dir.join(name);
+        chart.write_svg(&path)?;
+        files.push(path);
+    }
+    println!("{table}");
+    Ok(Sweep { cells, files })
+}

@@ -1,0 +1,106 @@
+//! The `sweep` command end to end on real MNIST (a few steps): a grid timed on two
+//! networks, its table, CSV and plots.
+
+use examples::cli::StrategyName;
+use std::ffi::OsString;
+
+#[test]
+fn a_sweep_times_every_cell_of_its_grid() {
+    let out = std::env::temp_dir().join(format!("gym-sweep-{}", std::process::id()));
+    let data = tests::shared_data("mnist");
+    let argv: Vec<OsString> = [
+        "sweep",
+        "--strategies",
+        "allreduce,diloco",
+        "--nodes",
+        "1,2,4",
+        "--sync-intervals",
+        "4",
+        "--networks",
+        "datacenter,100mbit:50ms",
+        "--global-batch",
+        "32",
+        "--max-steps",
+        "8",
+        "--val-interval",
+        "4",
+        "--val-size",
+        "128",
+        "--target-loss",
+        "5",
+        "--no-progress",
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--out-dir",
+        out.to_str().unwrap(),
+    ]
+    .iter()
+    .map(OsString::from)
+    .collect();
+    let sweep = examples::sweep::run(&argv).unwrap();
+    // 2 strategies × 1 interval × 2 networks × 3 node counts.
+    assert_eq!(sweep.cells.len(), 12);
+    for c in &sweep.cells {
+        assert_eq!(c.report.num_nodes, c.nodes);
+        assert_eq!(c.summary.num_nodes, c.nodes);
+        // Equal total examples: 32 per step over all nodes.
+        assert_eq!(c.report.train[0].examples_seen, 32, "{}", c.name());
+        assert!(c.summary.simulated_time_s.unwrap() > 0.0);
+        // The first evaluation (before any step) is under the target: reached at time 0.
+        assert_eq!(c.summary.time_to_target_s, Some(0.0), "{}", c.name());
+        assert_eq!(
+            c.sync_interval.is_some(),
+            c.strategy == StrategyName::Diloco
+        );
+    }
+    // AllReduce on K nodes of 32/K examples is one node of 32: the same losses whatever K
+    // and whatever the network; only the simulated time differs.
+    let allreduce: Vec<_> = sweep
+        .cells
+        .iter()
+        .filter(|c| c.strategy == StrategyName::Allreduce)
+        .collect();
+    for c in &allreduce {
+        let (a, b) = (
+            c.summary.final_val_loss.unwrap(),
+            allreduce[0].summary.final_val_loss.unwrap(),
+        );
+        assert!((a - b).abs() < 1e-4, "{}: {a} vs {b}", c.name());
+    }
+    let time = |k: usize, net: &str| {
+        allreduce
+            .iter()
+            .find(|c| c.nodes == k && c.network == net)
+            .unwrap()
+            .summary
+            .simulated_time_s
+            .unwrap()
+    };
+    assert_eq!(
+        time(1, "datacenter"),
+        time(1, "100mbit:50ms"),
+        "one node sends nothing"
+    );
+    assert!(time(4, "100mbit:50ms") > 10.0 * time(4, "datacenter"));
+    let table = std::fs::read_to_string(out.join("results.md")).unwrap();
+    assert_eq!(
+        table
+            .lines()
+            .filter(|l| l.starts_with("| allreduce") || l.starts_with("| diloco"))
+            .count(),
+        12
+    );
+    let csv = std::fs::read_to_string(out.join("results.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 13);
+    for svg in [
+        "simulated_time.svg",
+        "final_loss.svg",
+        "time_to_target.svg",
+        "val_loss_vs_time_datacenter.svg",
+        "val_loss_vs_time_100mbit_50ms.svg",
+    ] {
+        let text = std::fs::read_to_string(out.join(svg)).unwrap_or_else(|e| panic!("{svg}: {e}"));
+        assert!(text.contains("allreduce"), "{svg} has a legend");
+    }
+    std::fs::remove_dir_all(out).ok();
+}

@@ -1,0 +1,826 @@
+//! The network a run is simulated on: every node's link, how the nodes are connected, and
+//! how long each collective takes on it (the alpha-beta model).
+//!
+//! Bytes are what [`collective::cost`](crate::collective::cost) counts; this module adds
+//! time. A message of `n` bytes from node `i` to node `j` takes
+//! `max(α_i, α_j) + n / min(u_i, d_j)`: the larger one-way latency of the two links, and the
+//! sender's uplink or the receiver's downlink, whichever is slower. With equal links that is
+//! Hockney's `α + n/β`.
+//!
+//! # Collective time
+//!
+//! `k` ranks, `n` bytes in each rank's buffer, members in rank order (the ring goes
+//! `m₀ → m₁ → … → m₀`). With equal links (α, β):
+//!
+//! | operation | algorithm | time |
+//! |---|---|---|
+//! | all-reduce | ring: reduce-scatter, then all-gather | `2(k−1)·α + 2(k−1)/k · n/β` |
+//! | all-gather | ring | `(k−1)·α + (k−1)·n/β` |
+//! | broadcast | pipelined chain from the root, `s` segments | `(k−2+s)·(α + n/(s·β))`, `s` the best integer |
+//! | barrier | dissemination | `⌈log₂ k⌉·α` |
+//!
+//! With unequal links each ring step takes its slowest hop (the step's chunk over
+//! `min(u_i, d_{i+1})`), and a chain with `s` segments takes the sum of its hops' segment
+//! times plus `s−1` times the slowest hop's. Sources: Hockney (1994); Thakur, Rabenseifner &
+//! Gropp, "Optimization of collective communication operations in MPICH" (IJHPCA 2005);
+//! NCCL's `PERFORMANCE.md` (all-reduce bus bandwidth `2(k−1)/k`). The ring is charged for
+//! all-reduce whatever the message size (MPI and NCCL switch to latency-optimal trees for
+//! small messages), so that time and the byte count describe the same algorithm.
+//!
+//! # Topologies
+//!
+//! * [`Topology::Switch`]: one switch with full bisection; the formulas above.
+//! * [`Topology::Islands`]: islands of `size` consecutive ranks, each on its own switch,
+//!   joined by a wide-area link `wan` (each node's share of it). A collective within one
+//!   island uses the switch formulas. Across `I` islands with at most `m` of the group's
+//!   members in one island, an all-reduce is hierarchical: a reduce-scatter inside each
+//!   island (`(m−1)·α_l + (m−1)/m · n/β_l`), an all-reduce of each `n/m` shard across the
+//!   islands (`2(I−1)·α_w + 2(I−1)/I · (n/m)/β_w`), an all-gather inside
+//!   (`(m−1)·α_l + (m−1)/m · n/β_l`). An all-gather gathers inside each island
+//!   (`(m−1)·(α_l + n/β_l)`), exchanges each rank's buffer across the islands
+//!   (`(I−1)·(α_w + n/β_w)`), then spreads what came from the other islands inside
+//!   (`(m−1)·(α_l + (I−1)·n/β_l)`). A broadcast is a chain whose hops between islands go over
+//!   the wide-area link; a barrier takes `⌈log₂ k⌉` of the larger latency.
+//! * [`Topology::Relay`]: an object store every node uploads to and downloads from
+//!   (unlimited on its side). An all-reduce is uploaded by every node
+//!   (`max_i(α_i + n/u_i)`), aggregated, then downloaded by every node
+//!   (`max_i(α_i + n/d_i)`); an all-gather downloads the `k−1` other buffers
+//!   (`max_i(α_i + (k−1)·n/d_i)`); a broadcast is the root's upload then the others'
+//!   downloads; a barrier is two latencies.
+//!
+//! The byte counters keep the ring's counts on every topology.
+
+use crate::collective::{CollectiveOp, Group};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+/// One node's network link.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Link {
+    /// Uplink bandwidth, bytes per second.
+    pub up_bytes_per_s: f64,
+    /// Downlink bandwidth, bytes per second.
+    pub down_bytes_per_s: f64,
+    /// One-way latency of a message, seconds.
+    pub latency_s: f64,
+}
+
+/// The named links, with their sources.
+///
+/// * `datacenter`: 100 Gbit/s, 5 µs — one InfiniBand HDR / 100 GbE port per node inside a
+///   cluster (NVIDIA ConnectX-6 data sheet; switch latency of a few µs).
+/// * `cross-region`: 10 Gbit/s, 20 ms — a dedicated inter-region link (the DiLoCo and
+///   INTELLECT-1 set-ups across data centres; one-way latency between regions of one
+///   continent is 10–40 ms).
+/// * `wan`: 1 Gbit/s, 10 ms — a well-provisioned wide-area connection, the DiLoCo bandwidth
+///   calculator's example bandwidth.
+/// * `internet`: 100 Mbit/s, 50 ms — a consumer or volunteer peer (Covenant-72B's peers
+///   uploaded at about 110 Mbit/s).
+pub const PRESETS: [(&str, Link); 4] = [
+    ("datacenter", Link::symmetric_const(100e9 / 8.0, 5e-6)),
+    ("cross-region", Link::symmetric_const(10e9 / 8.0, 20e-3)),
+    ("wan", Link::symmetric_const(1e9 / 8.0, 10e-3)),
+    ("internet", Link::symmetric_const(100e6 / 8.0, 50e-3)),
+];
+
+impl Link {
+    const fn symmetric_const(bytes_per_s: f64, latency_s: f64) -> Self {
+        Link {
+            up_bytes_per_s: bytes_per_s,
+            down_bytes_per_s: bytes_per_s,
+            latency_s,
+        }
+    }
+
+    /// A link of `bits_per_s` both ways and `latency_s` seconds.
+    pub fn symmetric(bits_per_s: f64, latency_s: f64) -> Self {
+        Link::symmetric_const(bits_per_s / 8.0, latency_s)
+    }
+
+    /// The preset called `name` (see [`PRESETS`]).
+    pub fn preset(name: &str) -> Option<Link> {
+        PRESETS.iter().find(|(n, _)| *n == name).map(|&(_, l)| l)
+    }
+
+    /// The slower direction's bandwidth, bytes per second.
+    pub fn bandwidth(&self) -> f64 {
+        self.up_bytes_per_s.min(self.down_bytes_per_s)
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        let ok = |x: f64| x.is_finite() && x > 0.0;
+        if !(ok(self.up_bytes_per_s) && ok(self.down_bytes_per_s)) {
+            return Err(format!("bandwidths must be positive, got {self}"));
+        }
+        if !(self.latency_s.is_finite() && self.latency_s >= 0.0) {
+            return Err(format!(
+                "latency must be finite and non-negative, got {self}"
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Parses `1gbit`, `400mbit`, `2.5gbps`, `100kbit` … into bytes per second.
+fn parse_bandwidth(s: &str) -> Result<f64, String> {
+    let units = [
+        ("tbit", 1e12),
+        ("gbit", 1e9),
+        ("mbit", 1e6),
+        ("kbit", 1e3),
+        ("tbps", 1e12),
+        ("gbps", 1e9),
+        ("mbps", 1e6),
+        ("kbps", 1e3),
+        ("bps", 1.0),
+        ("bit", 1.0),
+    ];
+    let (x, bits) = with_unit(s, &units, "a bandwidth", "1gbit, 400mbit, 100kbit")?;
+    Ok(x * bits / 8.0)
+}
+
+/// Parses `10ms`, `5us`, `5µs`, `0.2s`, `100ns` into seconds.
+fn parse_latency(s: &str) -> Result<f64, String> {
+    // Divided rather than multiplied by the unit, so that `5us` is exactly 5e-6.
+    let units = [
+        ("ms", 1e3),
+        ("us", 1e6),
+        ("µs", 1e6),
+        ("ns", 1e9),
+        ("s", 1.0),
+    ];
+    let (x, per_second) = with_unit(s, &units, "a latency", "10ms, 5us")?;
+    Ok(x / per_second)
+}
+
+/// `s` as a number followed by one of `units` (tried in order): the number and the unit's
+/// factor.
+fn with_unit(
+    s: &str,
+    units: &[(&str, f64)],
+    what: &str,
+    examples: &str,
+) -> Result<(f64, f64), String> {
+    let s = s.trim().to_ascii_lowercase();
+    let (number, factor) = units
+        .iter()
+        .find_map(|&(unit, factor)| s.strip_suffix(unit).map(|n| (n, factor)))
+        .ok_or_else(|| {
+            format!("`{s}` is not {what}: write a number and a unit, e.g. {examples}")
+        })?;
+    let x = number
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not {what}"))?;
+    Ok((x, factor))
+}
+
+impl FromStr for Link {
+    type Err = String;
+
+    /// A preset name (`datacenter`, `cross-region`, `wan`, `internet`), `BANDWIDTH:LATENCY`
+    /// (`1gbit:10ms`) or `UP/DOWN:LATENCY` (`100mbit/1gbit:40ms`).
+    fn from_str(spec: &str) -> Result<Self, String> {
+        let spec = spec.trim();
+        if let Some(link) = Link::preset(spec) {
+            return Ok(link);
+        }
+        let (bandwidth, latency) = spec.split_once(':').ok_or_else(|| {
+            let names: Vec<&str> = PRESETS.iter().map(|(n, _)| *n).collect();
+            format!(
+                "`{spec}` is not a network: use {} or BANDWIDTH:LATENCY (1gbit:10ms) or UP/DOWN:LATENCY (100mbit/1gbit:40ms)",
+                names.join(", ")
+            )
+        })?;
+        let (up, down) = match bandwidth.split_once('/') {
+            Some((up, down)) => (parse_bandwidth(up)?, parse_bandwidth(down)?),
+            None => {
+                let b = parse_bandwidth(bandwidth)?;
+                (b, b)
+            }
+        };
+        let link = Link {
+            up_bytes_per_s: up,
+            down_bytes_per_s: down,
+            latency_s: parse_latency(latency)?,
+        };
+        link.validate()?;
+        Ok(link)
+    }
+}
+
+/// `x` with at most six decimals, trailing zeros dropped.
+fn plain(x: f64) -> String {
+    let s = format!("{x:.6}");
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+impl fmt::Display for Link {
+    /// The spec that parses back to this link (`1gbit:10ms`, `100mbit/1gbit:40ms`).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let bits = |b: f64| {
+            let bits = b * 8.0;
+            if bits >= 1e9 {
+                format!("{}gbit", plain(bits / 1e9))
+            } else if bits >= 1e6 {
+                format!("{}mbit", plain(bits / 1e6))
+            } else {
+                format!("{}kbit", plain(bits / 1e3))
+            }
+        };
+        let latency = if self.latency_s >= 1e-3 {
+            format!("{}ms", plain(self.latency_s * 1e3))
+        } else {
+            format!("{}us", plain(self.latency_s * 1e6))
+        };
+        if self.up_bytes_per_s == self.down_bytes_per_s {
+            write!(f, "{}:{latency}", bits(self.up_bytes_per_s))
+        } else {
+            write!(
+                f,
+                "{}/{}:{latency}",
+                bits(self.up_bytes_per_s),
+                bits(self.down_bytes_per_s)
+            )
+        }
+    }
+}
+
+/// How the nodes are connected.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Topology {
+    /// One switch with full bisection: every message crosses the two nodes' own links.
+    Switch,
+    /// Islands of `size` consecutive ranks, each on a switch of its own, joined by a
+    /// wide-area link (`wan`: each node's share of it); collectives across islands are
+    /// hierarchical.
+    Islands {
+        /// Ranks per island.
+        size: usize,
+        /// Each node's link to the other islands.
+        wan: Link,
+    },
+    /// A relay or object store that every node uploads to and downloads from.
+    Relay,
+}
+
+impl FromStr for Topology {
+    type Err = String;
+
+    /// `switch`, `relay`, or `islands:SIZE:WAN` (`islands:4:internet`,
+    /// `islands:2:1gbit:20ms`).
+    fn from_str(spec: &str) -> Result<Self, String> {
+        match spec.trim() {
+            "switch" => Ok(Topology::Switch),
+            "relay" => Ok(Topology::Relay),
+            other => {
+                let rest = other.strip_prefix("islands:").ok_or_else(|| {
+                    format!("`{other}` is not a topology: use switch, relay or islands:SIZE:WAN")
+                })?;
+                let (size, wan) = rest
+                    .split_once(':')
+                    .ok_or_else(|| format!("`{other}`: write islands:SIZE:WAN"))?;
+                let size: usize = size
+                    .parse()
+                    .map_err(|_| format!("`{other}`: the island size must be a number"))?;
+                if size == 0 {
+                    return Err(format!("`{other}`: islands hold at least one rank"));
+                }
+                Ok(Topology::Islands {
+                    size,
+                    wan: wan.parse()?,
+                })
+            }
+        }
+    }
+}
+
+impl FromStr for Network {
+    type Err = String;
+
+    /// Comma-separated link specs (one for every node, or one per node; see
+    /// [`Link::from_str`]), on a switch.
+    fn from_str(links: &str) -> Result<Self, String> {
+        let links = links
+            .split(',')
+            .map(str::parse)
+            .collect::<Result<Vec<Link>, _>>()?;
+        Ok(Network {
+            links,
+            topology: Topology::Switch,
+            broadcast_segments: None,
+        })
+    }
+}
+
+/// The network of a run: every node's link and the topology.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Network {
+    /// Node `r`'s link is `links[r % links.len()]`: one link for every node, or one each.
+    pub links: Vec<Link>,
+    /// How the nodes are connected.
+    pub topology: Topology,
+    /// Segments of a pipelined broadcast; `None`: the fastest.
+    pub broadcast_segments: Option<usize>,
+}
+
+impl Network {
+    /// Every node on `link`, through one switch.
+    pub fn switch(link: Link) -> Self {
+        Network {
+            links: vec![link],
+            topology: Topology::Switch,
+            broadcast_segments: None,
+        }
+    }
+
+    /// The same network with another topology.
+    pub fn with_topology(mut self, topology: Topology) -> Self {
+        self.topology = topology;
+        self
+    }
+
+    /// Checks the network for a run of `num_nodes` nodes.
+    pub fn validate(&self, num_nodes: usize) -> Result<(), String> {
+        if self.links.is_empty() || (self.links.len() != 1 && self.links.len() != num_nodes) {
+            return Err(format!(
+                "give one link for every node or one per node ({num_nodes}), got {}",
+                self.links.len()
+            ));
+        }
+        for link in &self.links {
+            link.validate()?;
+        }
+        if let Topology::Islands { size, wan } = &self.topology {
+            if *size == 0 {
+                return Err("islands hold at least one rank".into());
+            }
+            wan.validate()?;
+        }
+        if self.broadcast_segments == Some(0) {
+            return Err("a broadcast has at least one segment".into());
+        }
+        Ok(())
+    }
+
+    /// Node `rank`'s link.
+    pub fn link(&self, rank: usize) -> Link {
+        self.links[rank % self.links.len()]
+    }
+
+    /// Seconds that `op` takes on `group` with `payload` bytes in each rank's buffer.
+    pub fn collective_time(&self, op: CollectiveOp, group: &Group, payload: u64) -> f64 {
+        let members = group.members();
+        let k = members.len();
+        if k <= 1 {
+            return 0.0;
+        }
+        let n = payload as f64;
+        match &self.topology {
+            Topology::Relay => self.relay_time(op, members, n),
+            Topology::Islands { size, wan } => {
+                let islands = split_islands(members, *size);
+                if islands.len() == 1 {
+                    self.flat_time(op, members, n)
+                } else {
+                    self.hierarchical_time(op, members, &islands, *wan, n)
+                }
+            }
+            Topology::Switch => self.flat_time(op, members, n),
+        }
+    }
+
+    /// A message of `bytes` from `from` to `to` over their own links.
+    fn hop(&self, from: usize, to: usize, bytes: f64) -> f64 {
+        let (a, b) = (self.link(from), self.link(to));
+        a.latency_s.max(b.latency_s) + bytes / a.up_bytes_per_s.min(b.down_bytes_per_s)
+    }
+
+    /// One ring step: every member sends `bytes` to the next; the slowest hop sets the pace.
+    fn ring_step(&self, members: &[usize], bytes: f64) -> f64 {
+        let k = members.len();
+        (0..k)
+            .map(|i| self.hop(members[i], members[(i + 1) % k], bytes))
+            .fold(0.0, f64::max)
+    }
+
+    /// Collectives among `members`, all on one switch.
+    fn flat_time(&self, op: CollectiveOp, members: &[usize], n: f64) -> f64 {
+        let k = members.len() as f64;
+        match op {
+            CollectiveOp::AllReduce(_) => 2.0 * (k - 1.0) * self.ring_step(members, n / k),
+            CollectiveOp::AllGather | CollectiveOp::AllGatherBytes => {
+                (k - 1.0) * self.ring_step(members, n)
+            }
+            CollectiveOp::Broadcast { root } => {
+                let hops = chain(members, root);
+                self.pipelined(n, |seg| {
+                    hops.iter().map(|&(a, b)| self.hop(a, b, seg)).collect()
+                })
+            }
+            CollectiveOp::Barrier => {
+                let alpha = members
+                    .iter()
+                    .map(|&m| self.link(m).latency_s)
+                    .fold(0.0, f64::max);
+                log2_ceil(members.len()) * alpha
+            }
+        }
+    }
+
+    /// Collectives among members spread over several islands.
+    fn hierarchical_time(
+        &self,
+        op: CollectiveOp,
+        members: &[usize],
+        islands: &[Vec<usize>],
+        wan: Link,
+        n: f64,
+    ) -> f64 {
+        let i = islands.len() as f64;
+        let m = islands.iter().map(Vec::len).max().unwrap_or(1) as f64;
+        let (alpha_w, beta_w) = (wan.latency_s, wan.bandwidth());
+        // The slowest island's local phase.
+        let local =
+            |f: &dyn Fn(&[usize]) -> f64| islands.iter().map(|is| f(is)).fold(0.0, f64::max);
+        match op {
+            CollectiveOp::AllReduce(_) => {
+                let scatter = local(&|is: &[usize]| {
+                    let mi = is.len() as f64;
+                    (mi - 1.0) * self.ring_step(is, n / mi)
+                });
+                let across = 2.0 * (i - 1.0) * alpha_w + 2.0 * (i - 1.0) / i * (n / m) / beta_w;
+                2.0 * scatter + across
+            }
+            CollectiveOp::AllGather | CollectiveOp::AllGatherBytes => {
+                let gather = local(&|is: &[usize]| (is.len() as f64 - 1.0) * self.ring_step(is, n));
+                let across = (i - 1.0) * (alpha_w + n / beta_w);
+                let spread = local(&|is: &[usize]| {
+                    (is.len() as f64 - 1.0) * self.ring_step(is, (i - 1.0) * n)
+                });
+                gather + across + spread
+            }
+            CollectiveOp::Broadcast { root } => {
+                let hops = chain(members, root);
+                let island_of = |r: usize| islands.iter().position(|is| is.contains(&r));
+                self.pipelined(n, |seg| {
+                    hops.iter()
+                        .map(|&(a, b)| {
+                            if island_of(a) == island_of(b) {
+                                self.hop(a, b, seg)
+                            } else {
+                                let (la, lb) = (self.link(a), self.link(b));
+                                let alpha = la.latency_s.max(lb.latency_s).max(alpha_w);
+                                let beta = la.up_bytes_per_s.min(lb.down_bytes_per_s).min(beta_w);
+                                alpha + seg / beta
+                            }
+                        })
+                        .collect()
+                })
+            }
+            CollectiveOp::Barrier => {
+                let alpha = members
+                    .iter()
+                    .map(|&r| self.link(r).latency_s)
+                    .fold(alpha_w, f64::max);
+                log2_ceil(members.len()) * alpha
+            }
+        }
+    }
+
+    /// Collectives through a relay: uploads, then downloads.
+    fn relay_time(&self, op: CollectiveOp, members: &[usize], n: f64) -> f64 {
+        let k = members.len() as f64;
+        let slowest = |f: &dyn Fn(Link) -> f64, who: &mut dyn Iterator<Item = &usize>| {
+            who.map(|&r| f(self.link(r))).fold(0.0, f64::max)
+        };
+        let up = |bytes: f64| move |l: Link| l.latency_s + bytes / l.up_bytes_per_s;
+        let down = |bytes: f64| move |l: Link| l.latency_s + bytes / l.down_bytes_per_s;
+        match op {
+            CollectiveOp::AllReduce(_) => {
+                slowest(&up(n), &mut members.iter()) + slowest(&down(n), &mut members.iter())
+            }
+            CollectiveOp::AllGather | CollectiveOp::AllGatherBytes => {
+                slowest(&up(n), &mut members.iter())
+                    + slowest(&down((k - 1.0) * n), &mut members.iter())
+            }
+            CollectiveOp::Broadcast { root } => {
+                up(n)(self.link(root))
+                    + slowest(&down(n), &mut members.iter().filter(|&&r| r != root))
+            }
+            CollectiveOp::Barrier => 2.0 * slowest(&|l: Link| l.latency_s, &mut members.iter()),
+        }
+    }
+
+    /// A pipelined chain of `n` bytes cut into `s` segments, whose hops take `hops(n/s)`
+    /// each: the first segment crosses every hop, the others follow at the slowest hop's
+    /// pace. With `broadcast_segments` unset, the fastest `s`.
+    fn pipelined(&self, n: f64, hops: impl Fn(f64) -> Vec<f64>) -> f64 {
+        let time = |s: usize| {
+            let h = hops(n / s as f64);
+            h.iter().sum::<f64>() + (s as f64 - 1.0) * h.iter().fold(0.0, |a: f64, &b| a.max(b))
+        };
+        match self.broadcast_segments {
+            Some(s) => time(s),
+            None => candidate_segments(n)
+                .map(time)
+                .fold(f64::INFINITY, f64::min),
+        }
+    }
+}
+
+/// Segment counts worth trying for a pipelined chain: every count up to 256, then powers of
+/// √2 up to one segment per byte (at most 2²⁴).
+fn candidate_segments(n: f64) -> impl Iterator<Item = usize> {
+    let max = (n.max(1.0) as usize).min(1 << 24);
+    let small = 1..=max.min(256);
+    let large = (17..=48)
+        .map(|e| (2f64.powf(e as f64 / 2.0)) as usize)
+        .filter(move |&s| s > 256 && s <= max);
+    small.chain(large)
+}
+
+/// The hops of a chain from `root` through `members` in rank order, wrapping around.
+fn chain(members: &[usize], root: usize) -> Vec<(usize, usize)> {
+    let k = members.len();
+    let start = members.iter().position(|&m| m == root).unwrap_or(0);
+    (0..k - 1)
+        .map(|h| (members[(start + h) % k], members[(start + h + 1) % k]))
+        .collect()
+}
+
+/// The members of each island (islands of `size` consecutive ranks) that hold any.
+fn split_islands(members: &[usize], size: usize) -> Vec<Vec<usize>> {
+    let mut islands: Vec<Vec<usize>> = Vec::new();
+    for &m in members {
+        match islands.last_mut() {
+            Some(is) if is[0] / size == m / size => is.push(m),
+            _ => islands.push(vec![m]),
+        }
+    }
+    islands
+}
+
+fn log2_ceil(k: usize) -> f64 {
+    (usize::BITS - (k.max(1) - 1).leading_zeros()) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::collective::ReduceOp;
+
+    const ALL_REDUCE: CollectiveOp = CollectiveOp::AllReduce(ReduceOp::Mean);
+
+    fn close(got: f64, want: f64) -> bool {
+        (got - want).abs() <= 1e-12 * want.abs().max(f64::MIN_POSITIVE)
+    }
+
+    macro_rules! assert_close {
+        ($got:expr, $want:expr) => {{
+            let (g, w) = ($got, $want);
+            assert!(close(g, w), "{} = {g:e}, want {w:e}", stringify!($got));
+        }};
+    }
+
+    #[test]
+    fn network_specs_parse_to_bytes_per_second_and_seconds() {
+        let l: Link = "1gbit:10ms".parse().unwrap();
+        assert_eq!(
+            (l.up_bytes_per_s, l.down_bytes_per_s, l.latency_s),
+            (1.25e8, 1.25e8, 0.01)
+        );
+        let l: Link = "400mbit:30ms".parse().unwrap();
+        assert_eq!((l.up_bytes_per_s, l.latency_s), (5e7, 0.03));
+        let l: Link = "100mbit/1gbit:40ms".parse().unwrap();
+        assert_eq!(
+            (l.up_bytes_per_s, l.down_bytes_per_s, l.latency_s),
+            (1.25e7, 1.25e8, 0.04)
+        );
+        assert_eq!(parse_latency("5µs").unwrap(), 5e-6);
+        let dc: Link = "datacenter".parse().unwrap();
+        assert_eq!((dc.up_bytes_per_s, dc.latency_s), (12.5e9, 5e-6));
+        for (name, link) in PRESETS {
+            assert_eq!(link.to_string().parse::<Link>().unwrap(), link, "{name}");
+        }
+        for bad in [
+            "",
+            "fast",
+            "1gbit",
+            "1gbit:",
+            "gbit:1ms",
+            "1parsec:1ms",
+            "0gbit:1ms",
+            "1gbit:-1ms",
+        ] {
+            assert!(bad.parse::<Link>().is_err(), "{bad} accepted");
+        }
+        assert_eq!(
+            "islands:4:internet".parse::<Topology>().unwrap(),
+            Topology::Islands {
+                size: 4,
+                wan: Link::preset("internet").unwrap()
+            }
+        );
+        assert!("islands:0:wan".parse::<Topology>().is_err());
+        assert!("mesh".parse::<Topology>().is_err());
+        let n: Network = "1gbit:1ms,100mbit:50ms".parse().unwrap();
+        assert!(n.validate(2).is_ok() && n.validate(3).is_err());
+    }
+
+    #[test]
+    fn network_switch_collectives_match_the_closed_forms() {
+        let (alpha, beta) = (1e-3, 1.25e8);
+        let net = Network::switch(Link::symmetric(beta * 8.0, alpha));
+        for k in [2usize, 3, 4, 7, 16] {
+            let g = Group::world(k);
+            let kf = k as f64;
+            for n in [1u64, 1000, 4 << 20, 999_983] {
+                let nf = n as f64;
+                assert_close!(
+                    net.collective_time(ALL_REDUCE, &g, n),
+                    2.0 * (kf - 1.0) * alpha + 2.0 * (kf - 1.0) / kf * nf / beta
+                );
+                assert_close!(
+                    net.collective_time(CollectiveOp::AllGather, &g, n),
+                    (kf - 1.0) * alpha + (kf - 1.0) * nf / beta
+                );
+                assert_close!(
+                    net.collective_time(CollectiveOp::AllGatherBytes, &g, n),
+                    (kf - 1.0) * alpha + (kf - 1.0) * nf / beta
+                );
+                for s in [1usize, 2, 8] {
+                    let fixed = Network {
+                        broadcast_segments: Some(s),
+                        ..net.clone()
+                    };
+                    let sf = s as f64;
+                    assert_close!(
+                        fixed.collective_time(CollectiveOp::Broadcast { root: k / 2 }, &g, n),
+                        (kf - 2.0 + sf) * (alpha + nf / (sf * beta))
+                    );
+                }
+                // The best segment count beats every fixed one.
+                let best = net.collective_time(CollectiveOp::Broadcast { root: 0 }, &g, n);
+                let s_star = (((kf - 2.0) * nf / (alpha * beta)).sqrt().round() as usize).max(1);
+                for s in [1, s_star, s_star + 1, s_star.saturating_sub(1).max(1)] {
+                    let t = (kf - 2.0 + s as f64) * (alpha + nf / (s as f64 * beta));
+                    assert!(best <= t * (1.0 + 1e-12), "k {k} n {n} s {s}: {best} > {t}");
+                }
+            }
+            assert_close!(
+                net.collective_time(CollectiveOp::Barrier, &g, 0),
+                (kf.log2().ceil()) * alpha
+            );
+        }
+        // One rank, or a group of one: free.
+        assert_eq!(
+            net.collective_time(ALL_REDUCE, &Group::world(1), 1 << 20),
+            0.0
+        );
+    }
+
+    #[test]
+    fn network_asymmetric_links_take_the_slowest_hop_of_each_step() {
+        // Node 2 uploads slowly; node 3 downloads slowly and has the largest latency.
+        let mut links = vec![Link::symmetric(1e9, 1e-3); 4];
+        links[2].up_bytes_per_s = 1e6;
+        links[3].down_bytes_per_s = 2e6;
+        links[3].latency_s = 5e-3;
+        let net = Network {
+            links: links.clone(),
+            ..Network::switch(links[0])
+        };
+        let g = Group::world(4);
+        let n = 1e6;
+        // Ring 0→1→2→3→0: hop (from, to) costs max(α) + bytes/min(u_from, d_to).
+        let hop = |a: usize, b: usize, bytes: f64| {
+            links[a].latency_s.max(links[b].latency_s)
+                + bytes / links[a].up_bytes_per_s.min(links[b].down_bytes_per_s)
+        };
+        let step = |bytes: f64| {
+            [(0, 1), (1, 2), (2, 3), (3, 0)]
+                .iter()
+                .map(|&(a, b)| hop(a, b, bytes))
+                .fold(0.0, f64::max)
+        };
+        assert_close!(
+            net.collective_time(ALL_REDUCE, &g, n as u64),
+            6.0 * step(n / 4.0)
+        );
+        assert_close!(
+            net.collective_time(CollectiveOp::AllGather, &g, n as u64),
+            3.0 * step(n)
+        );
+        // The hop 2→3 is both slow ways: 5 ms + n/1e6.
+        assert_close!(step(n), 5e-3 + n / 1e6);
+        // A sub-group only crosses its own members' links.
+        let pair = Group::new([0, 1]);
+        assert_close!(
+            net.collective_time(ALL_REDUCE, &pair, n as u64),
+            2.0 * hop(0, 1, n / 2.0)
+        );
+        // A broadcast chain from 1: 1→2→3→0; one segment.
+        let one = Network {
+            broadcast_segments: Some(1),
+            ..net.clone()
+        };
+        assert_close!(
+            one.collective_time(CollectiveOp::Broadcast { root: 1 }, &g, n as u64),
+            hop(1, 2, n) + hop(2, 3, n) + hop(3, 0, n)
+        );
+    }
+
+    #[test]
+    fn network_islands_all_reduce_is_hierarchical() {
+        let (alpha_l, beta_l) = (5e-6, 12.5e9);
+        let wan = Link::symmetric(1e9, 0.02);
+        let (alpha_w, beta_w) = (0.02, 1.25e8);
+        let net = Network::switch(Link::symmetric(beta_l * 8.0, alpha_l))
+            .with_topology(Topology::Islands { size: 4, wan });
+        let n = 64e6;
+        for (k, islands) in [(8usize, 2.0f64), (12, 3.0), (16, 4.0)] {
+            let g = Group::world(k);
+            let m = 4.0;
+            let local = (m - 1.0) * alpha_l + (m - 1.0) / m * n / beta_l;
+            let across = 2.0 * (islands - 1.0) * alpha_w
+                + 2.0 * (islands - 1.0) / islands * (n / m) / beta_w;
+            assert_close!(
+                net.collective_time(ALL_REDUCE, &g, n as u64),
+                2.0 * local + across
+            );
+            let gather = (m - 1.0) * (alpha_l + n / beta_l)
+                + (islands - 1.0) * (alpha_w + n / beta_w)
+                + (m - 1.0) * (alpha_l + (islands - 1.0) * n / beta_l);
+            assert_close!(
+                net.collective_time(CollectiveOp::AllGather, &g, n as u64),
+                gather
+            );
+            assert_close!(
+                net.collective_time(CollectiveOp::Barrier, &g, 0),
+                (k as f64).log2().ceil() * alpha_w
+            );
+        }
+        // Within one island: the switch formula on the local links.
+        let inside = Group::new([4, 5, 6, 7]);
+        assert_close!(
+            net.collective_time(ALL_REDUCE, &inside, n as u64),
+            6.0 * alpha_l + 1.5 * n / beta_l
+        );
+        // A broadcast chain over two islands of two crosses the WAN once (0,1 | 2,3).
+        let chain_net = Network {
+            broadcast_segments: Some(1),
+            ..net
+                .clone()
+                .with_topology(Topology::Islands { size: 2, wan })
+        };
+        let g = Group::world(4);
+        assert_close!(
+            chain_net.collective_time(CollectiveOp::Broadcast { root: 0 }, &g, n as u64),
+            2.0 * (alpha_l + n / beta_l) + (alpha_w + n / beta_w)
+        );
+    }
+
+    #[test]
+    fn network_relay_uploads_then_downloads() {
+        let mut links = vec![Link::symmetric(100e6, 0.05); 3];
+        links[1] = "10mbit/100mbit:80ms".parse().unwrap();
+        let net = Network {
+            links: links.clone(),
+            ..Network::switch(links[0])
+        }
+        .with_topology(Topology::Relay);
+        let g = Group::world(3);
+        let n = 2e6;
+        let up = |l: &Link, b: f64| l.latency_s + b / l.up_bytes_per_s;
+        let down = |l: &Link, b: f64| l.latency_s + b / l.down_bytes_per_s;
+        let max = |f: &dyn Fn(&Link) -> f64| links.iter().map(f).fold(0.0, f64::max);
+        assert_close!(
+            net.collective_time(ALL_REDUCE, &g, n as u64),
+            max(&|l| up(l, n)) + max(&|l| down(l, n))
+        );
+        assert_close!(
+            net.collective_time(CollectiveOp::AllGather, &g, n as u64),
+            max(&|l| up(l, n)) + max(&|l| down(l, 2.0 * n))
+        );
+        assert_close!(
+            net.collective_time(CollectiveOp::Broadcast { root: 1 }, &g, n as u64),
+            up(&links[1], n) + down(&links[0], n).max(down(&links[2], n))
+        );
+        assert_close!(
+            net.collective_time(CollectiveOp::Barrier, &g, 0),
+            2.0 * 0.08
+        );
+    }
+
+    /// The DiLoCo bandwidth calculator (arthurdouillard.com/diloco): one all-reduce of
+    /// N = 2 GB (1B bf16 parameters) among R = 8 replicas at W = 1 Gbit/s takes
+    /// T = 2N/W·(1−1/R) = 28 s: the ring formula without latency.
+    #[test]
+    fn network_anchor_the_diloco_bandwidth_calculator() {
+        let net = Network::switch(Link::symmetric(1e9, 0.0));
+        let t = net.collective_time(ALL_REDUCE, &Group::world(8), 2_000_000_000);
+        assert_close!(t, 28.0);
+    }
+}
