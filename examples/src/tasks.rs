@@ -156,10 +156,8 @@ pub struct GptArgs {
 impl GptArgs {
     /// The model these flags describe for a vocabulary of `vocab_size` characters.
     pub fn model_config(&self, vocab_size: usize) -> GptConfig {
-        let size = GptSize::ALL
-            .into_iter()
-            .find(|s| s.name() == self.model_size)
-            .unwrap_or(GptSize::Small);
+        // The value parser admits only the presets' names.
+        let size: GptSize = self.model_size.parse().unwrap_or(GptSize::Small);
         let preset = GptConfig::preset(size, vocab_size, self.block_size);
         GptConfig {
             n_layer: self.n_layer.unwrap_or(preset.n_layer),

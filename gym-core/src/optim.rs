@@ -37,6 +37,16 @@ pub fn check_learning_rate(field: &str, value: f64) -> Result<()> {
     }
 }
 
+/// Checks an optional gradient-clipping norm, the setting called `max_norm`.
+pub fn check_max_norm(max_norm: Option<f64>) -> Result<()> {
+    match max_norm {
+        Some(m) if !(m.is_finite() && m > 0.0) => Err(GymError::InvalidConfig(format!(
+            "`max_norm` must be positive and finite, got {m}"
+        ))),
+        _ => Ok(()),
+    }
+}
+
 macro_rules! burn_optimizers {
     ($($variant:ident($config:ident) => $name:literal),* $(,)?) => {
         /// One of Burn's optimizers, configured by Burn's own configuration type.
@@ -341,13 +351,7 @@ impl InnerOptimizerConfig {
     /// Checks every setting that does not depend on the model.
     pub fn validate(&self) -> Result<()> {
         check_learning_rate("lr", self.lr)?;
-        if let Some(max_norm) = self.max_norm
-            && !(max_norm.is_finite() && max_norm > 0.0)
-        {
-            return Err(GymError::InvalidConfig(format!(
-                "`max_norm` must be positive and finite, got {max_norm}"
-            )));
-        }
+        check_max_norm(self.max_norm)?;
         self.schedule.validate()?;
         self.optimizer.validate("optimizer")?;
         for (i, g) in self.groups.iter().enumerate() {

@@ -129,7 +129,14 @@ impl InProcessGroup {
 
     /// A cluster of `world_size` ranks on `network`, whose nodes keep simulated clocks
     /// (see the [module documentation](super)).
+    ///
+    /// # Panics
+    /// If the network does not fit the cluster ([`Network::validate`]); `Trainer::fit`
+    /// checks it first and returns a typed error.
     pub fn simulated(world_size: usize, network: Network) -> Self {
+        if let Err(why) = network.validate(world_size) {
+            panic!("a network for {world_size} ranks: {why}");
+        }
         Self::build(world_size, Some(network))
     }
 
@@ -220,10 +227,7 @@ impl InProcessGroup {
 
     /// The simulated clock of `rank`, if the group simulates time.
     pub fn simulated_time(&self, rank: usize) -> Option<SimulatedTime> {
-        self.shared
-            .network
-            .as_ref()
-            .map(|_| lock(&self.shared.clocks[rank]).time)
+        self.shared.simulated_time(rank)
     }
 
     /// Bytes and calls of `rank` made through an [observer](InProcessCollective::observer)
@@ -234,6 +238,10 @@ impl InProcessGroup {
 }
 
 impl Shared {
+    fn simulated_time(&self, rank: usize) -> Option<SimulatedTime> {
+        self.network.as_ref().map(|_| lock(&self.clocks[rank]).time)
+    }
+
     fn abort(&self, rank: usize, reason: String) {
         {
             let mut info = lock(&self.abort_info);
@@ -665,10 +673,7 @@ impl Collective for InProcessCollective {
     }
 
     fn simulated_time(&self) -> Option<SimulatedTime> {
-        self.shared
-            .network
-            .as_ref()
-            .map(|_| lock(&self.shared.clocks[self.rank]).time)
+        self.shared.simulated_time(self.rank)
     }
 }
 

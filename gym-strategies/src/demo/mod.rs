@@ -34,7 +34,7 @@ use burn::optim::lr_scheduler::module_lr_scheduler::ModuleLrScheduler;
 use burn::tensor::{Tensor, TensorData};
 use codec::{IndexWidth, SparseCoefficients, read_index, top_k_per_chunk};
 use dct::{ChunkGrid, Dct};
-use gym_core::optim::{check_learning_rate, clip_grad_norm};
+use gym_core::optim::{check_learning_rate, check_max_norm, clip_grad_norm};
 use gym_core::{
     GymError, LrScheduleConfig, NodeInfo, ParamLayout, Replica, Result, StepContext, Strategy,
     StrategyConfig,
@@ -72,13 +72,7 @@ impl DeMoConfig {
         let bad = |why: String| Err(GymError::InvalidConfig(format!("DeMo: {why}")));
         check_learning_rate("lr", self.lr)?;
         self.schedule.validate()?;
-        if let Some(max_norm) = self.max_norm
-            && !(max_norm.is_finite() && max_norm > 0.0)
-        {
-            return bad(format!(
-                "`max_norm` must be positive and finite, got {max_norm}"
-            ));
-        }
+        check_max_norm(self.max_norm)?;
         if self.compression_topk == 0 {
             return bad("`compression_topk` must be at least 1".into());
         }
