@@ -241,11 +241,22 @@ fn a_comparison_on_a_network_reports_simulated_time() {
     ]);
     let result = compare::run(&args).unwrap();
     let time = |i: usize| result.outcomes[i].summary.simulated_time_s.unwrap();
-    assert!(time(1) < time(0) / 2.0, "diloco {} vs allreduce {}", time(1), time(0));
+    assert!(
+        time(1) < time(0) / 2.0,
+        "diloco {} vs allreduce {}",
+        time(1),
+        time(0)
+    );
     let table = std::fs::read_to_string(out.join("results.md")).unwrap();
     assert!(table.contains("| Simulated time | Compute utilisation | Time to loss 9 |"));
-    let row = table.lines().find(|l| l.starts_with("| **diloco**")).unwrap();
-    assert!(row.ends_with("| 0.0 µs |"), "reached at the first evaluation: {row}");
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("| **diloco**"))
+        .unwrap();
+    assert!(
+        row.ends_with("| 0.0 µs |"),
+        "reached at the first evaluation: {row}"
+    );
     let svg = std::fs::read_to_string(out.join("val_loss_vs_time.svg")).unwrap();
     assert!(svg.contains("simulated seconds") && svg.contains("diloco"));
     std::fs::remove_dir_all(out).ok();

@@ -170,9 +170,10 @@ impl OptimizerConfig {
         }
     }
 
-    /// Checks what Burn would only find out in a step: a per-tensor gradient clipping set
-    /// in Burn's configuration (use [`InnerOptimizerConfig::max_norm`]).
-    fn validate(&self, field: &str) -> Result<()> {
+    /// Refuses, naming the setting `field`, what would otherwise be silently ignored: a
+    /// per-tensor gradient clipping set in Burn's configuration (clip with
+    /// [`InnerOptimizerConfig::max_norm`]).
+    pub fn validate(&self, field: &str) -> Result<()> {
         let settings = self.settings();
         for key in ["grad_clipping", "gradient_clipping"] {
             if settings.get(key).is_some_and(|v| !v.is_null()) {

@@ -70,6 +70,7 @@ impl CommunicationModuleConfig for DiLoCoCommunicatorConfig {
             ));
         }
         check_learning_rate("outer_lr", self.outer_lr)?;
+        self.outer_optimizer.validate("outer_optimizer")?;
         if matches!(self.outer_optimizer, OptimizerConfig::Muon(_)) {
             return Err(GymError::InvalidConfig(
                 "DiLoCo: `outer_optimizer` steps the parameters as one flat vector, which Muon \

@@ -154,3 +154,25 @@ fn muon_on_a_vector_and_an_empty_group_are_refused_before_any_node_starts() {
     ));
     assert!(refusal(nothing).contains("groups[0]"));
 }
+
+/// A Burn `grad_clipping` inside DiLoCo's outer optimizer would be ignored (the outer step
+/// clips nothing): it is refused as the inner one is, naming the setting.
+#[test]
+fn a_clipped_outer_optimizer_is_refused_before_any_node_starts() {
+    let outer: OptimizerConfig = burn::optim::SgdConfig::new()
+        .with_gradient_clipping(Some(
+            burn::optim::grad_clipping::GradientClippingConfig::Norm(1.0),
+        ))
+        .into();
+    let diloco = DiLoCoConfig::new()
+        .with_communicator(DiLoCoCommunicatorConfig::new().with_outer_optimizer(outer));
+    let data = NodeData::shared(Synthetic::new(64, 16, 4, 1), Synthetic::new(8, 16, 4, 2));
+    let config = TrainerConfig::new(2)
+        .with_max_steps(Some(1))
+        .with_batch_size(4);
+    match Trainer::new(config).fit(small_mlp, &diloco, &data, &SyntheticBatcher) {
+        Err(GymError::InvalidConfig(why)) => assert!(why.contains("`outer_optimizer`"), "{why}"),
+        Err(e) => panic!("expected InvalidConfig, got {e}"),
+        Ok(_) => panic!("accepted"),
+    }
+}
