@@ -80,36 +80,6 @@ where
         if plan.evaluates_before(step) {
             eval.evaluate(step, replica.model(), &layout, &subset)?;
         }
-        let compute_start = Instant::now();
-        let model = replica.model();
-        let mut grads: Option<Tensor<1>> = None;
-        let mut loss_sum = 0.0;
-        for _ in 0..plan.accumulation {
-            let batch = shared
-                .batcher
-                .batch(loader.next_items(plan.minibatch)?, device);
-            let loss = model.loss(&batch);
-            let value = loss.clone().into_scalar::<f64>();
-            if !value.is_finite() {
-                return Err(GymError::NonFiniteLoss { loss: value });
-            }
-            loss_sum += value;
-            let mut backward = loss.backward();
-            let g = layout.flatten_grads(model, &mut backward);
-            grads = Some(match grads {
-                None => g,
-                Some(acc) => acc + g,
-            });
-        }
-        let mut grads = grads.expect("at least one minibatch");
-        if plan.accumulation > 1 {
-            grads = grads.div_scalar(plan.accumulation as f64);
-        }
-        let compute_s = compute_start.elapsed().as_secs_f64();
-        if let Some(simulated) = plan.step_compute_s(rank, step, compute_s) {
-            comm.compute(simulated);
-        }
-        let strategy_start = Instant::now();
         let mut ctx = StepContext {
             rank,
             world_size: plan.num_nodes,
@@ -118,17 +88,29 @@ where
             collective: &comm,
             layout: &layout,
         };
-        strategy.step(&mut replica, grads, &mut ctx)?;
+        let (loss, compute_s, strategy_s) = if strategy.computes(step) {
+            let (grads, loss, compute_s) = compute_gradient(&mut replica, &layout, &mut loader, shared, device)?;
+            if let Some(simulated) = plan.step_compute_s(rank, step, compute_s) {
+                comm.compute(simulated);
+            }
+            let strategy_start = Instant::now();
+            strategy.step(&mut replica, grads, &mut ctx)?;
+            (Some(loss), compute_s, strategy_start.elapsed().as_secs_f64())
+        } else {
+            let strategy_start = Instant::now();
+            strategy.idle(&mut replica, &mut ctx)?;
+            (None, 0.0, strategy_start.elapsed().as_secs_f64())
+        };
         replica.flush();
         shared.recorder.train_step(
             rank,
             step,
             NodeStep {
-                loss: loss_sum / plan.accumulation as f64,
+                loss,
                 lr: strategy.lr(),
                 comm: comm.stats(),
                 compute_s,
-                strategy_s: strategy_start.elapsed().as_secs_f64(),
+                strategy_s,
                 simulated: comm.simulated_time(),
             },
         );
@@ -148,6 +130,49 @@ where
         master,
         data_fingerprint: loader.fingerprint(),
     })
+}
+
+/// This node's gradient for one step, averaged over its gradient-accumulation
+/// minibatches, with the mean loss and the wall time it took. A non-finite loss is an error.
+fn compute_gradient<M, I, B>(
+    replica: &mut ModelReplica<M>,
+    layout: &ParamLayout,
+    loader: &mut NodeLoader<I>,
+    shared: &NodeShared<'_, B>,
+    device: &Device,
+) -> Result<(Tensor<1>, f64, f64)>
+where
+    M: TrainModel,
+    B: Batcher<I, M::Batch>,
+{
+    let plan = &shared.plan;
+    let compute_start = Instant::now();
+    let model = replica.model();
+    let mut grads: Option<Tensor<1>> = None;
+    let mut loss_sum = 0.0;
+    for _ in 0..plan.accumulation {
+        let batch = shared
+            .batcher
+            .batch(loader.next_items(plan.minibatch)?, device);
+        let loss = model.loss(&batch);
+        let value = loss.clone().into_scalar::<f64>();
+        if !value.is_finite() {
+            return Err(GymError::NonFiniteLoss { loss: value });
+        }
+        loss_sum += value;
+        let mut backward = loss.backward();
+        let g = layout.flatten_grads(model, &mut backward);
+        grads = Some(match grads {
+            None => g,
+            Some(acc) => acc + g,
+        });
+    }
+    let mut grads = grads.expect("at least one minibatch");
+    if plan.accumulation > 1 {
+        grads = grads.div_scalar(plan.accumulation as f64);
+    }
+    let loss = loss_sum / plan.accumulation as f64;
+    Ok((grads, loss, compute_start.elapsed().as_secs_f64()))
 }
 
 /// Gathers every replica's float tensors (through the observer, so the measurement is not

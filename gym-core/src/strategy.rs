@@ -22,6 +22,10 @@ pub struct NodeInfo<'a> {
     pub layout: &'a ParamLayout,
     /// The initial trainable parameters, flat (equal on every node).
     pub initial_params: Tensor<1>,
+    /// Every node's relative speed, by rank: node `r`'s step takes `1/node_speeds[r]` of
+    /// the modelled time ([`SimulationConfig::node_speed`](crate::SimulationConfig::node_speed));
+    /// all 1 when the run does not simulate time.
+    pub node_speeds: &'a [f64],
 }
 
 /// What a node knows during one step.
@@ -106,6 +110,21 @@ pub trait Strategy: Send {
 
     /// The learning rate of the last step.
     fn lr(&self) -> f64;
+
+    /// Whether this node computes a gradient at `step`. A strategy that gives slower nodes
+    /// fewer local steps (asynchronous DiLoCo's DyLU) returns `false` for the steps a node
+    /// sits out: the node loop then draws no batch, runs no forward or backward pass,
+    /// charges no compute to the simulated clock, and calls [`idle`](Self::idle) instead of
+    /// [`step`](Self::step).
+    fn computes(&self, _step: usize) -> bool {
+        true
+    }
+
+    /// A step this node sits out ([`computes`](Self::computes) returned `false`); it may
+    /// still communicate, e.g. when the step ends a round.
+    fn idle(&mut self, _replica: &mut dyn Replica, _ctx: &mut StepContext<'_>) -> Result<()> {
+        Ok(())
+    }
 
     /// A master copy of the trainable parameters that the strategy keeps apart from the
     /// replica (DiLoCo's outer model), flat in layout order. `fit` returns rank 0's as

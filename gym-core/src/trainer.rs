@@ -303,6 +303,14 @@ impl Trainer {
         // Every node's strategy, built before any node starts.
         let layouts: Vec<ParamLayout> = replicas.iter().map(ParamLayout::trainable).collect();
         let num_params = layouts[0].num_elements();
+        let node_speeds: Vec<f64> = (0..k)
+            .map(|rank| {
+                cfg.simulation
+                    .as_ref()
+                    .and_then(|sim| sim.node_speed.get(rank).copied())
+                    .unwrap_or(1.0)
+            })
+            .collect();
         let strategies = (0..k)
             .map(|rank| {
                 strategy.init(&NodeInfo {
@@ -313,6 +321,7 @@ impl Trainer {
                     device: &devices[rank],
                     layout: &layouts[rank],
                     initial_params: layouts[rank].flatten(&replicas[rank]),
+                    node_speeds: &node_speeds,
                 })
             })
             .collect::<Result<Vec<_>>>()?;

@@ -23,18 +23,20 @@
 
 mod all_reduce;
 pub mod communicate;
+pub mod compress;
 pub mod demo;
 mod diloco;
 mod fedavg;
+mod outer;
 mod sparta;
 mod sparta_diloco;
 
 pub use all_reduce::{AllReduce, AllReduceConfig};
 pub use communicate::{CommunicateOptimize, CommunicateOptimizeConfig};
 pub use demo::{DeMo, DeMoConfig};
-pub use diloco::{
-    DiLoCoCommunicator, DiLoCoCommunicatorConfig, DiLoCoConfig, default_outer_optimizer,
-};
+pub use diloco::{DiLoCoCommunicator, DiLoCoCommunicatorConfig, DiLoCoConfig};
+pub use compress::{Codec, CompressionConfig, Compressor, Quantizer};
+pub use outer::{OuterOptimizer, default_outer_optimizer};
 pub use fedavg::{
     AveragingCommunicator, AveragingCommunicatorConfig, FedAvgConfig, IslandPartition,
 };

@@ -124,6 +124,7 @@ fn node_info<'a>(
         device,
         layout,
         initial_params: layout.flatten(model),
+        node_speeds: &[1.0; 64][..world_size],
     }
 }
 

@@ -124,6 +124,7 @@ fn drive(
             device: &device,
             layout: &layout,
             initial_params: host(&initial, &device),
+            node_speeds: &[1.0],
         })
         .unwrap();
     replicas
@@ -244,6 +245,7 @@ fn fedavg_islands_average_within_and_differ_across() {
                     device: &device,
                     layout: &layout,
                     initial_params: t.clone(),
+                    node_speeds: &[1.0; 4],
                 })
                 .unwrap();
             let mut ctx = StepContext {

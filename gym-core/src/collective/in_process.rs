@@ -672,6 +672,22 @@ impl Collective for InProcessCollective {
         )
     }
 
+    fn all_gather_bytes_start_in(
+        &self,
+        group: &Group,
+        bytes: Vec<u8>,
+    ) -> Result<Pending<Vec<Vec<u8>>>, CollectiveError> {
+        self.start(
+            group,
+            CollectiveOp::AllGatherBytes,
+            Payload::Bytes(bytes),
+            |outcome| match outcome {
+                Outcome::AllBytes(all) => all.clone(),
+                _ => unreachable!("a byte all-gather yields every buffer"),
+            },
+        )
+    }
+
     fn simulated_time(&self) -> Option<SimulatedTime> {
         self.shared.simulated_time(self.rank)
     }

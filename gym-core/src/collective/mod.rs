@@ -68,6 +68,14 @@ impl<T> Pending<T> {
         }
     }
 
+    /// A pending result transformed by `f` once it is taken (e.g. decoded).
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Pending<U> {
+        Pending {
+            value: f(self.value),
+            finish: self.finish,
+        }
+    }
+
     /// Waits for the collective and returns its result.
     pub fn wait(self) -> Result<T, CollectiveError> {
         if let Some(finish) = self.finish {
@@ -341,6 +349,16 @@ pub trait Collective: Send + Sync {
         tensor: Tensor<1>,
     ) -> Result<Pending<Vec<Tensor<1>>>, CollectiveError> {
         self.all_gather_start_in(&Group::world(self.world_size()), tensor)
+    }
+
+    /// Starts [`all_gather_bytes_in`](Self::all_gather_bytes_in) without waiting for it
+    /// (see [`all_reduce_start_in`](Self::all_reduce_start_in)).
+    fn all_gather_bytes_start_in(
+        &self,
+        group: &Group,
+        bytes: Vec<u8>,
+    ) -> Result<Pending<Vec<Vec<u8>>>, CollectiveError> {
+        self.all_gather_bytes_in(group, bytes).map(Pending::ready)
     }
 
     /// This node's simulated clock, when the run simulates a network; `None` otherwise.

@@ -46,7 +46,8 @@ struct RecorderState {
 type PendingEval = (Option<(EvalMetrics, usize)>, Option<(EvalMetrics, usize)>);
 
 struct PendingStep {
-    losses: Vec<Option<f64>>,
+    /// Per node: `None` until it reports; then its loss, or `None` inside if it sat out.
+    losses: Vec<Option<Option<f64>>>,
     lr: f64,
     sent: u64,
     received: u64,
@@ -60,8 +61,9 @@ struct PendingStep {
 /// What one node reports after a step.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct NodeStep {
-    /// Mean loss over the node's minibatches.
-    pub loss: f64,
+    /// Mean loss over the node's minibatches; `None` for a step it sat out
+    /// ([`Strategy::computes`](crate::Strategy::computes)).
+    pub loss: Option<f64>,
     /// Learning rate of the step.
     pub lr: f64,
     /// The node's cumulative traffic.
@@ -166,7 +168,7 @@ impl Recorder {
             let rec = TrainRecord {
                 step,
                 examples_seen: (step as u64 + 1) * self.examples_per_step,
-                train_loss: p.losses.iter().map(|l| l.unwrap_or(f64::NAN)).sum::<f64>() / k as f64,
+                train_loss: mean_loss(&p.losses),
                 lr: p.lr,
                 step_time_s: now.duration_since(st.last_emit).as_secs_f64(),
                 its_per_s: (step + 1) as f64
@@ -322,4 +324,13 @@ mod tests {
         assert_eq!((train[0].compute_s, train[1].compute_s), (3.0, 2.0));
         assert_eq!(train[0].strategy_s, 0.5);
     }
+}
+
+/// The mean loss over the nodes that computed a step (NaN if none did).
+fn mean_loss(losses: &[Option<Option<f64>>]) -> f64 {
+    let computed: Vec<f64> = losses.iter().filter_map(|l| l.flatten()).collect();
+    if computed.is_empty() {
+        return f64::NAN;
+    }
+    computed.iter().sum::<f64>() / computed.len() as f64
 }

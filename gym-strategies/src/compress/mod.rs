@@ -1,0 +1,279 @@
+//! Compression of what the nodes average: codecs (quantizers and sparsifiers, with error
+//! feedback) and PowerSGD, usable by any averaging strategy (AllReduce's gradient, DiLoCo's
+//! outer gradient, FedAvg's parameters) through one trait, [`Compressor`].
+//!
+//! Bytes are counted by the collective, as for every strategy: a codec's packed buffer is
+//! what travels ([`Collective::all_gather_bytes_in`](gym_core::Collective::all_gather_bytes_in)),
+//! so its byte count is [`Codec::encoded_len`] per node and peer; PowerSGD's factors travel
+//! as f32 all-reduces.
+//!
+//! # Why an all-gather for codecs
+//!
+//! A lossy code with a per-node scale cannot be summed as codes: a sum all-reduce needs
+//! every node to share the scale. So each node's code is gathered, decoded and summed in
+//! rank order (route (a) of the reference), which adds no re-quantization error; a ring
+//! all-reduce of re-encoded partial sums would send less at large K but adds an error per
+//! hop.
+
+pub mod codec;
+pub mod powersgd;
+
+pub use codec::{Codec, ErrorFeedback, Quantizer};
+pub use powersgd::{PowerSgdCompressionConfig, PowerSgdCompressor};
+
+use burn::tensor::{Tensor, TensorData};
+use gym_core::rng::derive_seed;
+use gym_core::{Group, GymError, NodeInfo, Pending, ReduceOp, Result, StepContext};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+/// How a strategy averages a vector over the nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, Default)]
+pub enum CompressionConfig {
+    /// Exact: one ring all-reduce of the f32 values.
+    #[default]
+    None,
+    /// Through a codec: each node encodes its vector (plus its error-feedback residual when
+    /// `error_feedback` holds the residual's decay), the packed codes are all-gathered, and
+    /// every node decodes them and takes their mean in rank order.
+    Codec {
+        /// The wire format.
+        codec: Codec,
+        /// Error feedback's residual decay (1: classic), or none.
+        error_feedback: Option<f32>,
+    },
+    /// PowerSGD's rank-r factors (Vogels et al., 2019), with warm start and error feedback.
+    PowerSgd(PowerSgdCompressionConfig),
+}
+
+impl CompressionConfig {
+    /// A codec with classic error feedback (decay 1).
+    pub fn with_error_feedback(codec: Codec) -> Self {
+        CompressionConfig::Codec {
+            codec,
+            error_feedback: Some(1.0),
+        }
+    }
+
+    /// A codec without error feedback.
+    pub fn codec(codec: Codec) -> Self {
+        CompressionConfig::Codec {
+            codec,
+            error_feedback: None,
+        }
+    }
+
+    /// Refuses settings it cannot run with, naming them.
+    pub fn validate(&self) -> Result<()> {
+        match self {
+            CompressionConfig::None => Ok(()),
+            CompressionConfig::Codec {
+                codec,
+                error_feedback,
+            } => {
+                codec.validate()?;
+                match error_feedback {
+                    Some(d) if !(d.is_finite() && (0.0..=1.0).contains(d)) => {
+                        Err(GymError::InvalidConfig(format!(
+                            "compression: `error_feedback` decay must be in [0, 1], got {d}"
+                        )))
+                    }
+                    _ => Ok(()),
+                }
+            }
+            CompressionConfig::PowerSgd(p) => p.validate(),
+        }
+    }
+
+    /// The compressor of one node (`stream` tells apart several compressors of one node,
+    /// e.g. one per fragment, so their random draws differ).
+    pub fn init(&self, node: &NodeInfo<'_>, stream: u64) -> Result<Box<dyn Compressor>> {
+        self.validate()?;
+        Ok(match *self {
+            CompressionConfig::None => Box::new(Exact),
+            // f32 is exact: the ring all-reduce sends less than a gather of f32 codes.
+            CompressionConfig::Codec {
+                codec: Codec::Dense(Quantizer::F32),
+                ..
+            } => Box::new(Exact),
+            CompressionConfig::Codec {
+                codec,
+                error_feedback,
+            } => Box::new(CodecCompressor {
+                codec,
+                feedback: error_feedback.map(ErrorFeedback::new),
+                seed: derive_seed(node.seed, &[0xC0DE_C0DE, stream]),
+                calls: 0,
+            }),
+            CompressionConfig::PowerSgd(p) => Box::new(p.init(node, stream)?),
+        })
+    }
+
+    /// Whether the mean is exact (no compression).
+    pub fn is_exact(&self) -> bool {
+        matches!(
+            self,
+            CompressionConfig::None
+                | CompressionConfig::Codec {
+                    codec: Codec::Dense(Quantizer::F32),
+                    ..
+                }
+        )
+    }
+}
+
+/// `none`, a codec spec (`int8`, `fp8`, `fp4`, `2bit`, `topk:64/4096+2bit`,
+/// `randomk:0.01`; see [`Codec`]), optionally followed by `,ef` (error feedback, decay 1) or
+/// `,ef=DECAY`; or `powersgd:RANK`.
+impl FromStr for CompressionConfig {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        let s = s.trim();
+        if s.eq_ignore_ascii_case("none") {
+            return Ok(CompressionConfig::None);
+        }
+        if let Some(rank) = s.strip_prefix("powersgd") {
+            let rank = match rank.strip_prefix(':') {
+                Some(r) => r
+                    .parse::<usize>()
+                    .map_err(|_| format!("`{s}`: PowerSGD's rank must be a whole number"))?,
+                None if rank.is_empty() => PowerSgdCompressionConfig::new().rank,
+                None => return Err(format!("`{s}`: expected powersgd or powersgd:RANK")),
+            };
+            return Ok(CompressionConfig::PowerSgd(
+                PowerSgdCompressionConfig::new().with_rank(rank),
+            ));
+        }
+        let (codec, feedback) = match s.split_once(',') {
+            Some((c, ef)) => {
+                let decay = match ef.trim() {
+                    "ef" => 1.0,
+                    other => match other.strip_prefix("ef=") {
+                        Some(d) => d
+                            .parse::<f32>()
+                            .map_err(|_| format!("`{other}`: expected ef or ef=DECAY"))?,
+                        None => return Err(format!("`{other}`: expected ef or ef=DECAY")),
+                    },
+                };
+                (c, Some(decay))
+            }
+            None => (s, None),
+        };
+        let config = CompressionConfig::Codec {
+            codec: codec.parse()?,
+            error_feedback: feedback,
+        };
+        config.validate().map_err(|e| e.to_string())?;
+        Ok(config)
+    }
+}
+
+impl fmt::Display for CompressionConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CompressionConfig::None => write!(f, "none"),
+            CompressionConfig::Codec {
+                codec,
+                error_feedback: None,
+            } => write!(f, "{codec}"),
+            CompressionConfig::Codec {
+                codec,
+                error_feedback: Some(d),
+            } if *d == 1.0 => write!(f, "{codec},ef"),
+            CompressionConfig::Codec {
+                codec,
+                error_feedback: Some(d),
+            } => write!(f, "{codec},ef={d}"),
+            CompressionConfig::PowerSgd(p) => write!(f, "powersgd:{}", p.rank),
+        }
+    }
+}
+
+/// A mean whose transfer may still be on the link: [`Pending::wait`] it, then unwrap the
+/// decoding's result.
+pub type PendingMean = Pending<Result<Tensor<1>>>;
+
+/// One node's side of a compressed mean over a group.
+pub trait Compressor: Send {
+    /// Starts averaging `x` over `group` (every member calls it with a vector of the same
+    /// length); the transfer overlaps with whatever the node computes before waiting.
+    fn start_mean(
+        &mut self,
+        group: &Group,
+        x: Tensor<1>,
+        ctx: &StepContext<'_>,
+    ) -> Result<PendingMean>;
+
+    /// Averages `x` over `group` and waits for the result.
+    fn mean(&mut self, group: &Group, x: Tensor<1>, ctx: &StepContext<'_>) -> Result<Tensor<1>> {
+        self.start_mean(group, x, ctx)?.wait()?
+    }
+}
+
+/// The exact mean: one ring all-reduce.
+struct Exact;
+
+impl Compressor for Exact {
+    fn start_mean(
+        &mut self,
+        group: &Group,
+        x: Tensor<1>,
+        ctx: &StepContext<'_>,
+    ) -> Result<PendingMean> {
+        Ok(ctx
+            .collective
+            .all_reduce_start_in(group, x, ReduceOp::Mean)?
+            .map(Ok))
+    }
+}
+
+/// A codec's mean: encode (with error feedback), all-gather the codes, decode, average.
+struct CodecCompressor {
+    codec: Codec,
+    feedback: Option<ErrorFeedback>,
+    seed: u64,
+    calls: u64,
+}
+
+impl Compressor for CodecCompressor {
+    fn start_mean(
+        &mut self,
+        group: &Group,
+        x: Tensor<1>,
+        ctx: &StepContext<'_>,
+    ) -> Result<PendingMean> {
+        let device = x.device();
+        let values = to_host(x)?;
+        let n = values.len();
+        // The same seed on every node for the same call: random-k draws the same positions.
+        let seed = derive_seed(self.seed, &[self.calls]);
+        self.calls += 1;
+        let code = match &mut self.feedback {
+            Some(ef) => ef.encode(&self.codec, &values, seed)?,
+            None => self.codec.encode(&values, seed),
+        };
+        let codec = self.codec;
+        let pending = ctx.collective.all_gather_bytes_start_in(group, code)?;
+        Ok(pending.map(move |codes| {
+            let mut sum = vec![0.0f32; n];
+            for code in &codes {
+                for (s, v) in sum.iter_mut().zip(codec.decode(code, n, seed)?) {
+                    *s += v;
+                }
+            }
+            let k = codes.len() as f32;
+            sum.iter_mut().for_each(|s| *s /= k);
+            Ok(Tensor::from_data(TensorData::new(sum, [n]), &device))
+        }))
+    }
+}
+
+/// A flat tensor's values on the host.
+pub(crate) fn to_host(x: Tensor<1>) -> Result<Vec<f32>> {
+    x.into_data()
+        .convert::<f32>()
+        .try_into_vec::<f32>()
+        .map_err(|e| GymError::Data(format!("tensor values: {e:?}")))
+}
