@@ -11,10 +11,13 @@ use gym_core::{
     ComputeModel, InnerOptimizerConfig, LrScheduleConfig, Network, OptimizerConfig, OptimizerGroup,
     ParamSelection, SimulationConfig, StrategyConfig, Topology, TrainerConfig,
 };
+use gym_strategies::compress::PowerSgdCompressionConfig;
 use gym_strategies::{
-    AllReduceConfig, AveragingCommunicatorConfig, DeMoConfig, DiLoCoCommunicatorConfig,
-    DiLoCoConfig, FedAvgConfig, IndexSelectorKind, SparseCommunicatorConfig, SpartaConfig,
-    SpartaDiLoCoConfig,
+    AllReduceConfig, AsyncDiLoCoConfig, AveragingCommunicatorConfig, CompressionConfig, DeMoConfig,
+    DesLocConfig, DiLoCoCommunicatorConfig, DiLoCoConfig, FedAvgConfig, IndexSelectorKind,
+    MuLoCoConfig, NoLoCoCommunicatorConfig, NoLoCoConfig, PowerSgdConfig, SparseCommunicatorConfig,
+    SparseLoCoConfig, SpartaConfig, SpartaDiLoCoConfig, StreamingDiLoCoConfig, muloco_communicator,
+    muon_for_matrices,
 };
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -38,6 +41,22 @@ pub enum StrategyName {
     SpartaDiloco,
     /// DeMo: top-k DCT coefficients of a local gradient buffer, sign step (lr: --lr).
     Demo,
+    /// Streaming DiLoCo: DiLoCo by fragments, staggered, overlapped by --overlap steps,
+    /// outer gradients in 4 bits.
+    StreamingDiloco,
+    /// SparseLoCo: DiLoCo whose outer gradients travel as top-k + 2-bit codes with error
+    /// feedback.
+    Sparseloco,
+    /// MuLoCo: DiLoCo with Muon as the inner optimizer, 2-bit outer gradients.
+    Muloco,
+    /// DES-LOC: parameters and Adam's two moments averaged on their own periods.
+    Desloc,
+    /// NoLoCo: no all-reduce; each sync averages within random groups of --group-size.
+    Noloco,
+    /// Asynchronous DiLoCo: slower nodes take fewer local steps, Delayed Nesterov.
+    AsyncDiloco,
+    /// PowerSGD: data-parallel with rank-r compressed gradients.
+    Powersgd,
 }
 
 impl StrategyName {
@@ -50,7 +69,25 @@ impl StrategyName {
             StrategyName::Sparta => "sparta",
             StrategyName::SpartaDiloco => "sparta-diloco",
             StrategyName::Demo => "demo",
+            StrategyName::StreamingDiloco => "streaming-diloco",
+            StrategyName::Sparseloco => "sparseloco",
+            StrategyName::Muloco => "muloco",
+            StrategyName::Desloc => "desloc",
+            StrategyName::Noloco => "noloco",
+            StrategyName::AsyncDiloco => "async-diloco",
+            StrategyName::Powersgd => "powersgd",
         }
+    }
+
+    /// Whether the strategy has a synchronisation interval that `-H` sets.
+    pub fn has_sync_interval(self) -> bool {
+        !matches!(
+            self,
+            StrategyName::Allreduce
+                | StrategyName::Sparta
+                | StrategyName::Demo
+                | StrategyName::Powersgd
+        )
     }
 }
 
@@ -191,16 +228,59 @@ pub struct CommonArgs {
     /// this value (time to target; needs --network).
     #[arg(long)]
     pub target_loss: Option<f64>,
-    /// Steps between synchronisations: DiLoCo's outer step (default 100), FedAvg's
-    /// averaging (default 1).
+    /// Steps between synchronisations (each strategy's paper default when unset): DiLoCo,
+    /// streaming-diloco, async-diloco 100; sparseloco, muloco 30; noloco 50; desloc 16
+    /// (its parameter period); fedavg 1.
     #[arg(short = 'H', long)]
     pub sync_interval: Option<usize>,
-    /// DiLoCo's outer learning rate.
-    #[arg(long, default_value_t = 0.7)]
-    pub outer_lr: f64,
-    /// DiLoCo's outer Nesterov momentum.
-    #[arg(long, default_value_t = 0.9)]
-    pub outer_momentum: f64,
+    /// Outer learning rate (default: the strategy's; DiLoCo 0.7, sparseloco 1, muloco 0.8,
+    /// noloco 0.7).
+    #[arg(long)]
+    pub outer_lr: Option<f64>,
+    /// Outer momentum (default: the strategy's; DiLoCo's Nesterov 0.9, muloco 0.9, noloco's
+    /// heavy ball 0.5).
+    #[arg(long)]
+    pub outer_momentum: Option<f64>,
+    /// How averaged vectors travel, for allreduce (gradients), diloco, muloco and
+    /// streaming-diloco (outer gradients) and fedavg (parameters): none, int8[:CHUNK],
+    /// fp8[:CHUNK], fp4[:BLOCK], 2bit[:GROUP], topk:K/CHUNK[+Q], randomk:DENSITY[+Q], with
+    /// `,ef` or `,ef=DECAY` for error feedback, or powersgd:RANK (default: the strategy's;
+    /// streaming-diloco fp4, muloco 2bit,ef=0.9, the others none).
+    #[arg(long, value_parser = checked::<CompressionConfig>)]
+    pub compression: Option<String>,
+    /// Streaming DiLoCo: fragments, each synchronised once per H steps, staggered.
+    #[arg(long, default_value_t = 2)]
+    pub fragments: usize,
+    /// Streaming DiLoCo: inner steps a fragment's exchange overlaps (τ).
+    #[arg(long, default_value_t = 1)]
+    pub overlap: usize,
+    /// Streaming DiLoCo: share α of the local values kept when a fragment is synchronised.
+    #[arg(long, default_value_t = 0.5)]
+    pub mixing: f64,
+    /// SparseLoCo: values kept per chunk of --topk-chunk.
+    #[arg(long, default_value_t = 64)]
+    pub topk: usize,
+    /// SparseLoCo: chunk length for the top-k.
+    #[arg(long, default_value_t = 4096)]
+    pub topk_chunk: usize,
+    /// SparseLoCo: decay of the error-feedback buffer.
+    #[arg(long, default_value_t = 0.999)]
+    pub error_feedback_decay: f32,
+    /// DES-LOC: steps between averagings of Adam's first moment (default 3·H).
+    #[arg(long)]
+    pub first_moment_interval: Option<usize>,
+    /// DES-LOC: steps between averagings of Adam's second moment (default 6·H).
+    #[arg(long)]
+    pub second_moment_interval: Option<usize>,
+    /// NoLoCo: nodes per averaging group.
+    #[arg(long, default_value_t = 2)]
+    pub group_size: usize,
+    /// Asynchronous DiLoCo: pushes between outer momentum updates (default: K).
+    #[arg(long)]
+    pub momentum_period: Option<usize>,
+    /// PowerSGD: rank of the gradient factors.
+    #[arg(long, default_value_t = 4)]
+    pub powersgd_rank: usize,
     /// FedAvg: average within random islands of this many nodes (default: all nodes).
     #[arg(long)]
     pub island_size: Option<usize>,
@@ -228,20 +308,26 @@ impl CommonArgs {
     /// The strategy `--strategy` names, configured by these flags: a value that
     /// [`Trainer::fit`](gym_core::Trainer::fit) takes whatever the strategy.
     pub fn strategy_config(&self) -> Box<dyn StrategyConfig> {
+        let h = |default: usize| self.sync_interval.unwrap_or(default);
         match self.strategy {
-            StrategyName::Allreduce => Box::new(AllReduceConfig::new().with_inner(self.inner())),
+            StrategyName::Allreduce => Box::new(
+                AllReduceConfig::new()
+                    .with_inner(self.inner())
+                    .with_compression(self.compression_or(CompressionConfig::None)),
+            ),
             StrategyName::Diloco => Box::new(
                 DiLoCoConfig::new()
                     .with_inner(self.inner())
-                    .with_communicator(self.diloco_communicator()),
+                    .with_communicator(self.diloco_communicator(DiLoCoCommunicatorConfig::new())),
             ),
             StrategyName::Fedavg => Box::new(
                 FedAvgConfig::new()
                     .with_inner(self.inner())
                     .with_communicator(
                         AveragingCommunicatorConfig::new()
-                            .with_sync_interval(self.sync_interval.unwrap_or(1))
-                            .with_island_size(self.island_size),
+                            .with_sync_interval(h(1))
+                            .with_island_size(self.island_size)
+                            .with_compression(self.compression_or(CompressionConfig::None)),
                     ),
             ),
             StrategyName::Sparta => Box::new(
@@ -253,7 +339,7 @@ impl CommonArgs {
                 SpartaDiLoCoConfig::new()
                     .with_inner(self.inner())
                     .with_sparta(self.sparse_communicator())
-                    .with_diloco(self.diloco_communicator()),
+                    .with_diloco(self.diloco_communicator(DiLoCoCommunicatorConfig::new())),
             ),
             // DeMo has no inner optimizer: --optimizer is not used.
             StrategyName::Demo => Box::new(
@@ -265,6 +351,102 @@ impl CommonArgs {
                     .with_compression_topk(self.compression_topk)
                     .with_compression_chunk(self.compression_chunk)
                     .with_weight_decay(self.weight_decay.map_or(0.0, f64::from)),
+            ),
+            StrategyName::StreamingDiloco => {
+                let defaults = StreamingDiLoCoConfig::new();
+                let outer = match self.outer_momentum {
+                    Some(0.0) => OptimizerConfig::sgd(),
+                    Some(momentum) => OptimizerConfig::sgd_momentum(momentum, true),
+                    None => defaults.outer_optimizer.clone(),
+                };
+                Box::new(
+                    defaults
+                        .clone()
+                        .with_inner(self.inner())
+                        .with_sync_interval(h(defaults.sync_interval))
+                        .with_fragments(self.fragments)
+                        .with_overlap(self.overlap)
+                        .with_mixing(self.mixing)
+                        .with_outer_optimizer(outer)
+                        .with_outer_lr(self.outer_lr.unwrap_or(defaults.outer_lr))
+                        .with_compression(self.compression_or(defaults.compression)),
+                )
+            }
+            StrategyName::Sparseloco => {
+                let defaults = SparseLoCoConfig::new();
+                Box::new(
+                    defaults
+                        .clone()
+                        .with_inner(self.inner())
+                        .with_sync_interval(h(defaults.sync_interval))
+                        .with_top_k(self.topk)
+                        .with_chunk(self.topk_chunk)
+                        .with_error_feedback_decay(self.error_feedback_decay)
+                        .with_outer_lr(self.outer_lr.unwrap_or(defaults.outer_lr)),
+                )
+            }
+            StrategyName::Muloco => {
+                let inner = match self.optimizer {
+                    OptimizerName::Muon => self.inner(),
+                    _ => muon_for_matrices(self.inner()),
+                };
+                Box::new(
+                    MuLoCoConfig::new()
+                        .with_inner(inner)
+                        .with_communicator(self.diloco_communicator(muloco_communicator())),
+                )
+            }
+            StrategyName::Desloc => {
+                let defaults = DesLocConfig::new();
+                Box::new(
+                    defaults
+                        .clone()
+                        .with_lr(self.lr)
+                        .with_schedule(self.schedule())
+                        .with_max_norm(self.max_norm)
+                        .with_weight_decay(
+                            self.weight_decay.map_or(defaults.weight_decay, f64::from),
+                        )
+                        .with_param_interval(h(defaults.param_interval))
+                        .with_first_moment_interval(self.first_moment_interval)
+                        .with_second_moment_interval(self.second_moment_interval),
+                )
+            }
+            StrategyName::Noloco => {
+                let defaults = NoLoCoCommunicatorConfig::new();
+                Box::new(
+                    NoLoCoConfig::new()
+                        .with_inner(self.inner())
+                        .with_communicator(
+                            defaults
+                                .clone()
+                                .with_sync_interval(h(defaults.sync_interval))
+                                .with_group_size(self.group_size)
+                                .with_outer_lr(self.outer_lr.unwrap_or(defaults.outer_lr))
+                                .with_outer_momentum(
+                                    self.outer_momentum.unwrap_or(defaults.outer_momentum),
+                                ),
+                        ),
+                )
+            }
+            StrategyName::AsyncDiloco => {
+                let defaults = AsyncDiLoCoConfig::new();
+                Box::new(
+                    defaults
+                        .clone()
+                        .with_inner(self.inner())
+                        .with_sync_interval(h(defaults.sync_interval))
+                        .with_outer_lr(self.outer_lr.unwrap_or(defaults.outer_lr))
+                        .with_outer_momentum(self.outer_momentum.unwrap_or(defaults.outer_momentum))
+                        .with_momentum_period(self.momentum_period),
+                )
+            }
+            StrategyName::Powersgd => Box::new(
+                PowerSgdConfig::new()
+                    .with_inner(self.inner())
+                    .with_compression(
+                        PowerSgdCompressionConfig::new().with_rank(self.powersgd_rank),
+                    ),
             ),
         }
     }
@@ -362,17 +544,28 @@ impl CommonArgs {
             .with_cosine(self.cosine)
     }
 
-    /// DiLoCo's synchronisation as these flags describe it.
-    fn diloco_communicator(&self) -> DiLoCoCommunicatorConfig {
-        let outer = if self.outer_momentum == 0.0 {
-            OptimizerConfig::sgd()
-        } else {
-            OptimizerConfig::sgd_momentum(self.outer_momentum, true)
+    /// DiLoCo's synchronisation as these flags describe it, from `defaults` (DiLoCo's or
+    /// MuLoCo's) for what they leave unset.
+    fn diloco_communicator(&self, defaults: DiLoCoCommunicatorConfig) -> DiLoCoCommunicatorConfig {
+        let outer = match self.outer_momentum {
+            Some(0.0) => OptimizerConfig::sgd(),
+            Some(momentum) => OptimizerConfig::sgd_momentum(momentum, true),
+            None => defaults.outer_optimizer.clone(),
         };
-        DiLoCoCommunicatorConfig::new()
-            .with_sync_interval(self.sync_interval.unwrap_or(100))
-            .with_outer_optimizer(outer)
-            .with_outer_lr(self.outer_lr)
+        DiLoCoCommunicatorConfig {
+            sync_interval: self.sync_interval.unwrap_or(defaults.sync_interval),
+            outer_optimizer: outer,
+            outer_lr: self.outer_lr.unwrap_or(defaults.outer_lr),
+            compression: self.compression_or(defaults.compression),
+        }
+    }
+
+    /// `--compression`, or `default` when it is not given.
+    fn compression_or(&self, default: CompressionConfig) -> CompressionConfig {
+        self.compression
+            .as_deref()
+            .map(|spec| spec.parse().expect("checked when parsed"))
+            .unwrap_or(default)
     }
 
     /// SPARTA's sparse averaging as these flags describe it.

@@ -119,14 +119,6 @@ pub struct Sweep {
     pub files: Vec<PathBuf>,
 }
 
-/// Whether `strategy` has a synchronisation interval that `-H` sets.
-fn has_sync_interval(strategy: StrategyName) -> bool {
-    matches!(
-        strategy,
-        StrategyName::Diloco | StrategyName::Fedavg | StrategyName::SpartaDiloco
-    )
-}
-
 /// Parses `argv` (program name first, `--config` honoured) and runs the sweep.
 pub fn run(argv: &[OsString]) -> Result<Sweep, BoxError> {
     let process_start = Instant::now();
@@ -148,10 +140,10 @@ pub fn run(argv: &[OsString]) -> Result<Sweep, BoxError> {
     let mut plan = Vec::new();
     for &strategy in &args.strategies {
         // The axis, or the one interval the shared flags give (`-H`, else the default).
-        let from_axis = has_sync_interval(strategy) && !args.sync_intervals.is_empty();
+        let from_axis = strategy.has_sync_interval() && !args.sync_intervals.is_empty();
         let intervals: Vec<Option<usize>> = if from_axis {
             args.sync_intervals.iter().copied().map(Some).collect()
-        } else if has_sync_interval(strategy) {
+        } else if strategy.has_sync_interval() {
             vec![args.common.sync_interval]
         } else {
             vec![None]

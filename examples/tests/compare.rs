@@ -261,3 +261,56 @@ fn a_comparison_on_a_network_reports_simulated_time() {
     assert!(svg.contains("simulated seconds") && svg.contains("diloco"));
     std::fs::remove_dir_all(out).ok();
 }
+
+/// The algorithms of 2025–26 side by side on MNIST, as the README's command runs them:
+/// 4 nodes, the MLP, 200 steps of 64 examples, lr 3e-4, H = 20.
+#[test]
+fn zoo_the_2026_algorithms_reach_88_percent_on_mnist_and_send_what_they_promise() {
+    let out = std::env::temp_dir().join(format!("gym-compare-zoo-{}", std::process::id()));
+    let data = mnist_dir();
+    let args = argv(&[
+        "--task",
+        "mnist",
+        "--strategies",
+        "allreduce,diloco,streaming-diloco,sparseloco,muloco,desloc,noloco,powersgd",
+        "-H",
+        "20",
+        "--max-steps",
+        "200",
+        "--val-size",
+        "0",
+        "--no-progress",
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--out-dir",
+        out.to_str().unwrap(),
+    ]);
+    let result = compare::run(&args).unwrap();
+    let bytes = |name: StrategyName| {
+        result
+            .outcomes
+            .iter()
+            .find(|o| o.strategy == name)
+            .unwrap()
+            .report
+            .bytes_sent_per_node()
+    };
+    for o in &result.outcomes {
+        let v = o.report.final_validation().unwrap();
+        let accuracy = v.global_accuracy.unwrap();
+        assert!(accuracy >= 0.88, "{}: {accuracy}", o.strategy.as_str());
+        assert_eq!(o.args.common.num_nodes, 4);
+        assert_eq!(o.args.common.batch_size, 64);
+    }
+    let ratio = bytes(StrategyName::Diloco) / bytes(StrategyName::Sparseloco);
+    assert!(
+        ratio >= 20.0,
+        "sparseloco sends 1/{ratio:.1} of diloco's bytes"
+    );
+    let ratio = bytes(StrategyName::Allreduce) / bytes(StrategyName::Powersgd);
+    assert!(
+        ratio >= 10.0,
+        "powersgd sends 1/{ratio:.1} of allreduce's bytes"
+    );
+    std::fs::remove_dir_all(&out).ok();
+}

@@ -89,13 +89,18 @@ where
             layout: &layout,
         };
         let (loss, compute_s, strategy_s) = if strategy.computes(step) {
-            let (grads, loss, compute_s) = compute_gradient(&mut replica, &layout, &mut loader, shared, device)?;
+            let (grads, loss, compute_s) =
+                compute_gradient(&mut replica, &layout, &mut loader, shared, device)?;
             if let Some(simulated) = plan.step_compute_s(rank, step, compute_s) {
                 comm.compute(simulated);
             }
             let strategy_start = Instant::now();
             strategy.step(&mut replica, grads, &mut ctx)?;
-            (Some(loss), compute_s, strategy_start.elapsed().as_secs_f64())
+            (
+                Some(loss),
+                compute_s,
+                strategy_start.elapsed().as_secs_f64(),
+            )
         } else {
             let strategy_start = Instant::now();
             strategy.idle(&mut replica, &mut ctx)?;

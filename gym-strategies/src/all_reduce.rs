@@ -1,11 +1,12 @@
 //! AllReduce: the data-parallel baseline, equivalent to PyTorch DDP (the original's
 //! `SimpleReduceStrategy`).
 
+use crate::compress::{CompressionConfig, Compressor};
 use burn::config::Config;
 use burn::tensor::Tensor;
 use gym_core::{
-    InnerOptimizer, InnerOptimizerConfig, NodeInfo, ReduceOp, Replica, Result, StepContext,
-    Strategy, StrategyConfig,
+    Group, InnerOptimizer, InnerOptimizerConfig, NodeInfo, Replica, Result, StepContext, Strategy,
+    StrategyConfig,
 };
 
 /// Configuration of [`AllReduce`].
@@ -14,6 +15,9 @@ pub struct AllReduceConfig {
     /// The optimizer every node steps with the averaged gradient (clipped after averaging).
     #[config(default = "InnerOptimizerConfig::new()")]
     pub inner: InnerOptimizerConfig,
+    /// How the gradients are averaged: exactly (default), through a codec, or PowerSGD.
+    #[config(default = "CompressionConfig::None")]
+    pub compression: CompressionConfig,
 }
 
 /// Every step: mean of the gradients over all nodes → clip → optimizer step (the
@@ -21,9 +25,10 @@ pub struct AllReduceConfig {
 /// stay identical, so K nodes with batch `b` train as one node with batch `K·b`.
 ///
 /// Traffic per step: one all-reduce of the gradient (ring: 2(K−1)/K × 4 bytes per
-/// parameter, per node).
+/// parameter, per node), or what its [`CompressionConfig`] sends instead.
 pub struct AllReduce {
     optim: InnerOptimizer,
+    compressor: Box<dyn Compressor>,
 }
 
 impl StrategyConfig for AllReduceConfig {
@@ -38,6 +43,7 @@ impl StrategyConfig for AllReduceConfig {
     fn init(&self, node: &NodeInfo<'_>) -> Result<Box<dyn Strategy>> {
         Ok(Box::new(AllReduce {
             optim: self.inner.init(node.layout, node.max_steps)?,
+            compressor: self.compression.init(node, 0)?,
         }))
     }
 }
@@ -49,7 +55,8 @@ impl Strategy for AllReduce {
         grads: Tensor<1>,
         ctx: &mut StepContext<'_>,
     ) -> Result<()> {
-        let grads = ctx.collective.all_reduce(grads, ReduceOp::Mean)?;
+        let world = Group::world(ctx.world_size);
+        let grads = self.compressor.mean(&world, grads, ctx)?;
         self.optim.step(replica, grads);
         Ok(())
     }

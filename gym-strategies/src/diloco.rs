@@ -4,21 +4,13 @@ use crate::communicate::{
     CommunicateOptimizeConfig, CommunicationModule, CommunicationModuleConfig, composed_strategy,
     is_sync_step,
 };
+use crate::compress::{CompressionConfig, Compressor};
+use crate::outer::{OuterOptimizer, default_outer_optimizer};
 use burn::config::Config;
-use burn::module::{Module, Param};
-use burn::optim::{GradientsParams, ModuleOptimizer};
 use burn::tensor::Tensor;
-use gym_core::optim::check_learning_rate;
 use gym_core::{
-    GymError, InnerOptimizerConfig, NodeInfo, OptimizerConfig, ReduceOp, Replica, Result,
-    StepContext,
+    Group, GymError, InnerOptimizerConfig, NodeInfo, OptimizerConfig, Replica, Result, StepContext,
 };
-
-/// The outer optimizer's default: SGD with Nesterov momentum 0.9 and PyTorch's dampening 0
-/// (the paper's; its learning rate is [`DiLoCoCommunicatorConfig::outer_lr`], 0.7).
-pub fn default_outer_optimizer() -> OptimizerConfig {
-    OptimizerConfig::sgd_momentum(0.9, true)
-}
 
 /// Configuration of the DiLoCo communication module.
 #[derive(Config, Debug)]
@@ -34,24 +26,21 @@ pub struct DiLoCoCommunicatorConfig {
     /// The outer optimizer's learning rate.
     #[config(default = 0.7)]
     pub outer_lr: f64,
+    /// How the pseudo-gradients are averaged: exactly (default), or through a codec with or
+    /// without error feedback (SparseLoCo, MuLoCo's compressed variant).
+    #[config(default = "CompressionConfig::None")]
+    pub compression: CompressionConfig,
 }
 
-/// The master parameters as a module, so that Burn's optimizers can step them.
-#[derive(Module, Debug)]
-struct Master {
-    values: Param<Tensor<1>>,
-}
-
-/// After every H-th inner step ([`is_sync_step`]): average the replicas (θ̄), take the
-/// pseudo-gradient `Δ = θ_master − θ̄`, step the outer optimizer on the master, and copy the
-/// master into the replica. Every node keeps the same master and outer state (replicated,
-/// as OpenDiLoCo), so one all-reduce per synchronisation is the only traffic. With one node
-/// the outer step is still applied, as in the paper.
+/// After every H-th inner step ([`is_sync_step`]): each node's pseudo-gradient
+/// `Δ_k = φ − θ_k` is averaged (`Δ̄`, through the compression), the outer optimizer steps the
+/// master `φ ← step(φ, Δ̄)`, and the replica is set to the master. Every node keeps the same
+/// master and outer state (replicated, as OpenDiLoCo), so one mean per synchronisation is
+/// the only traffic. With one node the outer step is still applied, as in the paper.
 pub struct DiLoCoCommunicator {
     sync_interval: usize,
-    outer_lr: f64,
-    outer: ModuleOptimizer,
-    master: Master,
+    outer: OuterOptimizer,
+    compressor: Box<dyn Compressor>,
 }
 
 impl CommunicationModuleConfig for DiLoCoCommunicatorConfig {
@@ -69,26 +58,15 @@ impl CommunicationModuleConfig for DiLoCoCommunicatorConfig {
                 "DiLoCo: `sync_interval` must be at least 1".into(),
             ));
         }
-        check_learning_rate("outer_lr", self.outer_lr)?;
-        self.outer_optimizer.validate("outer_optimizer")?;
-        if matches!(self.outer_optimizer, OptimizerConfig::Muon(_)) {
-            return Err(GymError::InvalidConfig(
-                "DiLoCo: `outer_optimizer` steps the parameters as one flat vector, which Muon \
-                 (2-D only) cannot; use Muon as the inner optimizer"
-                    .into(),
-            ));
-        }
-        // A copy, never an alias of the replica (the original's CPU aliasing defect): Burn
-        // tensors are values. Burn's optimizers step autodiff parameters, so the master is
-        // one, though no graph is ever built on it.
-        let values = node.initial_params.clone().inner().autodiff();
         Ok(Box::new(DiLoCoCommunicator {
             sync_interval: self.sync_interval,
-            outer_lr: self.outer_lr,
-            outer: self.outer_optimizer.init(),
-            master: Master {
-                values: Param::from_tensor(values),
-            },
+            outer: OuterOptimizer::new(
+                "DiLoCo",
+                &self.outer_optimizer,
+                self.outer_lr,
+                node.initial_params.clone(),
+            )?,
+            compressor: self.compression.init(node, 0)?,
         }))
     }
 }
@@ -98,20 +76,15 @@ impl CommunicationModule for DiLoCoCommunicator {
         if !is_sync_step(ctx.step, self.sync_interval) {
             return Ok(());
         }
-        let average = ctx
-            .collective
-            .all_reduce(replica.params(), ReduceOp::Mean)?;
-        let master = self.master.values.val().inner();
-        let mut grads = GradientsParams::new();
-        grads.register::<1>(self.master.values.id, master - average);
-        let stepped = self.outer.step(self.outer_lr, self.master.clone(), grads);
-        self.master = stepped;
-        replica.set_params(self.master.values.val().inner());
+        let world = Group::world(ctx.world_size);
+        let delta = self.outer.master() - replica.params();
+        let mean = self.compressor.mean(&world, delta, ctx)?;
+        replica.set_params(self.outer.step(mean));
         Ok(())
     }
 
     fn master_params(&self) -> Option<Tensor<1>> {
-        Some(self.master.values.val().inner())
+        Some(self.outer.master())
     }
 }
 

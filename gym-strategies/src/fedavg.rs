@@ -4,11 +4,10 @@ use crate::communicate::{
     CommunicateOptimizeConfig, CommunicationModule, CommunicationModuleConfig, composed_strategy,
     is_sync_step,
 };
+use crate::compress::{CompressionConfig, Compressor};
 use burn::config::Config;
 use gym_core::rng::derive_seed;
-use gym_core::{
-    Group, GymError, InnerOptimizerConfig, NodeInfo, ReduceOp, Replica, Result, StepContext,
-};
+use gym_core::{Group, GymError, InnerOptimizerConfig, NodeInfo, Replica, Result, StepContext};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
@@ -58,6 +57,9 @@ pub struct AveragingCommunicatorConfig {
     /// `None` (or ≥ K) averages all nodes.
     #[config(default = "None")]
     pub island_size: Option<usize>,
+    /// How the parameters are averaged: exactly (default), or through a codec.
+    #[config(default = "CompressionConfig::None")]
+    pub compression: CompressionConfig,
 }
 
 /// After every H-th inner step ([`is_sync_step`]), replaces each replica by the mean of its island
@@ -66,6 +68,7 @@ pub struct AveragingCommunicator {
     sync_interval: usize,
     island_size: Option<usize>,
     seed: u64,
+    compressor: Box<dyn Compressor>,
 }
 
 impl CommunicationModuleConfig for AveragingCommunicatorConfig {
@@ -92,6 +95,7 @@ impl CommunicationModuleConfig for AveragingCommunicatorConfig {
             sync_interval: self.sync_interval,
             island_size: self.island_size,
             seed: node.seed,
+            compressor: self.compression.init(node, 0)?,
         }))
     }
 }
@@ -101,17 +105,15 @@ impl CommunicationModule for AveragingCommunicator {
         if !is_sync_step(ctx.step, self.sync_interval) || ctx.world_size == 1 {
             return Ok(());
         }
-        let average = match self.island_size {
+        let group = match self.island_size {
             Some(size) if size < ctx.world_size => {
-                let islands = IslandPartition::draw(ctx.world_size, size, self.seed, ctx.step);
-                let island = islands.island_of(ctx.rank);
-                ctx.collective
-                    .all_reduce_in(island, replica.params(), ReduceOp::Mean)?
+                IslandPartition::draw(ctx.world_size, size, self.seed, ctx.step)
+                    .island_of(ctx.rank)
+                    .clone()
             }
-            _ => ctx
-                .collective
-                .all_reduce(replica.params(), ReduceOp::Mean)?,
+            _ => Group::world(ctx.world_size),
         };
+        let average = self.compressor.mean(&group, replica.params(), ctx)?;
         replica.set_params(average);
         Ok(())
     }

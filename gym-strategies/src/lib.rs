@@ -13,6 +13,22 @@
 //!   buffer, and every node steps with the sign of their average ([`demo`], with its DCT
 //!   and its codec).
 //!
+//! The algorithms of 2025–26, each with its paper's defaults:
+//!
+//! * [`StreamingDiLoCoConfig`]: DiLoCo by fragments, staggered, each exchange overlapped
+//!   with τ inner steps, outer gradients in 4 bits;
+//! * [`SparseLoCoConfig`]: top-k of an error-feedback buffer, 2-bit values;
+//! * [`MuLoCoConfig`]: DiLoCo with Muon as the inner optimizer;
+//! * [`DesLocConfig`]: Adam whose parameters and two moments are averaged on their own periods;
+//! * [`NoLoCoConfig`]: no all-reduce: each synchronisation averages within random pairs;
+//! * [`AsyncDiLoCoConfig`]: workers of different speeds, Delayed Nesterov, Dynamic Local
+//!   Updates;
+//! * [`PowerSgdConfig`]: data-parallel with rank-r gradient factors.
+//!
+//! Averaging strategies (AllReduce's gradient, DiLoCo's outer gradient, FedAvg's parameters)
+//! take a [`CompressionConfig`]: a codec from [`compress`] (int8, FP8, FP4, 2-bit, top-k,
+//! random-k, with or without error feedback) or PowerSGD.
+//!
 //! All but AllReduce and DeMo are compositions ([`CommunicateOptimizeConfig`]): a local optimizer
 //! step followed by [`communicate::CommunicationModule`]s that each decide their own
 //! timing. Compose your own modules, or implement [`Strategy`](gym_core::Strategy)
@@ -22,25 +38,41 @@
 #![warn(missing_docs)]
 
 mod all_reduce;
+mod async_diloco;
 pub mod communicate;
 pub mod compress;
 pub mod demo;
+mod desloc;
 mod diloco;
 mod fedavg;
+mod muloco;
+mod noloco;
 mod outer;
+mod powersgd;
+mod sparseloco;
 mod sparta;
 mod sparta_diloco;
+mod streaming_diloco;
 
 pub use all_reduce::{AllReduce, AllReduceConfig};
+pub use async_diloco::{AsyncDiLoCo, AsyncDiLoCoConfig};
 pub use communicate::{CommunicateOptimize, CommunicateOptimizeConfig};
+pub use compress::{Aggregation, Codec, CompressionConfig, Compressor, Quantizer};
 pub use demo::{DeMo, DeMoConfig};
+pub use desloc::{DesLoc, DesLocConfig};
 pub use diloco::{DiLoCoCommunicator, DiLoCoCommunicatorConfig, DiLoCoConfig};
-pub use compress::{Codec, CompressionConfig, Compressor, Quantizer};
-pub use outer::{OuterOptimizer, default_outer_optimizer};
 pub use fedavg::{
     AveragingCommunicator, AveragingCommunicatorConfig, FedAvgConfig, IslandPartition,
 };
+pub use muloco::{
+    MuLoCoConfig, hidden_matrices, muloco_communicator, muloco_inner, muon_for_matrices,
+};
+pub use noloco::{NoLoCoCommunicator, NoLoCoCommunicatorConfig, NoLoCoConfig, NoLoCoGroups};
+pub use outer::{OuterOptimizer, default_outer_optimizer};
+pub use powersgd::PowerSgdConfig;
+pub use sparseloco::SparseLoCoConfig;
 pub use sparta::{
     IndexSelector, IndexSelectorKind, SparseCommunicator, SparseCommunicatorConfig, SpartaConfig,
 };
 pub use sparta_diloco::SpartaDiLoCoConfig;
+pub use streaming_diloco::{FragmentPattern, StreamingDiLoCo, StreamingDiLoCoConfig};

@@ -32,7 +32,12 @@ impl OuterOptimizer {
     /// An outer optimizer starting from `initial`; `who` names the strategy in errors.
     /// Refuses a bad lr, a Burn config with `grad_clipping`, and Muon (the master is one flat
     /// vector, which Muon, acting on matrices, cannot step).
-    pub fn new(who: &str, optimizer: &OptimizerConfig, lr: f64, initial: Tensor<1>) -> Result<Self> {
+    pub fn new(
+        who: &str,
+        optimizer: &OptimizerConfig,
+        lr: f64,
+        initial: Tensor<1>,
+    ) -> Result<Self> {
         check_learning_rate("outer_lr", lr)?;
         optimizer.validate("outer_optimizer")?;
         if matches!(optimizer, OptimizerConfig::Muon(_)) {

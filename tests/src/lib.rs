@@ -125,7 +125,10 @@ pub fn relative_error(a: Tensor<1>, b: Tensor<1>) -> f64 {
 }
 
 /// A 16-32-4 MLP: the model of the synthetic task ([`Synthetic::new`]`(_, 16, 4, _)`).
+/// Built under [`gym_core::rng::lock_backend_rng`], so that a test building one while
+/// another test's `fit` runs cannot disturb that fit's randomness checks.
 pub fn small_mlp(device: &Device) -> Mlp {
+    let _guard = gym_core::rng::lock_backend_rng();
     MlpConfig::new()
         .with_input(16)
         .with_hidden(32)

@@ -91,6 +91,7 @@ fn diloco_on_one_node_applies_the_outer_step() {
 
 /// A one-layer model whose `n` weights are the flat parameters.
 fn linear(n: usize, device: &Device) -> Linear {
+    let _guard = gym_core::rng::lock_backend_rng();
     LinearConfig::new(n, 1).with_bias(false).init(device)
 }
 

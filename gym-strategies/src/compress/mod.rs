@@ -19,6 +19,7 @@ pub mod codec;
 pub mod powersgd;
 
 pub use codec::{Codec, ErrorFeedback, Quantizer};
+
 pub use powersgd::{PowerSgdCompressionConfig, PowerSgdCompressor};
 
 use burn::tensor::{Tensor, TensorData};
@@ -42,6 +43,9 @@ pub enum CompressionConfig {
         codec: Codec,
         /// Error feedback's residual decay (1: classic), or none.
         error_feedback: Option<f32>,
+        /// How the decoded codes are averaged.
+        #[serde(default)]
+        aggregation: Aggregation,
     },
     /// PowerSGD's rank-r factors (Vogels et al., 2019), with warm start and error feedback.
     PowerSgd(PowerSgdCompressionConfig),
@@ -53,6 +57,7 @@ impl CompressionConfig {
         CompressionConfig::Codec {
             codec,
             error_feedback: Some(1.0),
+            aggregation: Aggregation::MeanOverNodes,
         }
     }
 
@@ -61,6 +66,7 @@ impl CompressionConfig {
         CompressionConfig::Codec {
             codec,
             error_feedback: None,
+            aggregation: Aggregation::MeanOverNodes,
         }
     }
 
@@ -71,6 +77,7 @@ impl CompressionConfig {
             CompressionConfig::Codec {
                 codec,
                 error_feedback,
+                ..
             } => {
                 codec.validate()?;
                 match error_feedback {
@@ -100,8 +107,10 @@ impl CompressionConfig {
             CompressionConfig::Codec {
                 codec,
                 error_feedback,
+                aggregation,
             } => Box::new(CodecCompressor {
                 codec,
+                aggregation,
                 feedback: error_feedback.map(ErrorFeedback::new),
                 seed: derive_seed(node.seed, &[0xC0DE_C0DE, stream]),
                 calls: 0,
@@ -125,7 +134,7 @@ impl CompressionConfig {
 
 /// `none`, a codec spec (`int8`, `fp8`, `fp4`, `2bit`, `topk:64/4096+2bit`,
 /// `randomk:0.01`; see [`Codec`]), optionally followed by `,ef` (error feedback, decay 1) or
-/// `,ef=DECAY`; or `powersgd:RANK`.
+/// `,ef=DECAY`, and by `,senders` ([`Aggregation::MeanOverSenders`]); or `powersgd:RANK`.
 impl FromStr for CompressionConfig {
     type Err = String;
 
@@ -146,24 +155,32 @@ impl FromStr for CompressionConfig {
                 PowerSgdCompressionConfig::new().with_rank(rank),
             ));
         }
-        let (codec, feedback) = match s.split_once(',') {
-            Some((c, ef)) => {
-                let decay = match ef.trim() {
-                    "ef" => 1.0,
-                    other => match other.strip_prefix("ef=") {
-                        Some(d) => d
-                            .parse::<f32>()
-                            .map_err(|_| format!("`{other}`: expected ef or ef=DECAY"))?,
-                        None => return Err(format!("`{other}`: expected ef or ef=DECAY")),
-                    },
-                };
-                (c, Some(decay))
+        let mut words = s.split(',');
+        let codec = words.next().unwrap_or_default().parse()?;
+        let (mut error_feedback, mut aggregation) = (None, Aggregation::MeanOverNodes);
+        for word in words.map(str::trim) {
+            match word {
+                "ef" => error_feedback = Some(1.0),
+                "senders" => aggregation = Aggregation::MeanOverSenders,
+                other => match other.strip_prefix("ef=") {
+                    Some(d) => {
+                        error_feedback = Some(
+                            d.parse::<f32>()
+                                .map_err(|_| format!("`{other}`: expected ef=DECAY"))?,
+                        )
+                    }
+                    None => {
+                        return Err(format!(
+                            "`{other}`: after the codec, expected ef, ef=DECAY or senders"
+                        ));
+                    }
+                },
             }
-            None => (s, None),
-        };
+        }
         let config = CompressionConfig::Codec {
-            codec: codec.parse()?,
-            error_feedback: feedback,
+            codec,
+            error_feedback,
+            aggregation,
         };
         config.validate().map_err(|e| e.to_string())?;
         Ok(config)
@@ -176,19 +193,36 @@ impl fmt::Display for CompressionConfig {
             CompressionConfig::None => write!(f, "none"),
             CompressionConfig::Codec {
                 codec,
-                error_feedback: None,
-            } => write!(f, "{codec}"),
-            CompressionConfig::Codec {
-                codec,
-                error_feedback: Some(d),
-            } if *d == 1.0 => write!(f, "{codec},ef"),
-            CompressionConfig::Codec {
-                codec,
-                error_feedback: Some(d),
-            } => write!(f, "{codec},ef={d}"),
+                error_feedback,
+                aggregation,
+            } => {
+                write!(f, "{codec}")?;
+                match error_feedback {
+                    Some(d) if *d == 1.0 => write!(f, ",ef")?,
+                    Some(d) => write!(f, ",ef={d}")?,
+                    None => {}
+                }
+                match aggregation {
+                    Aggregation::MeanOverSenders => write!(f, ",senders"),
+                    Aggregation::MeanOverNodes => Ok(()),
+                }
+            }
             CompressionConfig::PowerSgd(p) => write!(f, "powersgd:{}", p.rank),
         }
     }
+}
+
+/// How a codec's decoded contributions become the mean.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub enum Aggregation {
+    /// Sum over the nodes, divided by their number: a position a node did not send counts
+    /// as 0 from it.
+    #[default]
+    MeanOverNodes,
+    /// Per position, the mean over the nodes that sent it (0 where none did): SparseLoCo's
+    /// and DeMo's reference code (`scatter_reduce` with `mean`), which keeps a value one
+    /// node alone selected at full size.
+    MeanOverSenders,
 }
 
 /// A mean whose transfer may still be on the link: [`Pending::wait`] it, then unwrap the
@@ -232,6 +266,7 @@ impl Compressor for Exact {
 /// A codec's mean: encode (with error feedback), all-gather the codes, decode, average.
 struct CodecCompressor {
     codec: Codec,
+    aggregation: Aggregation,
     feedback: Option<ErrorFeedback>,
     seed: u64,
     calls: u64,
@@ -254,17 +289,32 @@ impl Compressor for CodecCompressor {
             Some(ef) => ef.encode(&self.codec, &values, seed)?,
             None => self.codec.encode(&values, seed),
         };
-        let codec = self.codec;
+        let (codec, aggregation) = (self.codec, self.aggregation);
         let pending = ctx.collective.all_gather_bytes_start_in(group, code)?;
         Ok(pending.map(move |codes| {
             let mut sum = vec![0.0f32; n];
+            let mut senders = vec![0u32; n];
+            // Rank order, as the exact all-reduce adds.
             for code in &codes {
-                for (s, v) in sum.iter_mut().zip(codec.decode(code, n, seed)?) {
-                    *s += v;
+                let (positions, values) = codec.decode_support(code, n, seed)?;
+                for (p, v) in positions.into_iter().zip(values) {
+                    sum[p] += v;
+                    senders[p] += 1;
                 }
             }
-            let k = codes.len() as f32;
-            sum.iter_mut().for_each(|s| *s /= k);
+            match aggregation {
+                Aggregation::MeanOverNodes => {
+                    let k = codes.len() as f32;
+                    sum.iter_mut().for_each(|s| *s /= k);
+                }
+                Aggregation::MeanOverSenders => {
+                    for (s, &c) in sum.iter_mut().zip(&senders) {
+                        if c > 0 {
+                            *s /= c as f32;
+                        }
+                    }
+                }
+            }
             Ok(Tensor::from_data(TensorData::new(sum, [n]), &device))
         }))
     }
