@@ -13,11 +13,11 @@ use gym_core::{
 };
 use gym_strategies::compress::PowerSgdCompressionConfig;
 use gym_strategies::{
-    AllReduceConfig, AsyncDiLoCoConfig, AveragingCommunicatorConfig, CompressionConfig, DeMoConfig,
-    DesLocConfig, DiLoCoCommunicatorConfig, DiLoCoConfig, FedAvgConfig, IndexSelectorKind,
-    MuLoCoConfig, NoLoCoCommunicatorConfig, NoLoCoConfig, PowerSgdConfig, SparseCommunicatorConfig,
-    SparseLoCoConfig, SpartaConfig, SpartaDiLoCoConfig, StreamingDiLoCoConfig, muloco_communicator,
-    muon_for_matrices,
+    Aggregation, AllReduceConfig, AsyncDiLoCoConfig, AveragingCommunicatorConfig,
+    CompressionConfig, DeMoConfig, DesLocConfig, DiLoCoCommunicatorConfig, DiLoCoConfig,
+    FedAvgConfig, FragmentPattern, IndexSelectorKind, MuLoCoConfig, NoLoCoCommunicatorConfig,
+    NoLoCoConfig, PowerSgdConfig, SparseCommunicatorConfig, SparseLoCoConfig, SpartaConfig,
+    SpartaDiLoCoConfig, StreamingDiLoCoConfig, muloco_communicator, muon_for_matrices,
 };
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -101,6 +101,26 @@ pub enum SelectorName {
     ShuffledSequential,
     /// Parts of a balanced random partition, in turn.
     Partitioned,
+}
+
+/// Streaming DiLoCo's fragment patterns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FragmentPatternName {
+    /// Contiguous runs of whole parameters, balanced in size.
+    Sequential,
+    /// Parameter i in fragment i mod F.
+    Strided,
+}
+
+/// How a sparse code's contributions are averaged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AggregationName {
+    /// Divided by the number of nodes.
+    Nodes,
+    /// Per position, divided by the number of nodes that sent it.
+    Senders,
 }
 
 /// The inner optimizers the examples can run: Burn's.
@@ -242,15 +262,19 @@ pub struct CommonArgs {
     #[arg(long)]
     pub outer_momentum: Option<f64>,
     /// How averaged vectors travel, for allreduce (gradients), diloco, muloco and
-    /// streaming-diloco (outer gradients) and fedavg (parameters): none, int8[:CHUNK],
-    /// fp8[:CHUNK], fp4[:BLOCK], 2bit[:GROUP], topk:K/CHUNK[+Q], randomk:DENSITY[+Q], with
-    /// `,ef` or `,ef=DECAY` for error feedback, or powersgd:RANK (default: the strategy's;
-    /// streaming-diloco fp4, muloco 2bit,ef=0.9, the others none).
+    /// streaming-diloco (outer gradients) and fedavg (parameters): none, int8, fp8, fp4,
+    /// 2bit (each optionally :CHUNK), topk:K/CHUNK, randomk:DENSITY (each optionally +Q, a
+    /// dense format for the kept values), then ,ef or ,ef=DECAY for error feedback and
+    /// ,senders to average sparse values over their senders; or powersgd:RANK (default: the
+    /// strategy's: streaming-diloco fp4, muloco 2bit,ef=0.9, the others none).
     #[arg(long, value_parser = checked::<CompressionConfig>)]
     pub compression: Option<String>,
     /// Streaming DiLoCo: fragments, each synchronised once per H steps, staggered.
     #[arg(long, default_value_t = 2)]
     pub fragments: usize,
+    /// Streaming DiLoCo: how the parameters are split into fragments.
+    #[arg(long, value_enum, default_value = "sequential")]
+    pub fragment_pattern: FragmentPatternName,
     /// Streaming DiLoCo: inner steps a fragment's exchange overlaps (τ).
     #[arg(long, default_value_t = 1)]
     pub overlap: usize,
@@ -265,7 +289,13 @@ pub struct CommonArgs {
     pub topk_chunk: usize,
     /// SparseLoCo: decay of the error-feedback buffer.
     #[arg(long, default_value_t = 0.999)]
-    pub error_feedback_decay: f32,
+    pub error_feedback_decay: f64,
+    /// SparseLoCo: average each position over all nodes, or over the nodes that sent it.
+    #[arg(long, value_enum, default_value = "senders")]
+    pub aggregation: AggregationName,
+    /// DES-LOC: clip each gradient coordinate to ±ρ before the moments (default: none).
+    #[arg(long)]
+    pub desloc_clip: Option<f64>,
     /// DES-LOC: steps between averagings of Adam's first moment (default 3·H).
     #[arg(long)]
     pub first_moment_interval: Option<usize>,
@@ -278,9 +308,21 @@ pub struct CommonArgs {
     /// Asynchronous DiLoCo: pushes between outer momentum updates (default: K).
     #[arg(long)]
     pub momentum_period: Option<usize>,
+    /// Asynchronous DiLoCo: the fewest local steps a slow node takes per round.
+    #[arg(long, default_value_t = 1)]
+    pub min_local_steps: usize,
+    /// Asynchronous DiLoCo: every node takes H steps, however slow (no DyLU).
+    #[arg(long)]
+    pub no_dynamic_local_updates: bool,
     /// PowerSGD: rank of the gradient factors.
     #[arg(long, default_value_t = 4)]
     pub powersgd_rank: usize,
+    /// PowerSGD: a matrix is compressed only if this many times smaller.
+    #[arg(long, default_value_t = 2.0)]
+    pub powersgd_min_compression_rate: f64,
+    /// PowerSGD: plain all-reduce before this step.
+    #[arg(long, default_value_t = 0)]
+    pub powersgd_start_step: usize,
     /// FedAvg: average within random islands of this many nodes (default: all nodes).
     #[arg(long)]
     pub island_size: Option<usize>,
@@ -365,6 +407,10 @@ impl CommonArgs {
                         .with_inner(self.inner())
                         .with_sync_interval(h(defaults.sync_interval))
                         .with_fragments(self.fragments)
+                        .with_pattern(match self.fragment_pattern {
+                            FragmentPatternName::Sequential => FragmentPattern::Sequential,
+                            FragmentPatternName::Strided => FragmentPattern::Strided,
+                        })
                         .with_overlap(self.overlap)
                         .with_mixing(self.mixing)
                         .with_outer_optimizer(outer)
@@ -381,7 +427,11 @@ impl CommonArgs {
                         .with_sync_interval(h(defaults.sync_interval))
                         .with_top_k(self.topk)
                         .with_chunk(self.topk_chunk)
-                        .with_error_feedback_decay(self.error_feedback_decay)
+                        .with_error_feedback_decay(self.error_feedback_decay as f32)
+                        .with_aggregation(match self.aggregation {
+                            AggregationName::Nodes => Aggregation::MeanOverNodes,
+                            AggregationName::Senders => Aggregation::MeanOverSenders,
+                        })
                         .with_outer_lr(self.outer_lr.unwrap_or(defaults.outer_lr)),
                 )
             }
@@ -409,7 +459,8 @@ impl CommonArgs {
                         )
                         .with_param_interval(h(defaults.param_interval))
                         .with_first_moment_interval(self.first_moment_interval)
-                        .with_second_moment_interval(self.second_moment_interval),
+                        .with_second_moment_interval(self.second_moment_interval)
+                        .with_rho(self.desloc_clip),
                 )
             }
             StrategyName::Noloco => {
@@ -438,14 +489,19 @@ impl CommonArgs {
                         .with_sync_interval(h(defaults.sync_interval))
                         .with_outer_lr(self.outer_lr.unwrap_or(defaults.outer_lr))
                         .with_outer_momentum(self.outer_momentum.unwrap_or(defaults.outer_momentum))
-                        .with_momentum_period(self.momentum_period),
+                        .with_momentum_period(self.momentum_period)
+                        .with_min_local_steps(self.min_local_steps)
+                        .with_dynamic_local_updates(!self.no_dynamic_local_updates),
                 )
             }
             StrategyName::Powersgd => Box::new(
                 PowerSgdConfig::new()
                     .with_inner(self.inner())
                     .with_compression(
-                        PowerSgdCompressionConfig::new().with_rank(self.powersgd_rank),
+                        PowerSgdCompressionConfig::new()
+                            .with_rank(self.powersgd_rank)
+                            .with_min_compression_rate(self.powersgd_min_compression_rate)
+                            .with_start_step(self.powersgd_start_step),
                     ),
             ),
         }

@@ -139,3 +139,100 @@ fn simulated_time_flags_are_checked_and_reported() {
     }
     std::fs::remove_dir_all(&logs).ok();
 }
+
+/// Each algorithm of 2025–26 runs by name, its flags reach its configuration, and a
+/// setting it cannot run with is refused naming the setting.
+#[test]
+fn zoo_every_new_strategy_runs_by_name_with_its_flags() {
+    let cases: [(&str, &[&str], &str, serde_json::Value); 7] = [
+        (
+            "streaming-diloco",
+            &[
+                "-H",
+                "2",
+                "--fragments",
+                "2",
+                "--overlap",
+                "0",
+                "--mixing",
+                "0.25",
+            ],
+            "/mixing",
+            serde_json::json!(0.25),
+        ),
+        (
+            "sparseloco",
+            &["-H", "2", "--topk", "16", "--topk-chunk", "256"],
+            "/top_k",
+            serde_json::json!(16),
+        ),
+        (
+            "muloco",
+            &["-H", "2", "--compression", "int8:64"],
+            "/communicator/compression/Codec/codec/Dense/Int8/chunk",
+            serde_json::json!(64),
+        ),
+        (
+            "desloc",
+            &["-H", "1", "--first-moment-interval", "2"],
+            "/first_moment_interval",
+            serde_json::json!(2),
+        ),
+        (
+            "noloco",
+            &["-H", "2", "--group-size", "2", "--outer-momentum", "0.3"],
+            "/communicator/outer_momentum",
+            serde_json::json!(0.3),
+        ),
+        (
+            "async-diloco",
+            &["-H", "2", "--momentum-period", "3"],
+            "/momentum_period",
+            serde_json::json!(3),
+        ),
+        (
+            "powersgd",
+            &["--powersgd-rank", "2"],
+            "/compression/rank",
+            serde_json::json!(2),
+        ),
+    ];
+    for (strategy, flags, pointer, want) in cases {
+        let logs = temp_dir(&format!("zoo-{strategy}"));
+        let mut extra = vec!["--strategy", strategy, "--lr", "1e-3"];
+        extra.extend_from_slice(flags);
+        let out = mnist(&logs, &extra);
+        assert!(
+            out.status.success(),
+            "{strategy}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let config: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(logs.join("run/config.json")).unwrap())
+                .unwrap();
+        let strategy_config = &config["strategy"]["config"];
+        assert_eq!(
+            strategy_config.pointer(pointer),
+            Some(&want),
+            "{strategy}: {strategy_config}"
+        );
+        std::fs::remove_dir_all(&logs).ok();
+    }
+    // Refused, naming the setting: NoLoCo's groups must split the nodes.
+    let logs = temp_dir("zoo-refused");
+    let out = mnist(&logs, &["--strategy", "noloco", "--group-size", "3"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("group_size"),
+        "{stderr}"
+    );
+    let out = mnist(
+        &logs,
+        &["--strategy", "allreduce", "--compression", "topk:0/64"],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("--compression"),
+        "{stderr}"
+    );
+}

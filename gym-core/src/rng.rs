@@ -79,8 +79,10 @@ pub(crate) fn draws_from_backend_generator<M: TrainModel>(
     plain == draw(false) && draw(true) != plain
 }
 
-/// Forces the lazy initialisation of every parameter of `model`.
-pub(crate) fn materialize<M: Module>(model: &M) {
+/// Forces the lazy initialisation of every parameter of `model`. Burn draws a parameter's
+/// initial values when it is first read, not when the module is built; call this under
+/// [`lock_backend_rng`] so that those draws happen while the lock is held.
+pub fn materialize<M: Module>(model: &M) {
     struct Touch;
     impl ModuleVisitor for Touch {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {

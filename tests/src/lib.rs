@@ -125,15 +125,18 @@ pub fn relative_error(a: Tensor<1>, b: Tensor<1>) -> f64 {
 }
 
 /// A 16-32-4 MLP: the model of the synthetic task ([`Synthetic::new`]`(_, 16, 4, _)`).
-/// Built under [`gym_core::rng::lock_backend_rng`], so that a test building one while
-/// another test's `fit` runs cannot disturb that fit's randomness checks.
+/// Built and its initial values drawn under [`gym_core::rng::lock_backend_rng`], so that a
+/// test building one while another test's `fit` runs cannot disturb that fit's randomness
+/// checks.
 pub fn small_mlp(device: &Device) -> Mlp {
     let _guard = gym_core::rng::lock_backend_rng();
-    MlpConfig::new()
+    let model = MlpConfig::new()
         .with_input(16)
         .with_hidden(32)
         .with_classes(4)
-        .init(device)
+        .init(device);
+    gym_core::rng::materialize(&model);
+    model
 }
 
 /// Trains [`small_mlp`] with `strategy` on `k` nodes for `steps` steps of `batch` examples

@@ -92,7 +92,9 @@ fn diloco_on_one_node_applies_the_outer_step() {
 /// A one-layer model whose `n` weights are the flat parameters.
 fn linear(n: usize, device: &Device) -> Linear {
     let _guard = gym_core::rng::lock_backend_rng();
-    LinearConfig::new(n, 1).with_bias(false).init(device)
+    let model = LinearConfig::new(n, 1).with_bias(false).init(device);
+    gym_core::rng::materialize(&model);
+    model
 }
 
 fn host(v: &[f32], device: &Device) -> Tensor<1> {

@@ -316,7 +316,9 @@ fn zoo_a_sparse_mean_divides_by_the_nodes_or_by_the_senders_of_each_position() {
         assert_eq!(senders[r], [4.0, 0.0, 2.0, 0.0, 7.0, 0.0, 0.0, 0.0]);
     }
     assert_eq!(
-        "topk:1/4+f32,ef=0.5,senders".parse::<CompressionConfig>().unwrap(),
+        "topk:1/4+f32,ef=0.5,senders"
+            .parse::<CompressionConfig>()
+            .unwrap(),
         CompressionConfig::Codec {
             codec,
             error_feedback: Some(0.5),

@@ -285,6 +285,15 @@ pub(crate) struct Records {
     pub correlation: Vec<CorrelationRecord>,
 }
 
+/// The mean loss over the nodes that computed a step (NaN if none did).
+fn mean_loss(losses: &[Option<Option<f64>>]) -> f64 {
+    let computed: Vec<f64> = losses.iter().filter_map(|l| l.flatten()).collect();
+    if computed.is_empty() {
+        return f64::NAN;
+    }
+    computed.iter().sum::<f64>() / computed.len() as f64
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -305,12 +314,16 @@ mod tests {
             strategy_s: 0.5,
             simulated: None,
         };
-        r.train_step(1, 1, node(4.0, 0.1, 1.0)); // step 1 before step 0: buffered
-        r.train_step(0, 0, node(1.0, 0.5, 2.0));
-        r.train_step(1, 0, node(3.0, 0.9, 4.0));
-        r.train_step(0, 1, node(2.0, 0.6, 3.0));
+        r.train_step(1, 1, node(Some(4.0), 0.1, 1.0)); // step 1 before step 0: buffered
+        r.train_step(0, 0, node(Some(1.0), 0.5, 2.0));
+        r.train_step(1, 0, node(Some(3.0), 0.9, 4.0));
+        r.train_step(0, 1, node(Some(2.0), 0.6, 3.0));
+        // Step 2: node 1 sat it out; the loss is node 0's alone.
+        r.train_step(0, 2, node(Some(5.0), 0.6, 3.0));
+        r.train_step(1, 2, node(None, 0.6, 0.0));
         let train = r.finish().unwrap().train;
-        assert_eq!(train.len(), 2);
+        assert_eq!(train.len(), 3);
+        assert_eq!(train[2].train_loss, 5.0);
         assert_eq!(
             (train[0].step, train[0].train_loss, train[0].lr),
             (0, 2.0, 0.5)
@@ -324,13 +337,4 @@ mod tests {
         assert_eq!((train[0].compute_s, train[1].compute_s), (3.0, 2.0));
         assert_eq!(train[0].strategy_s, 0.5);
     }
-}
-
-/// The mean loss over the nodes that computed a step (NaN if none did).
-fn mean_loss(losses: &[Option<Option<f64>>]) -> f64 {
-    let computed: Vec<f64> = losses.iter().filter_map(|l| l.flatten()).collect();
-    if computed.is_empty() {
-        return f64::NAN;
-    }
-    computed.iter().sum::<f64>() / computed.len() as f64
 }
