@@ -167,3 +167,28 @@ pub fn flat_params<M: Module>(model: &M) -> Vec<f32> {
         .try_to_vec::<f32>()
         .expect("f32 parameters")
 }
+
+/// The largest element-wise difference of two equally long vectors.
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "vectors of different lengths");
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+/// Asserts that two runs trained the same: final models and masters within `tolerance`
+/// element-wise, and the same traffic.
+pub fn assert_same_training<M: Module>(a: &FitOutput<M>, b: &FitOutput<M>, tolerance: f32) {
+    let d = max_abs_diff(&flat_params(&a.model), &flat_params(&b.model));
+    assert!(d <= tolerance, "model: max |Δ| = {d:e}");
+    match (&a.master, &b.master) {
+        (Some(ma), Some(mb)) => {
+            let d = max_abs_diff(&flat_params(ma), &flat_params(mb));
+            assert!(d <= tolerance, "master: max |Δ| = {d:e}");
+        }
+        (None, None) => {}
+        _ => panic!("only one run kept a master model"),
+    }
+    assert_eq!(a.report.comm, b.report.comm, "traffic");
+}

@@ -12,7 +12,7 @@ use gym_strategies::{
     AllReduceConfig, AveragingCommunicatorConfig, DiLoCoCommunicatorConfig, DiLoCoConfig,
     FedAvgConfig, IslandPartition, SparseCommunicatorConfig, SpartaConfig, SpartaDiLoCoConfig,
 };
-use tests::{fit_small_mlp, flat_params, small_mlp};
+use tests::{fit_small_mlp, flat_params, max_abs_diff, small_mlp};
 
 fn fit(k: usize, steps: usize, strategy: &dyn StrategyConfig) -> FitOutput<Mlp> {
     fit_small_mlp(k, steps, 8, 5, strategy)
@@ -20,13 +20,6 @@ fn fit(k: usize, steps: usize, strategy: &dyn StrategyConfig) -> FitOutput<Mlp> 
 
 fn flat(m: &Mlp) -> Vec<f32> {
     flat_params(m)
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
 }
 
 fn adamw() -> InnerOptimizerConfig {

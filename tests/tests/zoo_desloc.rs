@@ -8,7 +8,7 @@ use gym_core::{
     Result, StepContext, Strategy, StrategyConfig,
 };
 use gym_strategies::{AllReduceConfig, AveragingCommunicatorConfig, DesLocConfig, FedAvgConfig};
-use tests::{fit_small_mlp, flat_params, small_mlp};
+use tests::{fit_small_mlp, flat_params, max_abs_diff, small_mlp};
 
 fn params(strategy: &dyn StrategyConfig, k: usize, steps: usize) -> (Vec<f32>, u64, u64) {
     let out = fit_small_mlp(k, steps, 8, 5, strategy);
@@ -18,14 +18,6 @@ fn params(strategy: &dyn StrategyConfig, k: usize, steps: usize) -> (Vec<f32>, u
         comm.bytes_sent,
         comm.all_reduce_calls,
     )
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
 }
 
 /// The layout of the small MLP. Building a model draws from the backend's process-wide

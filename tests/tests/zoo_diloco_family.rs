@@ -11,7 +11,7 @@ use gym_strategies::{
     Aggregation, AsyncDiLoCoConfig, Codec, CompressionConfig, DiLoCoCommunicatorConfig,
     DiLoCoConfig, MuLoCoConfig, Quantizer, SparseLoCoConfig,
 };
-use tests::{Synthetic, SyntheticBatcher, fit_small_mlp, flat_params, small_mlp};
+use tests::{Synthetic, SyntheticBatcher, fit_small_mlp, flat_params, max_abs_diff, small_mlp};
 
 fn adamw() -> InnerOptimizerConfig {
     InnerOptimizerConfig::new().with_lr(3e-3)
@@ -20,13 +20,6 @@ fn adamw() -> InnerOptimizerConfig {
 fn params(strategy: &dyn StrategyConfig, k: usize, steps: usize) -> (Vec<f32>, RunReport) {
     let out = fit_small_mlp(k, steps, 8, 5, strategy);
     (flat_params(&out.model), out.report)
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
 }
 
 fn num_params() -> usize {

@@ -11,20 +11,12 @@ use gym_strategies::{
     AveragingCommunicatorConfig, CommunicateOptimizeConfig, FedAvgConfig, NoLoCoCommunicatorConfig,
     NoLoCoConfig, NoLoCoGroups,
 };
-use tests::{fit_small_mlp, flat_params, small_mlp};
+use tests::{fit_small_mlp, flat_params, max_abs_diff, small_mlp};
 
 fn adam() -> InnerOptimizerConfig {
     InnerOptimizerConfig::new()
         .with_optimizer(OptimizerConfig::adam())
         .with_lr(3e-3)
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
 }
 
 fn noloco(h: usize, n: usize, alpha: f64, mu: f64) -> NoLoCoConfig {
@@ -115,14 +107,7 @@ fn zoo_noloco_with_one_group_is_heavy_ball_diloco() {
             mu: 0.5,
         });
     let b = fit_small_mlp(k, 23, 8, 5, &reference);
-    let d = max_abs_diff(&flat_params(&a.model), &flat_params(&b.model));
-    assert!(d <= 1e-6, "model: max |Δ| = {d:e}");
-    let d = max_abs_diff(
-        &flat_params(a.master.as_ref().unwrap()),
-        &flat_params(b.master.as_ref().unwrap()),
-    );
-    assert!(d <= 1e-6, "master: max |Δ| = {d:e}");
-    assert_eq!(a.report.comm, b.report.comm);
+    tests::assert_same_training(&a, &b, 1e-6);
     assert_eq!(a.report.comm[0].all_reduce_calls, 4);
 }
 

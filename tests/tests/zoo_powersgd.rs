@@ -11,7 +11,10 @@ use gym_core::{
 use gym_models::{Mlp, MlpConfig};
 use gym_strategies::compress::{Compressor, PowerSgdCompressionConfig, PowerSgdCompressor};
 use gym_strategies::{AllReduceConfig, PowerSgdConfig};
-use tests::{Synthetic, SyntheticBatcher, fit_small_mlp, flat_params, relative_error, small_mlp};
+use tests::{
+    Synthetic, SyntheticBatcher, fit_small_mlp, flat_params, max_abs_diff, relative_error,
+    small_mlp,
+};
 
 /// The paper's optimizer: SGD with Nesterov momentum 0.9, applied after decompression.
 fn nesterov() -> InnerOptimizerConfig {
@@ -26,14 +29,6 @@ fn host(v: &[f32], device: &Device) -> Tensor<1> {
 
 fn values(t: Tensor<1>) -> Vec<f32> {
     t.into_data().try_to_vec::<f32>().expect("f32 values")
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
 }
 
 /// The layout of a `d_in → d_out` linear layer with bias: a `d_in×d_out` weight and a bias

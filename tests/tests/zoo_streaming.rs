@@ -13,18 +13,13 @@ use gym_strategies::{
     FragmentPattern, StreamingDiLoCo, StreamingDiLoCoConfig,
 };
 use std::ops::Range;
-use tests::{Synthetic, SyntheticBatcher, fit_small_mlp, flat_params, relative_error, small_mlp};
+use tests::{
+    Synthetic, SyntheticBatcher, fit_small_mlp, flat_params, max_abs_diff, relative_error,
+    small_mlp,
+};
 
 fn adamw() -> InnerOptimizerConfig {
     InnerOptimizerConfig::new().with_lr(3e-3)
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
 }
 
 fn layout() -> ParamLayout {
@@ -67,14 +62,7 @@ fn zoo_streaming_with_one_fragment_no_overlap_no_mixing_is_diloco() {
         .with_communicator(DiLoCoCommunicatorConfig::new().with_sync_interval(h));
     let a = fit_small_mlp(4, 23, 8, 5, &stream);
     let b = fit_small_mlp(4, 23, 8, 5, &diloco);
-    let d = max_abs_diff(&flat_params(&a.model), &flat_params(&b.model));
-    assert!(d <= 1e-6, "model: max |Δ| = {d:e}");
-    let d = max_abs_diff(
-        &flat_params(a.master.as_ref().unwrap()),
-        &flat_params(b.master.as_ref().unwrap()),
-    );
-    assert!(d <= 1e-6, "master: max |Δ| = {d:e}");
-    assert_eq!(a.report.comm, b.report.comm);
+    tests::assert_same_training(&a, &b, 1e-6);
     assert_eq!(a.report.comm[0].all_reduce_calls, 4);
 }
 
