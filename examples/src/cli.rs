@@ -296,6 +296,15 @@ pub struct CommonArgs {
     /// DES-LOC: clip each gradient coordinate to ±ρ before the moments (default: none).
     #[arg(long)]
     pub desloc_clip: Option<f64>,
+    /// DES-LOC: Adam's β₁.
+    #[arg(long, default_value_t = 0.9)]
+    pub desloc_beta1: f64,
+    /// DES-LOC: Adam's β₂.
+    #[arg(long, default_value_t = 0.999)]
+    pub desloc_beta2: f64,
+    /// DES-LOC: Adam's ε.
+    #[arg(long, default_value_t = 1e-8)]
+    pub desloc_eps: f64,
     /// DES-LOC: steps between averagings of Adam's first moment (default 3·H).
     #[arg(long)]
     pub first_moment_interval: Option<usize>,
@@ -323,6 +332,12 @@ pub struct CommonArgs {
     /// PowerSGD: plain all-reduce before this step.
     #[arg(long, default_value_t = 0)]
     pub powersgd_start_step: usize,
+    /// PowerSGD: draw a fresh Q every step instead of reusing the last one.
+    #[arg(long)]
+    pub powersgd_no_warm_start: bool,
+    /// PowerSGD: no error feedback.
+    #[arg(long)]
+    pub powersgd_no_error_feedback: bool,
     /// FedAvg: average within random islands of this many nodes (default: all nodes).
     #[arg(long)]
     pub island_size: Option<usize>,
@@ -460,7 +475,9 @@ impl CommonArgs {
                         .with_param_interval(h(defaults.param_interval))
                         .with_first_moment_interval(self.first_moment_interval)
                         .with_second_moment_interval(self.second_moment_interval)
-                        .with_rho(self.desloc_clip),
+                        .with_rho(self.desloc_clip)
+                        .with_betas((self.desloc_beta1, self.desloc_beta2))
+                        .with_eps(self.desloc_eps),
                 )
             }
             StrategyName::Noloco => {
@@ -501,7 +518,9 @@ impl CommonArgs {
                         PowerSgdCompressionConfig::new()
                             .with_rank(self.powersgd_rank)
                             .with_min_compression_rate(self.powersgd_min_compression_rate)
-                            .with_start_step(self.powersgd_start_step),
+                            .with_start_step(self.powersgd_start_step)
+                            .with_warm_start(!self.powersgd_no_warm_start)
+                            .with_error_feedback(!self.powersgd_no_error_feedback),
                     ),
             ),
         }
