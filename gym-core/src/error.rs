@@ -91,6 +91,10 @@ pub enum GymError {
     /// A strategy could not be built or stepped.
     #[error("strategy error: {0}")]
     Strategy(String),
+    /// A checkpoint cannot be written or resumed from: it is damaged, comes from another
+    /// run configuration, or a strategy keeps state it cannot save.
+    #[error("checkpoint: {0}")]
+    Checkpoint(String),
     /// Writing logs or reading files failed.
     #[error("I/O error on {path}: {source}")]
     Io {

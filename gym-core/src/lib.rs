@@ -34,6 +34,7 @@ mod plan;
 mod replica;
 pub mod rng;
 pub mod simulation;
+pub mod state;
 mod strategy;
 mod trainer;
 
@@ -55,5 +56,6 @@ pub use optim::{
 pub use params::{ParamEntry, ParamLayout};
 pub use replica::{ModelReplica, Replica};
 pub use simulation::{ComputeModel, SimulationConfig};
+pub use state::StateDict;
 pub use strategy::{NodeInfo, StepContext, Strategy, StrategyConfig};
 pub use trainer::{FitOutput, Trainer, TrainerConfig};

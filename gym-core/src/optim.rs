@@ -9,6 +9,7 @@
 //! every step rather than in their configuration, so the learning rate lives here.
 
 use crate::error::{GymError, Result};
+use crate::state::StateDict;
 use crate::params::{ParamEntry, ParamLayout};
 use crate::replica::Replica;
 use burn::config::Config;
@@ -409,6 +410,7 @@ impl InnerOptimizerConfig {
                 .map_err(|why| GymError::InvalidConfig(format!("learning-rate schedule: {why}")))?,
             max_norm: self.max_norm,
             lr: self.lr,
+            steps: 0,
         })
     }
 }
@@ -419,6 +421,8 @@ pub struct InnerOptimizer {
     schedule: ModuleLrScheduler,
     max_norm: Option<f64>,
     lr: f64,
+    /// Steps taken: the schedule's position.
+    steps: u64,
 }
 
 impl InnerOptimizer {
@@ -430,7 +434,30 @@ impl InnerOptimizer {
         };
         let lr = self.schedule.step();
         self.lr = lr.base();
+        self.steps += 1;
         replica.optimizer_step(&mut self.optim, lr, grads);
+    }
+
+    /// Saves the optimizer's state (Burn's record) and the schedule's position.
+    pub fn save_state(&self, state: &mut StateDict) -> Result<()> {
+        state.put_optimizer("optimizer", &self.optim)?;
+        state.put_u64("steps", self.steps);
+        state.put_f64("lr", self.lr);
+        Ok(())
+    }
+
+    /// Restores what [`save_state`](Self::save_state) wrote into an optimizer freshly built
+    /// from the same configuration (the schedule is replayed to its position).
+    pub fn load_state(&mut self, state: &StateDict) -> Result<()> {
+        let fresh = std::mem::replace(&mut self.optim, OptimizerConfig::sgd().init());
+        self.optim = state.optimizer("optimizer", fresh)?;
+        let steps = state.u64("steps")?;
+        for _ in self.steps..steps {
+            self.schedule.step();
+        }
+        self.steps = steps;
+        self.lr = state.f64("lr")?;
+        Ok(())
     }
 
     /// The learning rate of the last step (the base lr before the first); with groups, that

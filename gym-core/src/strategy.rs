@@ -1,7 +1,8 @@
 //! The per-node strategy: what a node does with its gradients, and what it communicates.
 
 use crate::collective::Collective;
-use crate::error::Result;
+use crate::error::{GymError, Result};
+use crate::state::StateDict;
 use crate::params::ParamLayout;
 use crate::replica::Replica;
 use burn::tensor::{Device, Tensor};
@@ -131,6 +132,24 @@ pub trait Strategy: Send {
     /// [`FitOutput::master`](crate::FitOutput::master).
     fn master_params(&self) -> Option<Tensor<1>> {
         None
+    }
+
+    /// Writes everything the strategy carries from one step to the next (optimizer state,
+    /// schedule position, master copies, error-feedback buffers, counters) into `state`, for a
+    /// checkpoint. A run resumed from it must continue exactly as if never stopped. The
+    /// default refuses: a strategy that checkpoints says so by implementing both methods.
+    fn save_state(&self, _state: &mut StateDict) -> Result<()> {
+        Err(GymError::Checkpoint(
+            "this strategy does not implement `save_state`/`load_state`".into(),
+        ))
+    }
+
+    /// Restores what [`save_state`](Self::save_state) wrote, into a strategy freshly built
+    /// from the same configuration on the same node.
+    fn load_state(&mut self, _state: &StateDict) -> Result<()> {
+        Err(GymError::Checkpoint(
+            "this strategy does not implement `save_state`/`load_state`".into(),
+        ))
     }
 }
 

@@ -42,6 +42,15 @@ pub enum DataError {
         /// How to get it.
         hint: String,
     },
+    /// A data folder named explicitly (`--data-dir`) does not exist: refused before anything
+    /// is downloaded into it, as a mistyped path is the likely cause.
+    #[error("the data folder {path} does not exist{hint}")]
+    NoSuchFolder {
+        /// The folder.
+        path: PathBuf,
+        /// How to fix it.
+        hint: String,
+    },
     /// A text to build a vocabulary or dataset from is empty.
     #[error("{origin} is empty: there is no text to learn from")]
     EmptyText {

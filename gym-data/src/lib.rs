@@ -20,6 +20,6 @@ pub mod text;
 
 pub use cifar::{Cifar10, CifarBatcher, CifarItem, CifarSplit};
 pub use error::DataError;
-pub use fetch::data_dir;
+pub use fetch::{MAX_GUNZIPPED_BYTES, data_dir, resolve_data_dir};
 pub use mnist::{MnistBatcher, MnistDataset, MnistItem, MnistSplit};
 pub use text::{CharCorpus, CharVocab, TokenBatcher, TokenWindow, TokenWindows};

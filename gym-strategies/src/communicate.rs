@@ -3,8 +3,8 @@
 
 use burn::tensor::Tensor;
 use gym_core::{
-    InnerOptimizer, InnerOptimizerConfig, NodeInfo, Replica, Result, StepContext, Strategy,
-    StrategyConfig,
+    GymError, InnerOptimizer, InnerOptimizerConfig, NodeInfo, Replica, Result, StateDict,
+    StepContext, Strategy, StrategyConfig,
 };
 use std::sync::Arc;
 
@@ -62,6 +62,21 @@ pub trait CommunicationModule: Send {
     /// A master copy of the parameters kept by the module (DiLoCo's outer model), if any.
     fn master_params(&self) -> Option<Tensor<1>> {
         None
+    }
+
+    /// Writes the module's state for a checkpoint (see
+    /// [`Strategy::save_state`](gym_core::Strategy::save_state)); the default refuses.
+    fn save_state(&self, _state: &mut StateDict) -> Result<()> {
+        Err(GymError::Checkpoint(
+            "a communication module does not implement `save_state`/`load_state`".into(),
+        ))
+    }
+
+    /// Restores what [`save_state`](Self::save_state) wrote.
+    fn load_state(&mut self, _state: &StateDict) -> Result<()> {
+        Err(GymError::Checkpoint(
+            "a communication module does not implement `save_state`/`load_state`".into(),
+        ))
     }
 }
 
@@ -156,6 +171,26 @@ impl Strategy for CommunicateOptimize {
 
     fn master_params(&self) -> Option<Tensor<1>> {
         self.modules.iter().find_map(|m| m.master_params())
+    }
+
+    fn save_state(&self, state: &mut StateDict) -> Result<()> {
+        let mut inner = StateDict::new();
+        self.optim.save_state(&mut inner)?;
+        state.insert_child("inner", inner);
+        for (i, module) in self.modules.iter().enumerate() {
+            let mut child = StateDict::new();
+            module.save_state(&mut child)?;
+            state.insert_child(&format!("module{i}"), child);
+        }
+        Ok(())
+    }
+
+    fn load_state(&mut self, state: &StateDict) -> Result<()> {
+        self.optim.load_state(&state.child("inner"))?;
+        for (i, module) in self.modules.iter_mut().enumerate() {
+            module.load_state(&state.child(&format!("module{i}")))?;
+        }
+        Ok(())
     }
 }
 

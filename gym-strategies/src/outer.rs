@@ -1,11 +1,11 @@
 //! The outer optimizer of the DiLoCo family: a master copy φ of the parameters (or of one
 //! fragment of them) stepped by Burn's optimizer with pseudo-gradients Δ = φ − θ.
 
-use burn::module::{Module, Param};
+use burn::module::{Module, Param, ParamId};
 use burn::optim::{GradientsParams, ModuleOptimizer};
 use burn::tensor::Tensor;
 use gym_core::optim::check_learning_rate;
-use gym_core::{GymError, OptimizerConfig, Result};
+use gym_core::{GymError, OptimizerConfig, Result, StateDict};
 
 /// The outer optimizer's default: SGD with Nesterov momentum 0.9 and PyTorch's dampening 0
 /// (DiLoCo's; its learning rate is 0.7).
@@ -69,5 +69,26 @@ impl OuterOptimizer {
     /// φ, the master copy.
     pub fn master(&self) -> Tensor<1> {
         self.master.values.val().inner()
+    }
+
+    /// Saves φ and the optimizer's state, with the id that keys that state.
+    pub fn save_state(&self, state: &mut StateDict) -> Result<()> {
+        state.put_tensor("master", &self.master())?;
+        state.put_u64("master_id", self.master.values.id.val());
+        state.put_optimizer("optimizer", &self.optimizer)
+    }
+
+    /// Restores what [`save_state`](Self::save_state) wrote into an outer optimizer built
+    /// from the same configuration.
+    pub fn load_state(&mut self, state: &StateDict) -> Result<()> {
+        let n = self.master.values.val().dims()[0];
+        let device = self.master.values.val().device();
+        let values = state.tensor("master", n, &device.inner())?;
+        self.master = Master {
+            values: Param::initialized(ParamId::from(state.u64("master_id")?), values.autodiff()),
+        };
+        let fresh = std::mem::replace(&mut self.optimizer, OptimizerConfig::sgd().init());
+        self.optimizer = state.optimizer("optimizer", fresh)?;
+        Ok(())
     }
 }

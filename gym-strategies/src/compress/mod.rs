@@ -24,7 +24,7 @@ pub use powersgd::{PowerSgdCompressionConfig, PowerSgdCompressor};
 
 use burn::tensor::{Tensor, TensorData};
 use gym_core::rng::derive_seed;
-use gym_core::{Group, GymError, NodeInfo, Pending, ReduceOp, Result, StepContext};
+use gym_core::{Group, GymError, NodeInfo, Pending, ReduceOp, Result, StateDict, StepContext};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
@@ -244,6 +244,13 @@ pub trait Compressor: Send {
     fn mean(&mut self, group: &Group, x: Tensor<1>, ctx: &StepContext<'_>) -> Result<Tensor<1>> {
         self.start_mean(group, x, ctx)?.wait()?
     }
+
+    /// Writes the compressor's state (residuals, counters, warm-start factors) for a
+    /// checkpoint; a stateless compressor writes nothing.
+    fn save_state(&self, state: &mut StateDict) -> Result<()>;
+
+    /// Restores what [`save_state`](Self::save_state) wrote.
+    fn load_state(&mut self, state: &StateDict) -> Result<()>;
 }
 
 /// The exact mean: one ring all-reduce.
@@ -260,6 +267,14 @@ impl Compressor for Exact {
             .collective
             .all_reduce_start_in(group, x, ReduceOp::Mean)?
             .map(Ok))
+    }
+
+    fn save_state(&self, _state: &mut StateDict) -> Result<()> {
+        Ok(())
+    }
+
+    fn load_state(&mut self, _state: &StateDict) -> Result<()> {
+        Ok(())
     }
 }
 
@@ -317,6 +332,22 @@ impl Compressor for CodecCompressor {
             }
             Ok(Tensor::from_data(TensorData::new(sum, [n]), &device))
         }))
+    }
+
+    fn save_state(&self, state: &mut StateDict) -> Result<()> {
+        state.put_u64("calls", self.calls);
+        if let Some(ef) = &self.feedback {
+            state.put_values("residual", ef.residual.clone());
+        }
+        Ok(())
+    }
+
+    fn load_state(&mut self, state: &StateDict) -> Result<()> {
+        self.calls = state.u64("calls")?;
+        if let Some(ef) = &mut self.feedback {
+            ef.residual = state.values("residual")?.to_vec();
+        }
+        Ok(())
     }
 }
 

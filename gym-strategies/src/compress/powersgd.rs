@@ -38,7 +38,7 @@
 use super::{Compressor, PendingMean, to_host};
 use burn::tensor::{Tensor, TensorData};
 use gym_core::rng::derive_seed;
-use gym_core::{Group, GymError, NodeInfo, ParamLayout, Pending, ReduceOp, Result, StepContext};
+use gym_core::{Group, GymError, NodeInfo, ParamLayout, Pending, ReduceOp, Result, StateDict, StepContext};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
@@ -351,6 +351,35 @@ impl Compressor for PowerSgdCompressor {
             TensorData::new(out, [len]),
             &device,
         ))))
+    }
+
+    fn save_state(&self, state: &mut StateDict) -> Result<()> {
+        state.put_u64("calls", self.calls);
+        state.put_u64("has_q", u64::from(self.has_q));
+        for (i, m) in self.matrices.iter().enumerate() {
+            state.put_values(&format!("q{i}"), m.q.clone());
+            state.put_values(&format!("error{i}"), m.error.clone());
+        }
+        Ok(())
+    }
+
+    fn load_state(&mut self, state: &StateDict) -> Result<()> {
+        self.calls = state.u64("calls")?;
+        self.has_q = state.u64("has_q")? != 0;
+        for (i, m) in self.matrices.iter_mut().enumerate() {
+            for (key, buffer) in [(format!("q{i}"), &mut m.q), (format!("error{i}"), &mut m.error)] {
+                let saved = state.values(&key)?;
+                if saved.len() != buffer.len() && !buffer.is_empty() {
+                    return Err(GymError::Checkpoint(format!(
+                        "PowerSGD: `{key}` holds {} values where this run has {}",
+                        saved.len(),
+                        buffer.len()
+                    )));
+                }
+                *buffer = saved.to_vec();
+            }
+        }
+        Ok(())
     }
 }
 

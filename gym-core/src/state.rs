@@ -1,0 +1,181 @@
+//! The state a strategy keeps between steps, as named values: what a checkpoint saves and
+//! a resumed run loads back ([`Strategy::save_state`](crate::Strategy::save_state)).
+
+use crate::error::{GymError, Result};
+use burn::optim::ModuleOptimizer;
+use burn::tensor::{Bytes, Device, Tensor, TensorData};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Named state: flat f32 tensors, byte buffers (Burn's optimizer records) and numbers.
+/// Keys are paths; [`child`](Self::child) and [`insert_child`](Self::insert_child) nest a
+/// component's state under a prefix (`module0/outer/master`).
+///
+/// A missing key or a tensor of the wrong length is a [`GymError::Checkpoint`] naming it, so
+/// a checkpoint from another configuration is refused rather than half-loaded.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StateDict {
+    tensors: BTreeMap<String, Vec<f32>>,
+    bytes: BTreeMap<String, Vec<u8>>,
+    numbers: BTreeMap<String, u64>,
+}
+
+impl StateDict {
+    /// An empty state.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Whether nothing is stored.
+    pub fn is_empty(&self) -> bool {
+        self.tensors.is_empty() && self.bytes.is_empty() && self.numbers.is_empty()
+    }
+
+    /// Stores a flat tensor's values (exactly: f32 bits).
+    pub fn put_tensor(&mut self, key: &str, tensor: &Tensor<1>) -> Result<()> {
+        let values = tensor
+            .to_data()
+            .convert::<f32>()
+            .try_into_vec::<f32>()
+            .map_err(|e| GymError::Checkpoint(format!("`{key}`: {e:?}")))?;
+        self.tensors.insert(key.to_string(), values);
+        Ok(())
+    }
+
+    /// The flat tensor stored under `key`, on `device`, checked to hold `len` values.
+    pub fn tensor(&self, key: &str, len: usize, device: &Device) -> Result<Tensor<1>> {
+        let values = self.values(key)?;
+        if values.len() != len {
+            return Err(GymError::Checkpoint(format!(
+                "`{key}` holds {} values where this run has {len}",
+                values.len()
+            )));
+        }
+        Ok(Tensor::from_data(
+            TensorData::new(values.to_vec(), [len]),
+            device,
+        ))
+    }
+
+    /// Stores host values.
+    pub fn put_values(&mut self, key: &str, values: Vec<f32>) {
+        self.tensors.insert(key.to_string(), values);
+    }
+
+    /// The host values stored under `key`.
+    pub fn values(&self, key: &str) -> Result<&[f32]> {
+        self.tensors
+            .get(key)
+            .map(Vec::as_slice)
+            .ok_or_else(|| missing(key))
+    }
+
+    /// Stores a byte buffer.
+    pub fn put_bytes(&mut self, key: &str, bytes: Vec<u8>) {
+        self.bytes.insert(key.to_string(), bytes);
+    }
+
+    /// The byte buffer stored under `key`.
+    pub fn bytes(&self, key: &str) -> Result<&[u8]> {
+        self.bytes
+            .get(key)
+            .map(Vec::as_slice)
+            .ok_or_else(|| missing(key))
+    }
+
+    /// Stores a counter.
+    pub fn put_u64(&mut self, key: &str, value: u64) {
+        self.numbers.insert(key.to_string(), value);
+    }
+
+    /// The counter stored under `key`.
+    pub fn u64(&self, key: &str) -> Result<u64> {
+        self.numbers.get(key).copied().ok_or_else(|| missing(key))
+    }
+
+    /// Stores a float exactly (its bits).
+    pub fn put_f64(&mut self, key: &str, value: f64) {
+        self.put_u64(key, value.to_bits());
+    }
+
+    /// The float stored under `key`.
+    pub fn f64(&self, key: &str) -> Result<f64> {
+        self.u64(key).map(f64::from_bits)
+    }
+
+    /// Stores a Burn optimizer's state (its burnpack record).
+    pub fn put_optimizer(&mut self, key: &str, optimizer: &ModuleOptimizer) -> Result<()> {
+        let bytes = optimizer
+            .into_bytes()
+            .map_err(|e| GymError::Checkpoint(format!("`{key}`: {e}")))?;
+        self.put_bytes(key, bytes.to_vec());
+        Ok(())
+    }
+
+    /// `fresh` (an optimizer built from the same configuration) with the state stored under
+    /// `key`. The state is keyed by parameter ids, which a resumed run restores.
+    pub fn optimizer(&self, key: &str, fresh: ModuleOptimizer) -> Result<ModuleOptimizer> {
+        let bytes = Bytes::from_bytes_vec(self.bytes(key)?.to_vec());
+        fresh
+            .from_bytes(bytes)
+            .map_err(|e| GymError::Checkpoint(format!("`{key}`: {e}")))
+    }
+
+    /// Nests `child` under `prefix`.
+    pub fn insert_child(&mut self, prefix: &str, child: StateDict) {
+        let key = |k: String| format!("{prefix}/{k}");
+        self.tensors
+            .extend(child.tensors.into_iter().map(|(k, v)| (key(k), v)));
+        self.bytes
+            .extend(child.bytes.into_iter().map(|(k, v)| (key(k), v)));
+        self.numbers
+            .extend(child.numbers.into_iter().map(|(k, v)| (key(k), v)));
+    }
+
+    /// The state nested under `prefix` (empty if there is none).
+    pub fn child(&self, prefix: &str) -> StateDict {
+        let start = format!("{prefix}/");
+        fn under<V: Clone>(map: &BTreeMap<String, V>, start: &str) -> BTreeMap<String, V> {
+            map.iter()
+                .filter_map(|(k, v)| k.strip_prefix(start).map(|k| (k.to_string(), v.clone())))
+                .collect()
+        }
+        StateDict {
+            tensors: under(&self.tensors, &start),
+            bytes: under(&self.bytes, &start),
+            numbers: under(&self.numbers, &start),
+        }
+    }
+}
+
+fn missing(key: &str) -> GymError {
+    GymError::Checkpoint(format!(
+        "no `{key}` in the saved state: it comes from another strategy or configuration"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resume_state_round_trips_and_names_what_is_missing() {
+        let device = Device::default();
+        let mut child = StateDict::new();
+        child.put_values("e", vec![1.0, -0.0, f32::MIN_POSITIVE]);
+        child.put_u64("calls", 7);
+        child.put_f64("lr", 0.1 + 0.2);
+        let mut state = StateDict::new();
+        state.insert_child("module0", child.clone());
+        assert_eq!(state.child("module0"), child);
+        assert!(state.child("module1").is_empty());
+        let t = state.child("module0").tensor("e", 3, &device).unwrap();
+        let back: Vec<f32> = t.into_data().try_into_vec().unwrap();
+        assert_eq!(back[1].to_bits(), (-0.0f32).to_bits());
+        assert_eq!(state.child("module0").f64("lr").unwrap(), 0.1 + 0.2);
+        let err = state.child("module0").tensor("e", 4, &device).unwrap_err();
+        assert!(err.to_string().contains("`e` holds 3 values"), "{err}");
+        let err = state.u64("calls").unwrap_err();
+        assert!(err.to_string().contains("`calls`"), "{err}");
+    }
+}
