@@ -29,7 +29,8 @@ pub enum MnistModel {
 /// MNIST's train and test splits from `data_dir` (default: `$GYM_DATA_DIR/mnist` or the
 /// user cache, downloaded if missing), shared by every node, with `model`.
 pub fn mnist(data_dir: Option<&Path>, model: MnistModel) -> Result<Box<dyn TrainTask>, DataError> {
-    let dir = gym_data::data_dir(data_dir, "mnist");
+    // A --data-dir that does not exist is refused before anything is downloaded into it.
+    let dir = gym_data::resolve_data_dir(data_dir, "mnist")?;
     // Decompressing and checking the two splits in parallel halves the start-up.
     let (train, test) = std::thread::scope(|s| {
         let test = s.spawn(|| MnistDataset::load_or_download(&dir, MnistSplit::Test));
@@ -92,7 +93,7 @@ pub fn cifar(data_dir: Option<&Path>, args: &CifarArgs) -> Result<Box<dyn TrainT
             (train, val, CIFAR_LIKE)
         }
         None => {
-            let dir = gym_data::data_dir(data_dir, "cifar10");
+            let dir = gym_data::resolve_data_dir(data_dir, "cifar10")?;
             let test = Cifar10::load_or_download(&dir, CifarSplit::Test)?;
             let train = Cifar10::load(&dir, CifarSplit::Train)?;
             (train, test, CIFAR10)
@@ -187,7 +188,7 @@ pub fn gpt(data_dir: Option<&Path>, args: &GptArgs) -> Result<GptTask, BoxError>
     let (corpus, dataset) = match &args.text_file {
         Some(file) => (CharCorpus::load(file)?, file.display().to_string()),
         None => (
-            CharCorpus::load_or_download(&gym_data::data_dir(data_dir, "shakespeare"))?,
+            CharCorpus::load_or_download(&gym_data::resolve_data_dir(data_dir, "shakespeare")?)?,
             "tiny-shakespeare".into(),
         ),
     };

@@ -174,6 +174,27 @@ impl<I> NodeLoader<I> {
         self.drawn.finish()
     }
 
+    /// Where the loader is: epoch, position in the epoch's order, fingerprint.
+    pub fn position(&self) -> (usize, usize, u64) {
+        (self.epoch, self.cursor, self.drawn.finish())
+    }
+
+    /// Moves the loader to a saved [`position`](Self::position).
+    pub fn seek(&mut self, (epoch, cursor, drawn): (usize, usize, u64)) -> Result<()> {
+        let order = self.sampler.indices(epoch);
+        if cursor > order.len() {
+            return Err(GymError::Checkpoint(format!(
+                "the data position {cursor} is past the shard's {} items",
+                order.len()
+            )));
+        }
+        self.epoch = epoch;
+        self.order = order;
+        self.cursor = cursor;
+        self.drawn = Fingerprint::resume(drawn);
+        Ok(())
+    }
+
     /// The next `n` items.
     pub fn next_items(&mut self, n: usize) -> Result<Vec<I>> {
         if self.cursor + n > self.order.len() {

@@ -20,6 +20,7 @@
 #![warn(missing_docs)]
 
 pub mod batch;
+pub mod checkpoint;
 pub mod collective;
 mod data;
 mod dropout;

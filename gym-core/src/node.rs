@@ -1,7 +1,9 @@
 //! The per-node loop (spec §2.4–2.6): evaluate, accumulate gradients over minibatches, let
 //! the strategy step, report metrics; at the end, evaluate and average the replicas.
 
-use crate::collective::{Collective, InProcessCollective, ReduceOp};
+use crate::checkpoint::{CheckpointWriter, NodeCheckpoint, StopAgreement};
+use crate::collective::{Collective, InProcessCollective, InProcessGroup, ReduceOp};
+use crate::state::StateDict;
 use crate::data::{NodeLoader, NodeView, get_item, validation_indices};
 use crate::error::{GymError, Result};
 use crate::metrics::{EvalKind, NodeStep, Recorder, mean_pairwise_correlation};
@@ -23,6 +25,9 @@ pub(crate) struct NodeShared<'a, B> {
     pub devices: &'a [Device],
     pub recorder: &'a Recorder,
     pub batcher: &'a B,
+    pub group: &'a InProcessGroup,
+    pub checkpoints: Option<&'a CheckpointWriter>,
+    pub stop: &'a StopAgreement,
 }
 
 /// What one node starts from, built by the trainer.
@@ -30,6 +35,8 @@ pub(crate) struct NodeStart<M, I> {
     pub replica: ModelReplica<M>,
     pub strategy: Box<dyn Strategy>,
     pub view: NodeView<I>,
+    /// Where a resumed node's data loader and random stream were.
+    pub resume: Option<((usize, usize, u64), ([u8; 32], u64, u128))>,
 }
 
 /// What a node hands back.
@@ -58,6 +65,7 @@ where
         mut replica,
         mut strategy,
         view,
+        resume,
     } = start;
     let plan = &shared.plan;
     let device = &shared.devices[rank];
@@ -74,8 +82,26 @@ where
     };
     let subset = validation_indices(view.val.len(), Some(plan.val_size), plan.seed);
     let mut loader = NodeLoader::new(view.train, view.sampler);
+    if let Some((position, stream)) = resume {
+        loader.seek(position)?;
+        rng::restore_node_rng(stream);
+    }
 
-    for step in 0..plan.max_steps {
+    let mut step = plan.start_step;
+    let interrupted = loop {
+        // Between two steps: stop here if interrupted, checkpoint if one is due.
+        let stopping = step < plan.max_steps && shared.stop.stops_before(step);
+        if let Some(writer) = shared.checkpoints
+            && (plan.checkpoints_before(step) || (stopping && step > plan.start_step))
+        {
+            let node = snapshot(rank, &mut replica, &*strategy, &loader, shared.group)?;
+            writer.deposit(rank, plan.num_nodes, step, node, || {
+                shared.recorder.snapshot(step)
+            })?;
+        }
+        if stopping || step == plan.max_steps {
+            break stopping;
+        }
         current_step.store(step, Ordering::SeqCst);
         if plan.evaluates_before(step) {
             eval.evaluate(step, replica.model(), &layout, &subset)?;
@@ -122,18 +148,58 @@ where
         if plan.correlates_after(step) {
             correlate(rank, step + 1, replica.model(), &eval.comm, shared.recorder)?;
         }
-    }
-    current_step.store(plan.max_steps, Ordering::SeqCst);
+        step += 1;
+    };
+    current_step.store(step, Ordering::SeqCst);
     let model = replica.into_model();
     let master = match strategy.master_params() {
         Some(flat) if rank == 0 => Some(layout.load(model.clone(), flat)),
         _ => None,
     };
-    let final_model = eval.finish(plan.max_steps, model)?;
+    // An interrupted run skips the final evaluation: rank 0's replica stands for the model.
+    let final_model = if interrupted {
+        (rank == 0).then_some(model)
+    } else {
+        eval.finish(plan.max_steps, model)?
+    };
     Ok(NodeOutcome {
         final_model,
         master,
         data_fingerprint: loader.fingerprint(),
+    })
+}
+
+/// Everything node `rank` carries into its next step, for a checkpoint.
+fn snapshot<M: TrainModel, I>(
+    rank: usize,
+    replica: &mut ModelReplica<M>,
+    strategy: &dyn Strategy,
+    loader: &NodeLoader<I>,
+    group: &InProcessGroup,
+) -> Result<NodeCheckpoint> {
+    let model = replica.model();
+    let model_values = ParamLayout::all_float(model)
+        .flatten(model)
+        .into_data()
+        .try_into_vec::<f32>()
+        .map_err(|e| GymError::Checkpoint(format!("model values: {e:?}")))?;
+    let mut state = StateDict::new();
+    strategy
+        .save_state(&mut state)
+        .map_err(|e| GymError::Checkpoint(format!("strategy state: {e}")))?;
+    Ok(NodeCheckpoint {
+        model: model_values,
+        param_ids: replica
+            .layout()
+            .entries()
+            .iter()
+            .map(|e| e.id.val())
+            .collect(),
+        strategy: state,
+        loader: loader.position(),
+        rng: rng::node_rng_state(),
+        comm: group.stats(rank),
+        clock: group.clock_state(rank),
     })
 }
 

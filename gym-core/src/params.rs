@@ -104,6 +104,19 @@ impl ParamLayout {
         model.map(&mut s)
     }
 
+    /// Gives the model's parameters in this layout the ids `ids` (in [`entries`](Self::entries)
+    /// order), so that optimizer state saved under those ids applies to them again (a
+    /// resumed run's model is built afresh, with new ids).
+    pub fn with_ids<M: Module>(&self, model: M, ids: &[ParamId]) -> M {
+        let mut m = Renumber {
+            layout: self,
+            index: 0,
+            entry: 0,
+            ids,
+        };
+        model.map(&mut m)
+    }
+
     /// Takes this step's gradients out of `grads` into one flat tensor. A parameter that got
     /// no gradient (unused in the forward pass) contributes zeros, so every node's buffer has
     /// the same layout.
@@ -243,6 +256,27 @@ impl ModuleMapper for Scatter<'_> {
             let v = if t.is_autodiff() { v.autodiff() } else { v };
             v.set_require_grad(t.is_require_grad())
         })
+    }
+}
+
+struct Renumber<'a> {
+    layout: &'a ParamLayout,
+    index: usize,
+    entry: usize,
+    ids: &'a [ParamId],
+}
+
+impl ModuleMapper for Renumber<'_> {
+    fn map_float<const D: usize>(&mut self, mut param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        let keep = self.layout.selects(self.index);
+        self.index += 1;
+        if keep {
+            if let Some(&id) = self.ids.get(self.entry) {
+                param.id = id;
+            }
+            self.entry += 1;
+        }
+        param
     }
 }
 

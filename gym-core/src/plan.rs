@@ -24,6 +24,10 @@ pub(crate) struct RunPlan {
     pub seed: u64,
     /// The simulated cluster and the FLOPs of one node's step, if time is simulated.
     pub simulation: Option<(SimulationConfig, f64)>,
+    /// The first step to take (0, or where a resumed checkpoint stopped).
+    pub start_step: usize,
+    /// Steps between checkpoints, if any are written at intervals.
+    pub checkpoint_interval: Option<usize>,
 }
 
 impl RunPlan {
@@ -38,6 +42,14 @@ impl RunPlan {
         self.simulation
             .as_ref()
             .map(|(sim, flops)| sim.step_compute_s(rank, step, self.seed, *flops, measured_s))
+    }
+
+    /// Whether a checkpoint is due before `next_step` (every interval, and at the end).
+    pub fn checkpoints_before(&self, next_step: usize) -> bool {
+        next_step > self.start_step
+            && self.checkpoint_interval.is_some_and(|every| {
+                next_step.is_multiple_of(every) || next_step == self.max_steps
+            })
     }
 
     /// Whether the replicas' correlation is measured after `step`.

@@ -132,6 +132,22 @@ pub fn seed_node(seed: u64, rank: usize) {
     NODE_RNG.with(|r| *r.borrow_mut() = ChaCha8Rng::seed_from_u64(s));
 }
 
+/// The calling thread's node stream's position: seed, stream and word position.
+pub fn node_rng_state() -> ([u8; 32], u64, u128) {
+    NODE_RNG.with(|r| {
+        let r = r.borrow();
+        (r.get_seed(), r.get_stream(), r.get_word_pos())
+    })
+}
+
+/// Puts the calling thread's node stream at a saved [`node_rng_state`].
+pub fn restore_node_rng((seed, stream, word_pos): ([u8; 32], u64, u128)) {
+    let mut rng = ChaCha8Rng::from_seed(seed);
+    rng.set_stream(stream);
+    rng.set_word_pos(word_pos);
+    NODE_RNG.with(|r| *r.borrow_mut() = rng);
+}
+
 /// Runs `f` with the calling thread's node stream.
 pub fn with_node_rng<T>(f: impl FnOnce(&mut dyn RngCore) -> T) -> T {
     NODE_RNG.with(|r| f(&mut *r.borrow_mut()))

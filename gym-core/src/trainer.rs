@@ -1,10 +1,11 @@
 //! `Trainer::fit`: validate the configuration, build the replicas, run one node per thread,
 //! collect the final model and the run's metrics.
 
+use crate::checkpoint::{Checkpoint, CheckpointWriter, Identity, StopAgreement};
 use crate::collective::{Collective, InProcessGroup};
 use crate::data::{NodeData, get_item};
 use crate::error::{GymError, Result};
-use crate::metrics::{CsvLogs, Fingerprint, Recorder, RunReport, default_run_name};
+use crate::metrics::{CsvLogs, Fingerprint, Recorder, Records, RunReport, default_run_name};
 use crate::model::TrainModel;
 use crate::node::{NodeOutcome, NodeShared, NodeStart, run_node};
 use crate::params::ParamLayout;
@@ -15,10 +16,11 @@ use crate::simulation::SimulationConfig;
 use crate::strategy::{NodeInfo, StrategyConfig};
 use burn::config::Config;
 use burn::data::dataloader::batcher::Batcher;
-use burn::tensor::Device;
-use std::path::PathBuf;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use burn::module::ParamId;
+use burn::tensor::{Device, Tensor, TensorData};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 /// The configuration of a run (the original's `fit` arguments).
@@ -69,6 +71,17 @@ pub struct TrainerConfig {
     /// The cluster to simulate time on (network, compute, stragglers); `None`: no
     /// simulated time, only bytes.
     pub simulation: Option<SimulationConfig>,
+    /// Write a checkpoint every this many steps, and at the end (`None`: only when
+    /// interrupted, if a checkpoint folder is known).
+    pub checkpoint_interval: Option<usize>,
+    /// Where checkpoints go (default: the run's log folder).
+    pub checkpoint_dir: Option<String>,
+    /// Checkpoints kept; older ones are deleted.
+    #[config(default = 2)]
+    pub keep_checkpoints: usize,
+    /// Continue the run saved in this checkpoint file, or in the newest checkpoint of this
+    /// folder (a run folder). The configuration must be the one it was saved with.
+    pub resume_from: Option<String>,
 }
 
 impl TrainerConfig {
@@ -120,6 +133,18 @@ impl TrainerConfig {
             }
             _ => {}
         }
+        if self.checkpoint_interval == Some(0) {
+            return bad("`checkpoint_interval` must be at least 1".into());
+        }
+        if self.keep_checkpoints == 0 {
+            return bad("`keep_checkpoints` must be at least 1".into());
+        }
+        if self.checkpoint_interval.is_some()
+            && self.checkpoint_dir.is_none()
+            && self.log_dir.is_none()
+        {
+            return bad("`checkpoint_interval` needs a `checkpoint_dir` or a `log_dir`".into());
+        }
         if self.max_steps.is_none() && self.num_epochs == 0 {
             return bad("`num_epochs` must be at least 1 when `max_steps` is not set".into());
         }
@@ -146,6 +171,8 @@ impl TrainerConfig {
                 .simulation
                 .clone()
                 .map(|sim| (sim, flops_per_example * self.batch_size as f64)),
+            start_step: 0,
+            checkpoint_interval: self.checkpoint_interval,
         }
     }
 }
@@ -179,6 +206,7 @@ pub struct FitOutput<M> {
 pub struct Trainer {
     config: TrainerConfig,
     devices: Vec<Device>,
+    interrupt: Option<Arc<AtomicBool>>,
 }
 
 impl Trainer {
@@ -187,7 +215,17 @@ impl Trainer {
         Trainer {
             config,
             devices: vec![Device::default()],
+            interrupt: None,
         }
+    }
+
+    /// Stops the run when `flag` turns true (a Ctrl-C handler sets it): every node finishes
+    /// the steps any node has started, a checkpoint is written if a folder for one is known
+    /// (`checkpoint_dir` or the log folder), and `fit` returns with
+    /// [`RunReport::interrupted_at`] set, without the final evaluation.
+    pub fn with_interrupt(mut self, flag: Arc<AtomicBool>) -> Self {
+        self.interrupt = Some(flag);
+        self
     }
 
     /// Runs rank `r` on `devices[r % devices.len()]` (several nodes may share a device).
@@ -231,6 +269,10 @@ impl Trainer {
             return Err(GymError::InvalidConfig("no device given".into()));
         }
         let k = cfg.num_nodes;
+        let resume = match &cfg.resume_from {
+            Some(path) => Some(Checkpoint::load(Path::new(path))?.0),
+            None => None,
+        };
         let devices: Vec<Device> = (0..k)
             .map(|r| self.devices[r % self.devices.len()].clone().autodiff())
             .collect();
@@ -298,7 +340,45 @@ impl Trainer {
             (replicas, init_fingerprint.finish())
         };
 
-        let plan = cfg.plan(steps_per_epoch, replicas[0].flops_per_example());
+        let mut plan = cfg.plan(steps_per_epoch, replicas[0].flops_per_example());
+
+        // A resumed run: the same configuration, then every replica as it was saved, its
+        // parameters under their saved ids (which key the optimizers' saved states).
+        let identity = identity::<M>(cfg, &plan, strategy, &ParamLayout::trainable(&replicas[0]));
+        let mut replicas = replicas;
+        if let Some(saved) = &resume {
+            identity.check(&saved.identity)?;
+            if saved.nodes.len() != k {
+                return Err(GymError::Checkpoint(format!(
+                    "it holds {} nodes where this run has {k}",
+                    saved.nodes.len()
+                )));
+            }
+            replicas = replicas
+                .into_iter()
+                .zip(&saved.nodes)
+                .zip(&devices)
+                .map(|((model, node), device)| {
+                    let state = ParamLayout::all_float(&model);
+                    if node.model.len() != state.num_elements() {
+                        return Err(GymError::Checkpoint(format!(
+                            "a node's model holds {} values where this run's has {}",
+                            node.model.len(),
+                            state.num_elements()
+                        )));
+                    }
+                    let values = Tensor::from_data(
+                        TensorData::new(node.model.clone(), [node.model.len()]),
+                        &device.clone().inner(),
+                    );
+                    let model = state.load(model, values);
+                    let ids: Vec<ParamId> =
+                        node.param_ids.iter().map(|&id| ParamId::from(id)).collect();
+                    Ok(ParamLayout::trainable(&model).with_ids(model, &ids))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            plan.start_step = saved.next_step;
+        }
 
         // Every node's strategy, built before any node starts.
         let layouts: Vec<ParamLayout> = replicas.iter().map(ParamLayout::trainable).collect();
@@ -325,11 +405,18 @@ impl Trainer {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
+        let mut strategies = strategies;
+        if let Some(saved) = &resume {
+            for (s, node) in strategies.iter_mut().zip(&saved.nodes) {
+                s.load_state(&node.strategy)?;
+            }
+        }
 
         // Logs.
         let run_name = cfg
             .run_name
             .clone()
+            .or_else(|| resume.as_ref().map(|c| c.run_name.clone()))
             .unwrap_or_else(|| default_run_name(&strategy.name(), k));
         let log_dir: Option<PathBuf> = cfg
             .log_dir
@@ -358,6 +445,20 @@ impl Trainer {
             Some(sim) => InProcessGroup::simulated(k, sim.network.clone()),
             None => InProcessGroup::new(k),
         };
+        if let Some(saved) = &resume {
+            for (rank, node) in saved.nodes.iter().enumerate() {
+                group.restore(rank, node.comm, node.clock);
+            }
+        }
+        let checkpoint_dir = cfg
+            .checkpoint_dir
+            .as_ref()
+            .map(PathBuf::from)
+            .or_else(|| log_dir.clone());
+        let checkpoints = checkpoint_dir.map(|dir| {
+            CheckpointWriter::new(dir, cfg.keep_checkpoints, identity, run_name.clone())
+        });
+        let stop = StopAgreement::new(self.interrupt.clone());
         let setup_s = fit_start.elapsed().as_secs_f64();
         let recorder = Recorder::new(
             k,
@@ -367,23 +468,45 @@ impl Trainer {
             cfg.progress,
             logs,
         );
+        if let Some(saved) = resume.as_ref() {
+            recorder.restore(
+                saved.next_step,
+                Records {
+                    train: saved.train.clone(),
+                    validation: saved.validation.clone(),
+                    correlation: saved.correlation.clone(),
+                },
+                saved
+                    .nodes
+                    .iter()
+                    .map(|n| n.clock.map(|c| c.0).unwrap_or_default())
+                    .collect(),
+            );
+        }
         let max_steps = plan.max_steps;
         let shared = NodeShared {
             plan,
             devices: &devices,
             recorder: &recorder,
             batcher,
+            group: &group,
+            checkpoints: checkpoints.as_ref(),
+            stop: &stop,
         };
         let slots: Vec<Mutex<Option<NodeStart<M, I>>>> = replicas
             .into_iter()
             .zip(layouts)
             .zip(strategies)
             .zip(views)
-            .map(|(((model, layout), strategy), view)| {
+            .enumerate()
+            .map(|(rank, (((model, layout), strategy), view))| {
                 Mutex::new(Some(NodeStart {
                     replica: ModelReplica::new(model, layout),
                     strategy,
                     view,
+                    resume: resume
+                        .as_ref()
+                        .map(|c| (c.nodes[rank].loader, c.nodes[rank].rng)),
                 }))
             })
             .collect();
@@ -477,12 +600,52 @@ impl Trainer {
             setup_s,
             loop_s,
             wall_s: fit_start.elapsed().as_secs_f64(),
+            interrupted_at: stop.stopped_at(),
+            checkpoint: checkpoints.as_ref().and_then(CheckpointWriter::last_written),
         };
         Ok(FitOutput {
             model,
             master,
             report,
         })
+    }
+}
+
+/// What a checkpoint of this run must agree on: the strategy and its settings, the model's
+/// parameters, and every trainer setting that shapes the run (not where logs go, nor the
+/// checkpoints' own settings).
+fn identity<M: TrainModel>(
+    cfg: &TrainerConfig,
+    plan: &RunPlan,
+    strategy: &dyn StrategyConfig,
+    layout: &ParamLayout,
+) -> Identity {
+    let mut trainer = serde_json::to_value(cfg).expect("config serialises");
+    if let Some(fields) = trainer.as_object_mut() {
+        for volatile in [
+            "run_name",
+            "log_dir",
+            "progress",
+            "kernel_threads_per_node",
+            "checkpoint_interval",
+            "checkpoint_dir",
+            "keep_checkpoints",
+            "resume_from",
+        ] {
+            fields.remove(volatile);
+        }
+        fields.insert("max_steps".into(), plan.max_steps.into());
+    }
+    Identity {
+        strategy: strategy.name(),
+        strategy_config: strategy.to_json().to_string(),
+        model: std::any::type_name::<M>().to_string(),
+        parameters: layout
+            .entries()
+            .iter()
+            .map(|e| (e.path.clone(), e.shape.clone()))
+            .collect(),
+        trainer: trainer.to_string(),
     }
 }
 

@@ -7,7 +7,7 @@
 //! the models read.
 
 use crate::error::DataError;
-use crate::fetch::download;
+use crate::fetch::{MAX_GUNZIPPED_BYTES, download, gunzip};
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::{Dataset, DatasetError};
 use burn::tensor::{Device, Int, Tensor, TensorData};
@@ -156,9 +156,24 @@ impl Cifar10 {
         })
     }
 
-    /// Reads one CIFAR-10 binary file, plain (`.bin`) or gzipped (`.gz`).
+    /// Parses a gzipped file of CIFAR-10 binary records (`origin` names it in errors): a
+    /// truncated or corrupted gzip stream, one that decompresses to more than
+    /// [`MAX_GUNZIPPED_BYTES`](crate::MAX_GUNZIPPED_BYTES) (checked as it decompresses,
+    /// whatever the stream claims), and bad records ([`from_records`](Self::from_records))
+    /// are [`DataError::Format`] errors.
+    pub fn from_gzip(bytes: &[u8], origin: &Path) -> Result<Self, DataError> {
+        Self::from_records(&gunzip(bytes, origin, MAX_GUNZIPPED_BYTES)?, origin)
+    }
+
+    /// Reads one CIFAR-10 binary file, plain (`.bin`, [`from_records`](Self::from_records))
+    /// or gzipped (`.gz`, [`from_gzip`](Self::from_gzip)).
     pub fn read_file(path: &Path) -> Result<Self, DataError> {
-        Self::from_records(&read_maybe_gz(path)?, path)
+        let bytes = std::fs::read(path).map_err(|e| DataError::io(path, e))?;
+        if path.extension().is_some_and(|e| e == "gz") {
+            Self::from_gzip(&bytes, path)
+        } else {
+            Self::from_records(&bytes, path)
+        }
     }
 
     /// Loads `split` from `dir`, the `cifar-10-batches-bin` folder (or the folder holding
@@ -170,9 +185,15 @@ impl Cifar10 {
         for name in split.files() {
             let path = find(&dir, name).ok_or_else(|| DataError::Missing {
                 path: dir.join(name),
-                hint: " (pass the cifar-10-batches-bin folder, set GYM_DATA_DIR, or omit \
-                       --data-dir to download CIFAR-10)"
-                    .into(),
+                hint: format!(
+                    " ({}pass the cifar-10-batches-bin folder, set GYM_DATA_DIR, or omit \
+                     --data-dir to download CIFAR-10)",
+                    if dir.is_dir() {
+                        String::new()
+                    } else {
+                        format!("the folder {} does not exist: ", dir.display())
+                    }
+                ),
             })?;
             let part = Self::read_file(&path)?;
             if part.len() != IMAGES_PER_FILE {
@@ -333,9 +354,15 @@ impl Dataset<CifarItem> for Cifar10 {
     }
 }
 
-/// The class names from a `batches.meta.txt` (one per line; blank lines ignored).
+/// The class names from a `batches.meta.txt` (one per line; blank lines ignored). A file
+/// that is not UTF-8 text is a [`DataError::Format`] error.
 pub fn read_class_names(path: &Path) -> Result<Vec<String>, DataError> {
-    let text = std::fs::read_to_string(path).map_err(|e| DataError::io(path, e))?;
+    let bytes = std::fs::read(path).map_err(|e| DataError::io(path, e))?;
+    let text = String::from_utf8(bytes).map_err(|e| DataError::Format {
+        path: path.to_path_buf(),
+        format: "UTF-8 text",
+        why: e.to_string(),
+    })?;
     Ok(text
         .lines()
         .map(str::trim)
@@ -360,24 +387,6 @@ fn find(dir: &Path, name: &str) -> Option<PathBuf> {
         .into_iter()
         .map(|n| dir.join(n))
         .find(|p| p.is_file())
-}
-
-/// The bytes of `path`, decompressed when its name ends in `.gz`.
-fn read_maybe_gz(path: &Path) -> Result<Vec<u8>, DataError> {
-    let bytes = std::fs::read(path).map_err(|e| DataError::io(path, e))?;
-    if path.extension().is_some_and(|e| e == "gz") {
-        let mut raw = Vec::new();
-        GzDecoder::new(&bytes[..])
-            .read_to_end(&mut raw)
-            .map_err(|e| DataError::Format {
-                path: path.to_path_buf(),
-                format: "gzip",
-                why: e.to_string(),
-            })?;
-        Ok(raw)
-    } else {
-        Ok(bytes)
-    }
 }
 
 /// Writes the regular files of the tar stream `archive` (read from `origin`) into `dir`

@@ -44,7 +44,7 @@ pub fn resolve_data_dir(explicit: Option<&Path>, name: &str) -> Result<PathBuf, 
             dir,
             std::io::Error::new(
                 std::io::ErrorKind::NotADirectory,
-                "--data-dir must name a folder, this is a file",
+                "it is a file, not a folder (--data-dir must name a folder)",
             ),
         ));
     }
@@ -160,4 +160,72 @@ pub(crate) fn download(
         path: dir.join(file),
         hint: " (built without the `download` feature: place the file there)".into(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flate2::Compression;
+    use flate2::write::GzEncoder;
+    use std::io::Write;
+
+    fn gzip(bytes: &[u8]) -> Vec<u8> {
+        let mut enc = GzEncoder::new(Vec::new(), Compression::best());
+        enc.write_all(bytes).unwrap();
+        enc.finish().unwrap()
+    }
+
+    #[test]
+    fn gunzip_stops_at_its_limit_and_reads_every_member() {
+        let path = Path::new("mem.gz");
+        // A small "bomb": 1 MiB of zeros in about a kilobyte.
+        let bomb = gzip(&vec![0u8; 1 << 20]);
+        assert!(bomb.len() < 4096, "{}", bomb.len());
+        assert_eq!(gunzip(&bomb, path, 1 << 20).unwrap().len(), 1 << 20);
+        let err = gunzip(&bomb, path, (1 << 20) - 1).unwrap_err();
+        assert!(
+            matches!(&err, DataError::Format { why, .. } if why.contains("more than 1048575")),
+            "{err}"
+        );
+        // Concatenated members decompress to the concatenation.
+        let mut two = gzip(b"abc");
+        two.extend_from_slice(&gzip(b"def"));
+        assert_eq!(gunzip(&two, path, 100).unwrap(), b"abcdef");
+        // Empty, truncated, corrupted and trailing garbage: format errors.
+        let one = gzip(b"hello, world");
+        for bad in [
+            Vec::new(),
+            one[..one.len() - 3].to_vec(),
+            [&one[..], b"garbage"].concat(),
+            {
+                let mut v = one.clone();
+                let n = v.len();
+                v[n - 8] ^= 1; // the CRC
+                v
+            },
+        ] {
+            assert!(
+                matches!(gunzip(&bad, path, 100), Err(DataError::Format { .. })),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_explicit_data_dir_must_exist() {
+        let missing =
+            std::env::temp_dir().join(format!("gym-fetch-missing-{}", std::process::id()));
+        let err = resolve_data_dir(Some(&missing), "mnist").unwrap_err();
+        let message = err.to_string();
+        assert!(
+            message.starts_with(&format!(
+                "the data folder {} does not exist",
+                missing.display()
+            )),
+            "{message}"
+        );
+        assert!(!missing.exists());
+        let here = std::env::temp_dir();
+        assert_eq!(resolve_data_dir(Some(&here), "mnist").unwrap(), here);
+    }
 }

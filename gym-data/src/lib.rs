@@ -6,9 +6,17 @@
 //! for language models.
 //!
 //! Files are looked up in an explicit directory, else in `$GYM_DATA_DIR/<name>`, else in a
-//! user cache directory ([`data_dir`]). Every known file is checked against its checksum;
+//! user cache directory ([`data_dir`]); [`resolve_data_dir`] also refuses an explicit
+//! directory that does not exist. Every known file is checked against its checksum;
 //! with the `download` feature (default) missing files are fetched from the canonical
 //! mirrors and verified before use.
+//!
+//! The parsers take bytes as well as paths ([`mnist::parse_idx`],
+//! [`MnistDataset::from_idx`], [`Cifar10::from_records`], [`Cifar10::from_gzip`],
+//! [`CharCorpus::from_bytes`], [`CharVocab::from_json`]) and treat every file as hostile:
+//! each size a header declares is checked against the bytes present before anything is
+//! allocated, and gzip streams stop at [`MAX_GUNZIPPED_BYTES`], so a truncated, corrupted
+//! or malicious file is a [`DataError`], never a panic or an exhausted memory.
 
 #![warn(missing_docs)]
 

@@ -1,13 +1,11 @@
 //! MNIST from the four IDX files (gzipped or raw), as the original's torchvision loader.
 
 use crate::error::DataError;
-use crate::fetch::{download, verify_md5};
+use crate::fetch::{MAX_GUNZIPPED_BYTES, download, gunzip, verify_md5};
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::{Dataset, DatasetError};
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use flate2::read::GzDecoder;
 use gym_core::ImageBatch;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -123,59 +121,46 @@ impl MnistDataset {
     }
 
     /// Parses decompressed IDX image and label files (`origin` names them in errors).
+    ///
+    /// Each file goes through [`parse_idx`], so every size its header declares is checked
+    /// against the bytes present before anything is copied: a truncated, padded or
+    /// corrupted file, or one whose header claims more images than it holds, is a
+    /// [`DataError::Format`] error, never a panic or an allocation of the claimed size.
     pub fn from_idx(images: &[u8], labels: &[u8], origin: &Path) -> Result<Self, DataError> {
         let bad = |why: String| DataError::Format {
             path: origin.to_path_buf(),
             format: "MNIST IDX",
             why,
         };
-        let header =
-            |bytes: &[u8], words: usize, magic: u32, what: &str| -> Result<Vec<u32>, DataError> {
-                if bytes.len() < 4 * words {
-                    return Err(bad(format!("{what} file too short for its header")));
-                }
-                let w: Vec<u32> = (0..words)
-                    .map(|i| {
-                        u32::from_be_bytes(bytes[4 * i..4 * i + 4].try_into().expect("4 bytes"))
-                    })
-                    .collect();
-                if w[0] != magic {
-                    return Err(bad(format!(
-                        "{what} magic number {:#010x}, expected {magic:#010x}",
-                        w[0]
-                    )));
-                }
-                Ok(w)
-            };
-        let ih = header(images, 4, 0x0000_0803, "image")?;
-        let lh = header(labels, 2, 0x0000_0801, "label")?;
-        let (n, rows, cols) = (ih[1] as usize, ih[2] as usize, ih[3] as usize);
+        let parse = |bytes, ndims: usize, what: &str| {
+            let array = parse_idx(bytes, origin).map_err(|e| match e {
+                DataError::Format { why, .. } => bad(format!("{what} file: {why}")),
+                e => e,
+            })?;
+            if array.dims.len() != ndims {
+                return Err(bad(format!(
+                    "{what} file has {} dimensions {:?}, expected {ndims}",
+                    array.dims.len(),
+                    array.dims
+                )));
+            }
+            Ok(array)
+        };
+        let images = parse(images, 3, "image")?;
+        let labels = parse(labels, 1, "label")?;
+        let (n, rows, cols) = (images.dims[0], images.dims[1], images.dims[2]);
         if (rows, cols) != (SIDE, SIDE) {
             return Err(bad(format!("images are {rows}×{cols}, expected 28×28")));
         }
-        if lh[1] as usize != n {
-            return Err(bad(format!("{n} images but {} labels", lh[1])));
+        if labels.dims[0] != n {
+            return Err(bad(format!("{n} images but {} labels", labels.dims[0])));
         }
-        if images.len() != 16 + n * PIXELS {
-            return Err(bad(format!(
-                "image file has {} bytes, expected {} for {n} images",
-                images.len(),
-                16 + n * PIXELS
-            )));
-        }
-        if labels.len() != 8 + n {
-            return Err(bad(format!(
-                "label file has {} bytes, expected {}",
-                labels.len(),
-                8 + n
-            )));
-        }
-        if let Some(l) = labels[8..].iter().find(|&&l| l > 9) {
+        if let Some(l) = labels.data.iter().find(|&&l| l > 9) {
             return Err(bad(format!("label {l} is not a digit")));
         }
         Ok(MnistDataset {
-            images: images[16..].into(),
-            labels: labels[8..].into(),
+            images: images.data.into(),
+            labels: labels.data.into(),
         })
     }
 
@@ -205,6 +190,97 @@ impl Dataset<MnistItem> for MnistDataset {
     }
 }
 
+/// An IDX array of unsigned bytes, as [`parse_idx`] reads it: its dimensions and its
+/// data, borrowed from the file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdxArray<'a> {
+    /// The size of each dimension, outermost first (`[n, 28, 28]` for MNIST images).
+    pub dims: Vec<usize>,
+    /// The elements, row-major: exactly the product of `dims` bytes.
+    pub data: &'a [u8],
+}
+
+/// Type code of unsigned bytes, the third byte of an IDX magic number.
+const IDX_UBYTE: u8 = 0x08;
+
+/// Parses an IDX file of unsigned bytes (magic `00 00 08 D`, then `D` big-endian `u32`
+/// dimensions, then the data), `origin` naming it in errors.
+///
+/// Every length the header declares is checked against the bytes present: a header cut
+/// short, zero dimensions, another element type, dimensions whose product overflows, or a
+/// data size other than their product (truncated, padded, or a corrupted dimension) is a
+/// [`DataError::Format`] error. Nothing is allocated beyond the list of dimensions (at most
+/// 255), whatever the header claims.
+pub fn parse_idx<'a>(bytes: &'a [u8], origin: &Path) -> Result<IdxArray<'a>, DataError> {
+    let bad = |why: String| DataError::Format {
+        path: origin.to_path_buf(),
+        format: "IDX",
+        why,
+    };
+    let Some(&[z0, z1, kind, ndims]) = bytes.first_chunk::<4>() else {
+        return Err(bad(format!(
+            "{} bytes, too short for the 4-byte magic number",
+            bytes.len()
+        )));
+    };
+    let magic = u32::from_be_bytes([z0, z1, kind, ndims]);
+    if (z0, z1) != (0, 0) {
+        return Err(bad(format!(
+            "magic number {magic:#010x} does not start with two zero bytes"
+        )));
+    }
+    if kind != IDX_UBYTE {
+        return Err(bad(format!(
+            "magic number {magic:#010x}: element type {kind:#04x}, expected unsigned bytes \
+             ({IDX_UBYTE:#04x})"
+        )));
+    }
+    if ndims == 0 {
+        return Err(bad(format!(
+            "magic number {magic:#010x} declares no dimension"
+        )));
+    }
+    let ndims = usize::from(ndims);
+    let header = 4 + 4 * ndims;
+    let Some(words) = bytes.get(4..header) else {
+        return Err(bad(format!(
+            "{} bytes, too short for a header of {ndims} dimensions ({header} bytes)",
+            bytes.len()
+        )));
+    };
+    let mut dims = Vec::with_capacity(ndims);
+    let mut elements = 1usize;
+    for word in words.chunks_exact(4) {
+        let dim = u32::from_be_bytes(word.try_into().expect("chunks of 4 bytes"));
+        let dim = usize::try_from(dim).map_err(|_| {
+            bad(format!(
+                "dimension {dim} does not fit this machine's memory"
+            ))
+        })?;
+        dims.push(dim);
+        elements = elements.checked_mul(dim).ok_or_else(|| {
+            bad(format!(
+                "dimensions {dims:?}… multiply to more elements than a machine can address"
+            ))
+        })?;
+    }
+    let data = &bytes[header..];
+    if data.len() != elements {
+        return Err(bad(format!(
+            "the header's dimensions {dims:?} declare {elements} bytes of data, the file has \
+             {} bytes after its {header}-byte header ({} in all){}",
+            data.len(),
+            bytes.len(),
+            if data.len() < elements {
+                " (truncated?)"
+            } else {
+                " (trailing bytes)"
+            }
+        )));
+    }
+    Ok(IdxArray { dims, data })
+}
+
 /// The gzipped or raw copy of `file` in `dir`, if either exists.
 fn find(dir: &Path, file: &IdxFile) -> Option<PathBuf> {
     [format!("{}.gz", file.name), file.name.to_string()]
@@ -217,21 +293,21 @@ fn find(dir: &Path, file: &IdxFile) -> Option<PathBuf> {
 fn read_verified(dir: &Path, file: &IdxFile) -> Result<Vec<u8>, DataError> {
     let path = find(dir, file).ok_or_else(|| DataError::Missing {
         path: dir.join(format!("{}.gz", file.name)),
-        hint: " (pass the folder holding the MNIST IDX files, set GYM_DATA_DIR, or download them)"
-            .into(),
+        hint: if dir.is_dir() {
+            " (pass the folder holding the MNIST IDX files, set GYM_DATA_DIR, or download them)"
+                .into()
+        } else {
+            format!(
+                " (the folder {} does not exist: pass the folder holding the MNIST IDX \
+                 files, set GYM_DATA_DIR, or download them)",
+                dir.display()
+            )
+        },
     })?;
     let bytes = std::fs::read(&path).map_err(|e| DataError::io(&path, e))?;
     if path.extension().is_some_and(|e| e == "gz") {
         verify_md5(&path, &bytes, file.gz_md5)?;
-        let mut raw = Vec::new();
-        GzDecoder::new(&bytes[..])
-            .read_to_end(&mut raw)
-            .map_err(|e| DataError::Format {
-                path: path.clone(),
-                format: "gzip",
-                why: e.to_string(),
-            })?;
-        Ok(raw)
+        gunzip(&bytes, &path, MAX_GUNZIPPED_BYTES)
     } else {
         verify_md5(&path, &bytes, file.raw_md5)?;
         Ok(bytes)
@@ -256,5 +332,42 @@ impl Batcher<MnistItem, ImageBatch> for MnistBatcher {
             images: Tensor::from_data(TensorData::new(pixels, [n, 1, SIDE, SIDE]), device),
             targets: Tensor::<1, Int>::from_data(TensorData::new(labels, [n]), device),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn idx(dims: &[u32], data: &[u8]) -> Vec<u8> {
+        let mut v = vec![0, 0, IDX_UBYTE, dims.len() as u8];
+        for d in dims {
+            v.extend_from_slice(&d.to_be_bytes());
+        }
+        v.extend_from_slice(data);
+        v
+    }
+
+    #[test]
+    fn idx_headers_are_checked_against_the_bytes_present() {
+        let origin = Path::new("mem");
+        let ok = idx(&[2, 3], &[1, 2, 3, 4, 5, 6]);
+        let array = parse_idx(&ok, origin).unwrap();
+        assert_eq!(array.dims, vec![2, 3]);
+        assert_eq!(array.data, &[1, 2, 3, 4, 5, 6]);
+        let why = |bytes: &[u8]| match parse_idx(bytes, origin) {
+            Err(DataError::Format { why, .. }) => why,
+            other => panic!("{other:?}"),
+        };
+        assert!(why(&ok[..3]).contains("too short"));
+        assert!(why(&ok[..10]).contains("too short"));
+        assert!(why(&ok[..ok.len() - 1]).contains("truncated"));
+        assert!(why(&[&ok[..], &[0]].concat()).contains("trailing"));
+        assert!(why(&idx(&[], &[])).contains("no dimension"));
+        assert!(why(&[1, 0, 8, 1, 0, 0, 0, 0]).contains("two zero bytes"));
+        assert!(why(&[0, 0, 0x0d, 1, 0, 0, 0, 0]).contains("element type 0x0d"));
+        // 2^31 elements claimed over 16 bytes; dims whose product overflows.
+        assert!(why(&idx(&[1 << 31], &[0; 16])).contains("2147483648"));
+        assert!(why(&idx(&[u32::MAX; 3], &[0; 16])).contains("multiply"));
     }
 }

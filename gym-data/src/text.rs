@@ -174,16 +174,22 @@ impl CharVocab {
         std::fs::write(path, self.to_json()).map_err(|e| DataError::io(path, e))
     }
 
-    /// Reads a vocabulary written by [`save`](Self::save).
+    /// Reads a vocabulary written by [`save`](Self::save). A file that is not UTF-8 is a
+    /// [`DataError::Format`] error.
     pub fn load(path: &Path) -> Result<Self, DataError> {
-        let json = std::fs::read_to_string(path).map_err(|e| match e.kind() {
+        let bytes = std::fs::read(path).map_err(|e| match e.kind() {
             std::io::ErrorKind::NotFound => DataError::Missing {
                 path: path.to_path_buf(),
                 hint: String::new(),
             },
             _ => DataError::io(path, e),
         })?;
-        Self::from_json(&json, path)
+        let json = std::str::from_utf8(&bytes).map_err(|e| DataError::Format {
+            path: path.to_path_buf(),
+            format: "vocabulary JSON",
+            why: format!("not UTF-8 text: {e}"),
+        })?;
+        Self::from_json(json, path)
     }
 }
 
@@ -202,7 +208,24 @@ impl CharCorpus {
         Ok(CharCorpus { vocab, tokens })
     }
 
-    /// Reads a UTF-8 text file.
+    /// The corpus of the UTF-8 text `bytes` (`origin` names them in errors): bytes that are
+    /// not UTF-8 are a [`DataError::Format`] error naming the first bad position, an empty
+    /// text [`DataError::EmptyText`].
+    pub fn from_bytes(bytes: &[u8], origin: &Path) -> Result<Self, DataError> {
+        let text = std::str::from_utf8(bytes).map_err(|e| DataError::Format {
+            path: origin.to_path_buf(),
+            format: "UTF-8 text",
+            why: e.to_string(),
+        })?;
+        Self::from_text(text).map_err(|e| match e {
+            DataError::EmptyText { .. } => DataError::EmptyText {
+                origin: origin.display().to_string(),
+            },
+            e => e,
+        })
+    }
+
+    /// Reads a UTF-8 text file ([`from_bytes`](Self::from_bytes)).
     pub fn load(path: &Path) -> Result<Self, DataError> {
         let bytes = std::fs::read(path).map_err(|e| match e.kind() {
             std::io::ErrorKind::NotFound => DataError::Missing {
@@ -211,17 +234,7 @@ impl CharCorpus {
             },
             _ => DataError::io(path, e),
         })?;
-        let text = String::from_utf8(bytes).map_err(|e| DataError::Format {
-            path: path.to_path_buf(),
-            format: "UTF-8 text",
-            why: e.to_string(),
-        })?;
-        Self::from_text(&text).map_err(|e| match e {
-            DataError::EmptyText { .. } => DataError::EmptyText {
-                origin: path.display().to_string(),
-            },
-            e => e,
-        })
+        Self::from_bytes(&bytes, path)
     }
 
     /// Reads `dir/input.txt`; if it is missing, downloads tiny-shakespeare there first
@@ -324,11 +337,13 @@ impl TokenWindows {
                 tokens.len()
             )));
         }
-        if range.len() < block_size + 1 {
+        // `block_size + 1` overflows for a block size of `usize::MAX`: no text is that long.
+        let needed = block_size.saturating_add(1);
+        if range.len() < needed {
             return Err(DataError::TooShort {
                 what: "the text".into(),
                 tokens: range.len(),
-                needed: block_size + 1,
+                needed,
                 hint: format!(" for one window of block size {block_size}"),
             });
         }
@@ -366,7 +381,8 @@ impl TokenWindows {
             )));
         }
         let n = self.end - self.start;
-        let bound = |r: usize| self.start + n * r / num_shards;
+        // In u128: `n * r` may overflow usize for a huge shard count.
+        let bound = |r: usize| self.start + (n as u128 * r as u128 / num_shards as u128) as usize;
         Self::over(
             self.tokens.clone(),
             bound(rank)..bound(rank + 1),

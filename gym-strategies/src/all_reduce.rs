@@ -5,8 +5,8 @@ use crate::compress::{CompressionConfig, Compressor};
 use burn::config::Config;
 use burn::tensor::Tensor;
 use gym_core::{
-    Group, InnerOptimizer, InnerOptimizerConfig, NodeInfo, Replica, Result, StepContext, Strategy,
-    StrategyConfig,
+    Group, InnerOptimizer, InnerOptimizerConfig, NodeInfo, Replica, Result, StateDict,
+    StepContext, Strategy, StrategyConfig,
 };
 
 /// Configuration of [`AllReduce`].
@@ -63,5 +63,19 @@ impl Strategy for AllReduce {
 
     fn lr(&self) -> f64 {
         self.optim.lr()
+    }
+
+    fn save_state(&self, state: &mut StateDict) -> Result<()> {
+        let (mut inner, mut compressor) = (StateDict::new(), StateDict::new());
+        self.optim.save_state(&mut inner)?;
+        self.compressor.save_state(&mut compressor)?;
+        state.insert_child("inner", inner);
+        state.insert_child("compressor", compressor);
+        Ok(())
+    }
+
+    fn load_state(&mut self, state: &StateDict) -> Result<()> {
+        self.optim.load_state(&state.child("inner"))?;
+        self.compressor.load_state(&state.child("compressor"))
     }
 }

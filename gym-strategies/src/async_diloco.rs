@@ -7,8 +7,8 @@ use burn::config::Config;
 use burn::tensor::{Tensor, TensorData};
 use gym_core::optim::check_learning_rate;
 use gym_core::{
-    GymError, InnerOptimizer, InnerOptimizerConfig, NodeInfo, Replica, Result, StepContext,
-    Strategy, StrategyConfig,
+    GymError, InnerOptimizer, InnerOptimizerConfig, NodeInfo, Replica, Result, StateDict,
+    StepContext, Strategy, StrategyConfig,
 };
 
 /// Asynchronous DiLoCo with Delayed Nesterov (DN) and Dynamic Local Updates (DyLU).
@@ -214,6 +214,39 @@ impl Strategy for AsyncDiLoCo {
 
     fn master_params(&self) -> Option<Tensor<1>> {
         Some(self.master.clone())
+    }
+
+    fn save_state(&self, state: &mut StateDict) -> Result<()> {
+        let mut inner = StateDict::new();
+        self.optim.save_state(&mut inner)?;
+        state.insert_child("inner", inner);
+        state.put_tensor("master", &self.master)?;
+        state.put_u64("pushes", self.pushes as u64);
+        // m and G do not exist before the first momentum update / after a flush: a flag each.
+        for (key, value) in [("momentum", &self.momentum), ("buffer", &self.buffer)] {
+            state.put_u64(&format!("has_{key}"), u64::from(value.is_some()));
+            if let Some(t) = value {
+                state.put_tensor(key, t)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn load_state(&mut self, state: &StateDict) -> Result<()> {
+        self.optim.load_state(&state.child("inner"))?;
+        let (n, device) = (self.master.dims()[0], self.master.device());
+        self.master = state.tensor("master", n, &device)?;
+        self.pushes = usize::try_from(state.u64("pushes")?)
+            .map_err(|_| GymError::Checkpoint("`pushes` does not fit this machine".into()))?;
+        let load = |key: &str| -> Result<Option<Tensor<1>>> {
+            match state.u64(&format!("has_{key}"))? {
+                0 => Ok(None),
+                _ => state.tensor(key, n, &device).map(Some),
+            }
+        };
+        self.momentum = load("momentum")?;
+        self.buffer = load("buffer")?;
+        Ok(())
     }
 }
 

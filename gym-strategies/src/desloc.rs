@@ -7,8 +7,8 @@ use burn::optim::lr_scheduler::module_lr_scheduler::ModuleLrScheduler;
 use burn::tensor::Tensor;
 use gym_core::optim::{check_learning_rate, check_max_norm, clip_grad_norm};
 use gym_core::{
-    GymError, LrScheduleConfig, NodeInfo, ReduceOp, Replica, Result, StepContext, Strategy,
-    StrategyConfig,
+    GymError, LrScheduleConfig, NodeInfo, ReduceOp, Replica, Result, StateDict, StepContext,
+    Strategy, StrategyConfig,
 };
 
 /// DES-LOC: each node runs Adam(W) on its own replica, and after the local update of step
@@ -145,6 +145,8 @@ pub struct DesLoc {
     rho: Option<f64>,
     max_norm: Option<f64>,
     schedule: ModuleLrScheduler,
+    /// Steps taken: the schedule's position.
+    steps: u64,
     lr: f64,
     /// First moment u.
     u: Tensor<1>,
@@ -175,6 +177,7 @@ impl StrategyConfig for DesLocConfig {
             rho: self.rho,
             max_norm: self.max_norm,
             schedule: self.schedule.init(self.lr, node.max_steps)?,
+            steps: 0,
             lr: self.lr,
             u: zeros.clone(),
             v: zeros,
@@ -198,6 +201,7 @@ impl Strategy for DesLoc {
         }
         let lr = self.schedule.step().base();
         self.lr = lr;
+        self.steps += 1;
 
         // Adam with decoupled weight decay, term for term as Burn's AdamW.
         let (b1, b2) = (self.beta1, self.beta2);
@@ -233,5 +237,29 @@ impl Strategy for DesLoc {
 
     fn lr(&self) -> f64 {
         self.lr
+    }
+
+    // θ lives in the replica and Adam's step counter is the run's step: u, v and the
+    // schedule's position are the whole state.
+    fn save_state(&self, state: &mut StateDict) -> Result<()> {
+        state.put_tensor("u", &self.u)?;
+        state.put_tensor("v", &self.v)?;
+        state.put_u64("steps", self.steps);
+        state.put_f64("lr", self.lr);
+        Ok(())
+    }
+
+    fn load_state(&mut self, state: &StateDict) -> Result<()> {
+        let (n, device) = (self.u.dims()[0], self.u.device());
+        self.u = state.tensor("u", n, &device)?;
+        self.v = state.tensor("v", n, &device)?;
+        let steps = state.u64("steps")?;
+        // The schedule is replayed to its position (Burn's schedulers keep no record).
+        for _ in self.steps..steps {
+            self.schedule.step();
+        }
+        self.steps = steps;
+        self.lr = state.f64("lr")?;
+        Ok(())
     }
 }

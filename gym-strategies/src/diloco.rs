@@ -9,7 +9,8 @@ use crate::outer::{OuterOptimizer, default_outer_optimizer};
 use burn::config::Config;
 use burn::tensor::Tensor;
 use gym_core::{
-    Group, GymError, InnerOptimizerConfig, NodeInfo, OptimizerConfig, Replica, Result, StepContext,
+    Group, GymError, InnerOptimizerConfig, NodeInfo, OptimizerConfig, Replica, Result, StateDict,
+    StepContext,
 };
 
 /// Configuration of the DiLoCo communication module.
@@ -85,6 +86,20 @@ impl CommunicationModule for DiLoCoCommunicator {
 
     fn master_params(&self) -> Option<Tensor<1>> {
         Some(self.outer.master())
+    }
+
+    fn save_state(&self, state: &mut StateDict) -> Result<()> {
+        let (mut outer, mut compressor) = (StateDict::new(), StateDict::new());
+        self.outer.save_state(&mut outer)?;
+        self.compressor.save_state(&mut compressor)?;
+        state.insert_child("outer", outer);
+        state.insert_child("compressor", compressor);
+        Ok(())
+    }
+
+    fn load_state(&mut self, state: &StateDict) -> Result<()> {
+        self.outer.load_state(&state.child("outer"))?;
+        self.compressor.load_state(&state.child("compressor"))
     }
 }
 

@@ -7,7 +7,9 @@ use crate::communicate::{
 use crate::compress::{CompressionConfig, Compressor};
 use burn::config::Config;
 use gym_core::rng::derive_seed;
-use gym_core::{Group, GymError, InnerOptimizerConfig, NodeInfo, Replica, Result, StepContext};
+use gym_core::{
+    Group, GymError, InnerOptimizerConfig, NodeInfo, Replica, Result, StateDict, StepContext,
+};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
@@ -116,6 +118,18 @@ impl CommunicationModule for AveragingCommunicator {
         let average = self.compressor.mean(&group, replica.params(), ctx)?;
         replica.set_params(average);
         Ok(())
+    }
+
+    // The islands are a function of (seed, step): only the compressor carries state.
+    fn save_state(&self, state: &mut StateDict) -> Result<()> {
+        let mut compressor = StateDict::new();
+        self.compressor.save_state(&mut compressor)?;
+        state.insert_child("compressor", compressor);
+        Ok(())
+    }
+
+    fn load_state(&mut self, state: &StateDict) -> Result<()> {
+        self.compressor.load_state(&state.child("compressor"))
     }
 }
 

@@ -11,7 +11,7 @@ use gym_core::optim::check_learning_rate;
 use gym_core::rng::derive_seed;
 use gym_core::{
     Group, GymError, InnerOptimizerConfig, NodeInfo, OptimizerConfig, ReduceOp, Replica, Result,
-    StepContext,
+    StateDict, StepContext,
 };
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
@@ -194,6 +194,19 @@ impl CommunicationModule for NoLoCoCommunicator {
 
     fn master_params(&self) -> Option<Tensor<1>> {
         Some(self.phi.clone())
+    }
+
+    // The groups are a function of (seed, step): φ_i and m_i are the whole state.
+    fn save_state(&self, state: &mut StateDict) -> Result<()> {
+        state.put_tensor("phi", &self.phi)?;
+        state.put_tensor("momentum", &self.momentum)
+    }
+
+    fn load_state(&mut self, state: &StateDict) -> Result<()> {
+        let (n, device) = (self.phi.dims()[0], self.phi.device());
+        self.phi = state.tensor("phi", n, &device)?;
+        self.momentum = state.tensor("momentum", n, &device)?;
+        Ok(())
     }
 }
 

@@ -19,7 +19,8 @@ use burn::config::Config;
 use burn::tensor::{IndexingUpdateOp, Int, Tensor, TensorData};
 use gym_core::rng::derive_seed;
 use gym_core::{
-    GymError, InnerOptimizerConfig, NodeInfo, ParamLayout, ReduceOp, Replica, Result, StepContext,
+    GymError, InnerOptimizerConfig, NodeInfo, ParamLayout, ReduceOp, Replica, Result, StateDict,
+    StepContext,
 };
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -107,6 +108,18 @@ impl IndexSelector {
         }
         out.sort_unstable();
         out
+    }
+
+    /// Saves the selector's position: every draw is seeded from (seed, iteration), so the
+    /// counter is the whole random state.
+    pub fn save_state(&self, state: &mut StateDict) {
+        state.put_u64("iteration", self.iteration);
+    }
+
+    /// Restores what [`save_state`](Self::save_state) wrote.
+    pub fn load_state(&mut self, state: &StateDict) -> Result<()> {
+        self.iteration = state.u64("iteration")?;
+        Ok(())
     }
 }
 
@@ -206,6 +219,17 @@ impl CommunicationModule for SparseCommunicator {
             .all_reduce(flat.clone().select(0, idx.clone()), ReduceOp::Mean)?;
         replica.set_params(flat.select_assign(0, idx, mean, IndexingUpdateOp::Assign));
         Ok(())
+    }
+
+    fn save_state(&self, state: &mut StateDict) -> Result<()> {
+        let mut selector = StateDict::new();
+        self.selector.save_state(&mut selector);
+        state.insert_child("selector", selector);
+        Ok(())
+    }
+
+    fn load_state(&mut self, state: &StateDict) -> Result<()> {
+        self.selector.load_state(&state.child("selector"))
     }
 }
 

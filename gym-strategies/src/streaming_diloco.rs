@@ -5,13 +5,13 @@
 use crate::communicate::{
     CommunicateOptimizeConfig, CommunicationModule, CommunicationModuleConfig, composed_strategy,
 };
-use crate::compress::{Codec, CompressionConfig, Compressor, PendingMean, Quantizer};
+use crate::compress::{Codec, CompressionConfig, Compressor, Quantizer};
 use crate::outer::{OuterOptimizer, default_outer_optimizer};
 use burn::config::Config;
 use burn::tensor::Tensor;
 use gym_core::{
-    Group, GymError, InnerOptimizerConfig, NodeInfo, OptimizerConfig, ParamLayout, Replica, Result,
-    StepContext,
+    Group, GymError, InnerOptimizerConfig, NodeInfo, OptimizerConfig, ParamLayout, Pending,
+    Replica, Result, StateDict, StepContext,
 };
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
@@ -217,10 +217,19 @@ fn scatter(ranges: &[Range<usize>], flat: Tensor<1>, values: Tensor<1>) -> Tenso
 }
 
 /// A mean started at a prepare step, applied at its sync step.
+///
+/// A collective exchanges the values when it starts; its [`Pending`] only defers charging
+/// the simulated clock for the transfer. So the mean's value is taken at once and kept
+/// apart from that charge: a checkpoint between the prepare and the sync saves the value
+/// (a `Pending` cannot be saved), and waiting stays where it was, at the sync step.
 struct InFlight {
     fragment: usize,
     sync_step: usize,
-    mean: PendingMean,
+    /// Δ̄_p, as decoded (a decoding error surfaces at the sync step, as before).
+    mean: Result<Tensor<1>>,
+    /// The transfer's charge to the clock, paid at the sync step; a restored mean has
+    /// none left (see [`StreamingDiLoCo`]'s checkpoint notes).
+    transfer: Pending<()>,
 }
 
 /// One node's Streaming DiLoCo synchronisation, after each inner step (torchft's rule, with
@@ -245,6 +254,15 @@ struct InFlight {
 ///
 /// [`master_params`](CommunicationModule::master_params) is the φ_p put back in layout
 /// order; all nodes hold the same.
+///
+/// # Checkpoints
+///
+/// Saved: every fragment's outer optimizer (φ_p, its momentum) and compressor under
+/// `fragment{p}/`, and a mean in flight (prepared, not yet synced) as its value Δ̄_p with its
+/// fragment and sync step under `in_flight/`. The value is exactly what the sync would have
+/// applied, so parameters resume bit for bit. On a simulated clock the resumed run does not
+/// charge the rest of that transfer at the sync step (the part the τ steps did not hide):
+/// its clock can run behind an uninterrupted run's by at most that one transfer.
 pub struct StreamingDiLoCo {
     /// s = H/F, steps between two synchronisation events.
     stride: usize,
@@ -328,12 +346,19 @@ impl StreamingDiLoCo {
         let fragment = &mut self.fragments[p];
         let delta = fragment.outer.master() - gather(&fragment.ranges, &replica.params());
         let world = Group::world(ctx.world_size);
-        let mean = fragment.compressor.start_mean(&world, delta, ctx)?;
+        // `map` applies its function at once (it takes a borrowing closure): the value is
+        // held from here, the clock's charge stays with `transfer`.
+        let mut mean = None;
+        let transfer = fragment
+            .compressor
+            .start_mean(&world, delta, ctx)?
+            .map(|m| mean = Some(m));
         debug_assert!(self.in_flight.is_none(), "at most one fragment in flight");
         self.in_flight = Some(InFlight {
             fragment: p,
             sync_step,
-            mean,
+            mean: mean.expect("`Pending::map` applies its function at once"),
+            transfer,
         });
         Ok(())
     }
@@ -341,11 +366,17 @@ impl StreamingDiLoCo {
     /// Applies the mean in flight if its sync step is `step`: outer step, then mixing into
     /// the replica.
     fn sync_if_due(&mut self, replica: &mut dyn Replica, step: usize) -> Result<()> {
-        let Some(InFlight { fragment, mean, .. }) = self.in_flight.take_if(|f| f.sync_step == step)
+        let Some(InFlight {
+            fragment,
+            mean,
+            transfer,
+            ..
+        }) = self.in_flight.take_if(|f| f.sync_step == step)
         else {
             return Ok(());
         };
-        let mean = mean.wait()??;
+        transfer.wait()?;
+        let mean = mean?;
         let fragment = &mut self.fragments[fragment];
         let phi = fragment.outer.step(mean);
         let theta = replica.params();
@@ -383,5 +414,59 @@ impl CommunicationModule for StreamingDiLoCo {
         }
         pieces.sort_by_key(|(start, _)| *start);
         Some(Tensor::cat(pieces.into_iter().map(|(_, t)| t).collect(), 0))
+    }
+
+    fn save_state(&self, state: &mut StateDict) -> Result<()> {
+        for (p, fragment) in self.fragments.iter().enumerate() {
+            let (mut outer, mut compressor) = (StateDict::new(), StateDict::new());
+            fragment.outer.save_state(&mut outer)?;
+            fragment.compressor.save_state(&mut compressor)?;
+            state.insert_child(&format!("fragment{p}/outer"), outer);
+            state.insert_child(&format!("fragment{p}/compressor"), compressor);
+        }
+        state.put_u64("in_flight", u64::from(self.in_flight.is_some()));
+        if let Some(f) = &self.in_flight {
+            let mean = f.mean.as_ref().map_err(|e| {
+                GymError::Checkpoint(format!("Streaming DiLoCo: the mean in flight failed: {e}"))
+            })?;
+            state.put_u64("in_flight/fragment", f.fragment as u64);
+            state.put_u64("in_flight/sync_step", f.sync_step as u64);
+            state.put_tensor("in_flight/mean", mean)?;
+        }
+        Ok(())
+    }
+
+    fn load_state(&mut self, state: &StateDict) -> Result<()> {
+        for (p, fragment) in self.fragments.iter_mut().enumerate() {
+            fragment
+                .outer
+                .load_state(&state.child(&format!("fragment{p}/outer")))?;
+            fragment
+                .compressor
+                .load_state(&state.child(&format!("fragment{p}/compressor")))?;
+        }
+        self.in_flight = None;
+        if state.u64("in_flight")? != 0 {
+            let index = |key: &str| -> Result<usize> {
+                usize::try_from(state.u64(key)?)
+                    .map_err(|_| GymError::Checkpoint(format!("`{key}` is out of range")))
+            };
+            let p = index("in_flight/fragment")?;
+            let Some(fragment) = self.fragments.get(p) else {
+                return Err(GymError::Checkpoint(format!(
+                    "`in_flight/fragment` is {p} where this run has {} fragments",
+                    self.fragments.len()
+                )));
+            };
+            let phi = fragment.outer.master();
+            let (n, device) = (phi.dims()[0], phi.device());
+            self.in_flight = Some(InFlight {
+                fragment: p,
+                sync_step: index("in_flight/sync_step")?,
+                mean: Ok(state.tensor("in_flight/mean", n, &device)?),
+                transfer: Pending::ready(()),
+            });
+        }
+        Ok(())
     }
 }

@@ -230,6 +230,23 @@ impl InProcessGroup {
         self.shared.simulated_time(rank)
     }
 
+    /// `rank`'s clock and when its link is next free, if the group simulates time: what a
+    /// checkpoint saves.
+    pub fn clock_state(&self, rank: usize) -> Option<(SimulatedTime, f64)> {
+        self.shared.network.as_ref().map(|_| {
+            let c = lock(&self.shared.clocks[rank]);
+            (c.time, c.link_free_s)
+        })
+    }
+
+    /// Puts `rank` back where a checkpoint found it: its traffic so far and its clock.
+    pub fn restore(&self, rank: usize, stats: CommStats, clock: Option<(SimulatedTime, f64)>) {
+        lock(&self.shared.stats[rank])[Accounting::Training as usize] = stats;
+        if let Some((time, link_free_s)) = clock {
+            *lock(&self.shared.clocks[rank]) = NodeClock { time, link_free_s };
+        }
+    }
+
     /// Bytes and calls of `rank` made through an [observer](InProcessCollective::observer)
     /// handle (evaluation of the averaged model, final averaging): not part of the metric.
     pub fn observer_stats(&self, rank: usize) -> CommStats {

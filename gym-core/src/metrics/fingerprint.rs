@@ -11,6 +11,11 @@ impl Default for Fingerprint {
 }
 
 impl Fingerprint {
+    /// A fingerprint that continues from `state` (a [`finish`](Self::finish)ed value).
+    pub fn resume(state: u64) -> Self {
+        Fingerprint(state)
+    }
+
     /// Mixes `x` in.
     pub fn write_u64(&mut self, x: u64) {
         for b in x.to_le_bytes() {

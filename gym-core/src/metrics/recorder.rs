@@ -53,9 +53,24 @@ struct PendingStep {
     received: u64,
     compute_s: f64,
     strategy_s: f64,
-    /// Over the nodes: the latest clock, and the step's compute, communication and idle
-    /// seconds summed.
-    simulated: Option<(f64, SimulatedTime)>,
+    /// Per node, the step's compute, communication and idle seconds and its clock after it
+    /// (summed in rank order when the step is emitted, so the sums do not depend on which
+    /// node reported first).
+    simulated: Vec<Option<SimulatedTime>>,
+}
+
+impl PendingStep {
+    /// Over the nodes: the latest clock, and the step's seconds summed in rank order.
+    fn simulated(&self) -> Option<(f64, SimulatedTime)> {
+        self.simulated.iter().try_fold(None, |acc, node| {
+            let node = (*node)?;
+            let (latest, mut sum): (f64, SimulatedTime) = acc.unwrap_or_default();
+            sum.compute_s += node.compute_s;
+            sum.comm_s += node.comm_s;
+            sum.idle_s += node.idle_s;
+            Some(Some((latest.max(node.now_s), sum)))
+        })?
+    }
 }
 
 /// What one node reports after a step.
@@ -138,7 +153,7 @@ impl Recorder {
             received: 0,
             compute_s: 0.0,
             strategy_s: 0.0,
-            simulated: None,
+            simulated: vec![None; k],
         });
         p.losses[rank] = Some(node.loss);
         if rank == 0 {
@@ -151,11 +166,12 @@ impl Recorder {
         if let Some(now) = node.simulated {
             let before = std::mem::replace(&mut st.last_simulated[rank], now);
             let p = st.pending.get_mut(&step).expect("inserted above");
-            let (latest, sum) = p.simulated.get_or_insert((0.0, SimulatedTime::default()));
-            *latest = latest.max(now.now_s);
-            sum.compute_s += now.compute_s - before.compute_s;
-            sum.comm_s += now.comm_s - before.comm_s;
-            sum.idle_s += now.idle_s - before.idle_s;
+            p.simulated[rank] = Some(SimulatedTime {
+                now_s: now.now_s,
+                compute_s: now.compute_s - before.compute_s,
+                comm_s: now.comm_s - before.comm_s,
+                idle_s: now.idle_s - before.idle_s,
+            });
         }
         // Emit every completed step in order.
         while let Some(p) = st.pending.get(&st.next_step) {
@@ -177,10 +193,10 @@ impl Recorder {
                 strategy_s: p.strategy_s / k as f64,
                 bytes_sent: p.sent / k as u64,
                 bytes_received: p.received / k as u64,
-                sim_time_s: p.simulated.map(|(latest, _)| latest),
-                sim_compute_s: p.simulated.map(|(_, s)| s.compute_s / k as f64),
-                sim_comm_s: p.simulated.map(|(_, s)| s.comm_s / k as f64),
-                sim_idle_s: p.simulated.map(|(_, s)| s.idle_s / k as f64),
+                sim_time_s: p.simulated().map(|(latest, _)| latest),
+                sim_compute_s: p.simulated().map(|(_, s)| s.compute_s / k as f64),
+                sim_comm_s: p.simulated().map(|(_, s)| s.comm_s / k as f64),
+                sim_idle_s: p.simulated().map(|(_, s)| s.idle_s / k as f64),
             };
             st.last_emit = now;
             st.last_step_done = now;
@@ -272,6 +288,60 @@ impl Recorder {
         })
     }
 
+    /// The records of the steps before `next_step`: the evaluations before it and the
+    /// correlations up to it (what a checkpoint taken between steps saves). Every node has
+    /// finished those steps when it is called, so they are all out.
+    pub fn snapshot(&self, next_step: usize) -> Records {
+        let st = self.lock();
+        let mut validation: Vec<ValRecord> = st
+            .validation
+            .iter()
+            .filter(|v| v.step < next_step)
+            .cloned()
+            .collect();
+        validation.sort_by_key(|v| v.step);
+        Records {
+            train: st.train[..next_step.min(st.train.len())].to_vec(),
+            validation,
+            correlation: st
+                .correlation
+                .iter()
+                .filter(|c| c.step <= next_step)
+                .cloned()
+                .collect(),
+        }
+    }
+
+    /// Starts from a checkpoint: its records are the run's so far (written to the logs
+    /// again), the next step is `next_step`, and `clocks` are the nodes' simulated clocks.
+    pub fn restore(&self, next_step: usize, records: Records, clocks: Vec<SimulatedTime>) {
+        let mut st = self.lock();
+        if let Some(logs) = st.logs.as_mut() {
+            let written = records
+                .train
+                .iter()
+                .try_for_each(|r| logs.train_row(r))
+                .and_then(|_| records.validation.iter().try_for_each(|r| logs.val_row(r)))
+                .and_then(|_| {
+                    records
+                        .correlation
+                        .iter()
+                        .try_for_each(|r| logs.correlation_row(r))
+                });
+            if let Err(e) = written {
+                st.write_error.get_or_insert(e);
+            }
+        }
+        st.next_step = next_step;
+        st.train = records.train;
+        st.validation = records.validation;
+        st.correlation = records.correlation;
+        if clocks.len() == st.last_simulated.len() {
+            st.last_simulated = clocks;
+        }
+        self.bar.set_position(next_step as u64);
+    }
+
     /// Hides the bar (on failure).
     pub fn abandon(&self) {
         self.bar.abandon();
@@ -279,6 +349,7 @@ impl Recorder {
 }
 
 /// What the recorder collected over a run.
+#[derive(Debug, Clone)]
 pub(crate) struct Records {
     pub train: Vec<TrainRecord>,
     pub validation: Vec<ValRecord>,

@@ -170,6 +170,13 @@ pub struct RunReport {
     pub loop_s: f64,
     /// Seconds of the whole `fit` call.
     pub wall_s: f64,
+    /// The step before which the run stopped when interrupted (it took the steps before);
+    /// `None` for a run that finished.
+    #[serde(default)]
+    pub interrupted_at: Option<usize>,
+    /// The last checkpoint written, if any.
+    #[serde(default)]
+    pub checkpoint: Option<PathBuf>,
 }
 
 impl RunReport {

@@ -36,8 +36,8 @@ use codec::{IndexWidth, SparseCoefficients, read_index, top_k_per_chunk};
 use dct::{ChunkGrid, Dct};
 use gym_core::optim::{check_learning_rate, check_max_norm, clip_grad_norm};
 use gym_core::{
-    GymError, LrScheduleConfig, NodeInfo, ParamLayout, Replica, Result, StepContext, Strategy,
-    StrategyConfig,
+    GymError, LrScheduleConfig, NodeInfo, ParamLayout, Replica, Result, StateDict, StepContext,
+    Strategy, StrategyConfig,
 };
 
 /// Configuration of [`DeMo`], with the original's defaults.
@@ -134,6 +134,8 @@ pub struct DeMo {
     /// Per-step workspaces, sized for the largest parameter, so a step allocates little.
     workspace: Workspace,
     schedule: ModuleLrScheduler,
+    /// Steps taken: the schedule's position.
+    steps: u64,
     decay: f32,
     weight_decay: f64,
     max_norm: Option<f64>,
@@ -166,6 +168,7 @@ impl Strategy for DeMo {
             None => grads,
         };
         self.lr = self.schedule.step().base();
+        self.steps += 1;
         let lr = self.lr as f32;
         let grads = host(grads)?;
 
@@ -190,6 +193,49 @@ impl Strategy for DeMo {
     fn lr(&self) -> f64 {
         self.lr
     }
+
+    fn save_state(&self, state: &mut StateDict) -> Result<()> {
+        state.put_u64("steps", self.steps);
+        state.put_f64("lr", self.lr);
+        for (i, p) in self.params.iter().enumerate() {
+            // δ as stored: its DCT coefficients, chunk-major.
+            state.put_values(&format!("delta{i}"), p.delta.clone());
+            // What was sent last (only `last_sent` reads it), so that it survives too.
+            state.put_values(&format!("sent{i}/values"), p.sent.values.clone());
+            let indices = p.sent.indices.iter().flat_map(|i| i.to_le_bytes()).collect();
+            state.put_bytes(&format!("sent{i}/indices"), indices);
+        }
+        Ok(())
+    }
+
+    fn load_state(&mut self, state: &StateDict) -> Result<()> {
+        let steps = state.u64("steps")?;
+        // The schedule is replayed to its position (Burn's schedulers keep no record).
+        for _ in self.steps..steps {
+            self.schedule.step();
+        }
+        self.steps = steps;
+        self.lr = state.f64("lr")?;
+        for (i, p) in self.params.iter_mut().enumerate() {
+            let key = format!("delta{i}");
+            let delta = state.values(&key)?;
+            if delta.len() != p.delta.len() {
+                return Err(GymError::Checkpoint(format!(
+                    "DeMo: `{key}` holds {} values where this run has {}",
+                    delta.len(),
+                    p.delta.len()
+                )));
+            }
+            p.delta.copy_from_slice(delta);
+            p.sent.values = state.values(&format!("sent{i}/values"))?.to_vec();
+            p.sent.indices = state
+                .bytes(&format!("sent{i}/indices"))?
+                .chunks_exact(4)
+                .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
+                .collect();
+        }
+        Ok(())
+    }
 }
 
 impl DeMo {
@@ -202,6 +248,7 @@ impl DeMo {
             dct: Dct::new(),
             workspace: Workspace::default(),
             schedule: c.schedule.init(c.lr, node.max_steps)?,
+            steps: 0,
             decay: c.compression_decay as f32,
             weight_decay: c.weight_decay,
             max_norm: c.max_norm,

@@ -1,0 +1,424 @@
+//! Checkpoints: everything a run needs to continue exactly where it stopped, in one file
+//! per save, written atomically.
+//!
+//! # File format
+//!
+//! `GYMCKPT1` (8 bytes), the payload's length (u64, little-endian), its CRC-32 (u32,
+//! little-endian), then the payload: a [`Checkpoint`] in MessagePack. A file that is
+//! truncated, padded or altered by one byte is refused with [`GymError::Checkpoint`] before
+//! anything is decoded, and nothing is allocated from a length the file claims: the whole
+//! file is read at its real size first.
+
+use crate::collective::{CommStats, SimulatedTime};
+use crate::error::{GymError, Result};
+use crate::metrics::{CorrelationRecord, TrainRecord, ValRecord};
+use crate::state::StateDict;
+use serde::{Deserialize, Serialize};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+const MAGIC: &[u8; 8] = b"GYMCKPT1";
+const HEADER: usize = 8 + 8 + 4;
+
+/// What a checkpoint must agree on with the run that resumes it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Identity {
+    /// The strategy's name.
+    pub strategy: String,
+    /// The strategy's settings, as `config.json` holds them.
+    pub strategy_config: String,
+    /// The model's type.
+    pub model: String,
+    /// Path and shape of every trainable parameter.
+    pub parameters: Vec<(String, Vec<usize>)>,
+    /// The trainer settings that shape the run (seed, nodes, batch, steps, simulation…).
+    pub trainer: String,
+}
+
+impl Identity {
+    /// Refuses a checkpoint whose identity differs from this run's, naming the difference.
+    pub fn check(&self, saved: &Identity) -> Result<()> {
+        let refuse = |what: String| {
+            Err(GymError::Checkpoint(format!(
+                "it is from another run configuration: {what}"
+            )))
+        };
+        if saved.strategy != self.strategy {
+            return refuse(format!(
+                "strategy `{}` where this run is `{}`",
+                saved.strategy, self.strategy
+            ));
+        }
+        if saved.model != self.model {
+            return refuse(format!(
+                "model `{}` where this run is `{}`",
+                saved.model, self.model
+            ));
+        }
+        if saved.parameters != self.parameters {
+            let first = saved
+                .parameters
+                .iter()
+                .zip(&self.parameters)
+                .find(|(a, b)| a != b);
+            return refuse(match first {
+                Some((a, b)) => format!(
+                    "parameter `{}` {:?} where this run has `{}` {:?}",
+                    a.0, a.1, b.0, b.1
+                ),
+                None => format!(
+                    "{} trainable parameters where this run has {}",
+                    saved.parameters.len(),
+                    self.parameters.len()
+                ),
+            });
+        }
+        if saved.strategy_config != self.strategy_config {
+            return refuse(format!(
+                "strategy settings {} where this run has {}",
+                differing(&saved.strategy_config, &self.strategy_config),
+                differing(&self.strategy_config, &saved.strategy_config)
+            ));
+        }
+        if saved.trainer != self.trainer {
+            return refuse(format!(
+                "trainer settings {} where this run has {}",
+                differing(&saved.trainer, &self.trainer),
+                differing(&self.trainer, &saved.trainer)
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The fields of JSON object `a` that differ from `b`'s, as `key = value` pairs.
+fn differing(a: &str, b: &str) -> String {
+    let parse = |s: &str| serde_json::from_str::<serde_json::Value>(s).unwrap_or_default();
+    let (a, b) = (parse(a), parse(b));
+    match (a.as_object(), b.as_object()) {
+        (Some(a), Some(b)) => a
+            .iter()
+            .filter(|(k, v)| b.get(*k) != Some(v))
+            .map(|(k, v)| format!("`{k}` = {v}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        _ => a.to_string(),
+    }
+}
+
+/// One node's state between two steps.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeCheckpoint {
+    /// Every float tensor of the model (parameters and running statistics), flat.
+    pub model: Vec<f32>,
+    /// The ids of the trainable parameters, which key the optimizers' states.
+    pub param_ids: Vec<u64>,
+    /// What the strategy saved.
+    pub strategy: StateDict,
+    /// The data loader's epoch, position in it, and fingerprint of the indices drawn.
+    pub loader: (usize, usize, u64),
+    /// The node's random stream (seed, stream, word position).
+    pub rng: ([u8; 32], u64, u128),
+    /// The node's traffic so far.
+    pub comm: CommStats,
+    /// The node's simulated clock and when its link is free, when time is simulated.
+    pub clock: Option<(SimulatedTime, f64)>,
+}
+
+/// A whole run between two steps: every node, and the records so far.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    /// The step the resumed run starts with (the saved run finished the ones before).
+    pub next_step: usize,
+    /// What the resuming run must agree on.
+    pub identity: Identity,
+    /// The run's name (its log folder), which a resumed run keeps.
+    pub run_name: String,
+    /// Every node's state, by rank.
+    pub nodes: Vec<NodeCheckpoint>,
+    /// Training records of the steps taken.
+    pub train: Vec<TrainRecord>,
+    /// Evaluations so far.
+    pub validation: Vec<ValRecord>,
+    /// Replica correlations so far.
+    pub correlation: Vec<CorrelationRecord>,
+}
+
+impl Checkpoint {
+    /// The file name of the checkpoint taken before `next_step`.
+    pub fn file_name(next_step: usize) -> String {
+        format!("checkpoint-{next_step:09}.gym")
+    }
+
+    /// Writes the checkpoint into `dir` atomically (a temporary file, fsync, rename) and
+    /// keeps the newest `keep` checkpoints there. Returns the file's path.
+    pub fn save(&self, dir: &Path, keep: usize) -> Result<PathBuf> {
+        std::fs::create_dir_all(dir).map_err(|e| GymError::io(dir, e))?;
+        let payload = rmp_serde::to_vec(self)
+            .map_err(|e| GymError::Checkpoint(format!("cannot encode: {e}")))?;
+        let path = dir.join(Self::file_name(self.next_step));
+        let tmp = dir.join(format!(".{}.tmp", Self::file_name(self.next_step)));
+        {
+            let mut f = std::fs::File::create(&tmp).map_err(|e| GymError::io(&tmp, e))?;
+            let mut header = Vec::with_capacity(HEADER);
+            header.extend_from_slice(MAGIC);
+            header.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+            header.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
+            f.write_all(&header)
+                .and_then(|_| f.write_all(&payload))
+                .and_then(|_| f.sync_all())
+                .map_err(|e| GymError::io(&tmp, e))?;
+        }
+        std::fs::rename(&tmp, &path).map_err(|e| GymError::io(&path, e))?;
+        if let Ok(d) = std::fs::File::open(dir) {
+            let _ = d.sync_all();
+        }
+        let mut all = list(dir)?;
+        while all.len() > keep.max(1) {
+            let old = all.remove(0);
+            std::fs::remove_file(&old).map_err(|e| GymError::io(&old, e))?;
+        }
+        Ok(path)
+    }
+
+    /// Reads a checkpoint file, or the newest checkpoint in a folder.
+    pub fn load(path: &Path) -> Result<(Checkpoint, PathBuf)> {
+        let file = if path.is_dir() {
+            list(path)?.pop().ok_or_else(|| {
+                GymError::Checkpoint(format!("no checkpoint in {}", path.display()))
+            })?
+        } else {
+            path.to_path_buf()
+        };
+        let bytes = std::fs::read(&file).map_err(|e| GymError::io(&file, e))?;
+        Ok((Self::decode(&bytes, &file)?, file))
+    }
+
+    /// Decodes a checkpoint file's bytes; `file` names it in errors.
+    pub fn decode(bytes: &[u8], file: &Path) -> Result<Checkpoint> {
+        let bad = |why: String| {
+            Err(GymError::Checkpoint(format!(
+                "{} is not a usable checkpoint: {why}",
+                file.display()
+            )))
+        };
+        if bytes.len() < HEADER || &bytes[..8] != MAGIC {
+            return bad("it does not start with a checkpoint header".into());
+        }
+        let len = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
+        let crc = u32::from_le_bytes(bytes[16..20].try_into().expect("4 bytes"));
+        let payload = &bytes[HEADER..];
+        if payload.len() as u64 != len {
+            return bad(format!(
+                "its header announces {len} bytes of payload and the file holds {} (truncated \
+                 or padded)",
+                payload.len()
+            ));
+        }
+        if crc32fast::hash(payload) != crc {
+            return bad("its checksum does not match (the file was altered)".into());
+        }
+        rmp_serde::from_slice(payload).or_else(|e| bad(format!("cannot decode: {e}")))
+    }
+}
+
+/// The checkpoint files of `dir`, oldest first.
+fn list(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| GymError::io(dir, e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("checkpoint-") && n.ends_with(".gym"))
+        })
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(next_step: usize) -> Checkpoint {
+        let mut strategy = StateDict::new();
+        strategy.put_values("buffer", vec![1.5, -2.0]);
+        Checkpoint {
+            next_step,
+            identity: Identity {
+                strategy: "diloco".into(),
+                strategy_config: r#"{"h":20,"lr":0.7}"#.into(),
+                model: "Mlp".into(),
+                parameters: vec![("fc.weight".into(), vec![2, 3])],
+                trainer: r#"{"seed":1}"#.into(),
+            },
+            run_name: "run".into(),
+            nodes: vec![NodeCheckpoint {
+                model: vec![0.25; 6],
+                param_ids: vec![7],
+                strategy,
+                loader: (1, 8, 99),
+                rng: ([3; 32], 0, 12),
+                comm: CommStats::default(),
+                clock: None,
+            }],
+            train: Vec::new(),
+            validation: Vec::new(),
+            correlation: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn resume_files_round_trip_keep_the_newest_and_refuse_damage() {
+        let dir = std::env::temp_dir().join(format!("gym-ckpt-unit-{}", std::process::id()));
+        std::fs::remove_dir_all(&dir).ok();
+        for step in [5, 10, 15] {
+            sample(step).save(&dir, 2).unwrap();
+        }
+        let names: Vec<String> = list(&dir)
+            .unwrap()
+            .iter()
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, [Checkpoint::file_name(10), Checkpoint::file_name(15)]);
+        let (loaded, file) = Checkpoint::load(&dir).unwrap();
+        assert_eq!(loaded, sample(15));
+        let bytes = std::fs::read(&file).unwrap();
+        let truncated = Checkpoint::decode(&bytes[..bytes.len() - 1], &file).unwrap_err();
+        assert!(truncated.to_string().contains("truncated"), "{truncated}");
+        let mut flipped = bytes.clone();
+        *flipped.last_mut().unwrap() ^= 1;
+        let altered = Checkpoint::decode(&flipped, &file).unwrap_err();
+        assert!(altered.to_string().contains("checksum"), "{altered}");
+        assert!(Checkpoint::decode(b"not a checkpoint", &file).is_err());
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn resume_refuses_another_configuration_naming_the_difference() {
+        let here = sample(5).identity;
+        let mut other = here.clone();
+        other.strategy = "noloco".into();
+        assert!(here.check(&other).unwrap_err().to_string().contains("`noloco`"));
+        let mut other = here.clone();
+        other.parameters[0].1 = vec![4, 3];
+        let err = here.check(&other).unwrap_err().to_string();
+        assert!(err.contains("fc.weight") && err.contains("[4, 3]"), "{err}");
+        let mut other = here.clone();
+        other.strategy_config = r#"{"h":30,"lr":0.7}"#.into();
+        let err = here.check(&other).unwrap_err().to_string();
+        assert!(err.contains("`h` = 30") && err.contains("`h` = 20"), "{err}");
+        assert!(here.check(&here.clone()).is_ok());
+    }
+}
+
+/// Collects every node's state at a step boundary; the last node to arrive writes the file.
+pub(crate) struct CheckpointWriter {
+    pub dir: PathBuf,
+    pub keep: usize,
+    pub identity: Identity,
+    pub run_name: String,
+    slots: std::sync::Mutex<std::collections::BTreeMap<usize, Vec<Option<NodeCheckpoint>>>>,
+    written: std::sync::Mutex<Option<PathBuf>>,
+}
+
+impl CheckpointWriter {
+    pub fn new(dir: PathBuf, keep: usize, identity: Identity, run_name: String) -> Self {
+        CheckpointWriter {
+            dir,
+            keep,
+            identity,
+            run_name,
+            slots: Default::default(),
+            written: Default::default(),
+        }
+    }
+
+    /// Node `rank`'s state before `next_step`. Once all `k` nodes have deposited theirs, the
+    /// checkpoint (with `records`, taken then) is written.
+    pub fn deposit(
+        &self,
+        rank: usize,
+        k: usize,
+        next_step: usize,
+        node: NodeCheckpoint,
+        records: impl FnOnce() -> crate::metrics::Records,
+    ) -> Result<()> {
+        let complete = {
+            let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+            let slot = slots.entry(next_step).or_insert_with(|| vec![None; k]);
+            slot[rank] = Some(node);
+            if slot.iter().all(Option::is_some) {
+                slots.remove(&next_step)
+            } else {
+                None
+            }
+        };
+        let Some(nodes) = complete else {
+            return Ok(());
+        };
+        let records = records();
+        let checkpoint = Checkpoint {
+            next_step,
+            identity: self.identity.clone(),
+            run_name: self.run_name.clone(),
+            nodes: nodes.into_iter().map(|n| n.expect("complete")).collect(),
+            train: records.train,
+            validation: records.validation,
+            correlation: records.correlation,
+        };
+        let path = checkpoint.save(&self.dir, self.keep)?;
+        *self.written.lock().unwrap_or_else(|p| p.into_inner()) = Some(path);
+        Ok(())
+    }
+
+    /// The last checkpoint written.
+    pub fn last_written(&self) -> Option<PathBuf> {
+        self.written
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+/// When the nodes of an interrupted run stop: all at the same step boundary, the first one
+/// that no node has started when the interruption is seen.
+pub(crate) struct StopAgreement {
+    flag: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    state: std::sync::Mutex<(Option<usize>, Option<usize>)>,
+}
+
+impl StopAgreement {
+    pub fn new(flag: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>) -> Self {
+        StopAgreement {
+            flag,
+            state: std::sync::Mutex::new((None, None)),
+        }
+    }
+
+    /// Whether a node about to start `step` stops instead. Every node gets the same answer
+    /// for the same step: the stop step is fixed once, past every step any node started.
+    pub fn stops_before(&self, step: usize) -> bool {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let (stop_at, furthest) = &mut *st;
+        if stop_at.is_none()
+            && self
+                .flag
+                .as_ref()
+                .is_some_and(|f| f.load(std::sync::atomic::Ordering::SeqCst))
+        {
+            *stop_at = Some(furthest.map_or(step, |f| (f + 1).max(step)));
+        }
+        if stop_at.is_some_and(|s| step >= s) {
+            return true;
+        }
+        *furthest = Some(furthest.map_or(step, |f| f.max(step)));
+        false
+    }
+
+    /// The step at which the nodes stopped, if they did.
+    pub fn stopped_at(&self) -> Option<usize> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).0
+    }
+}

@@ -1,0 +1,331 @@
+//! Checkpoints and exact resume through `Trainer::fit`, for every strategy: a run resumed
+//! from a checkpoint ends with the same parameters, bit for bit, and the same records as
+//! the run left alone. `cargo test --release -- resume`.
+
+use gym_core::{
+    ComputeModel, FitOutput, GymError, InnerOptimizerConfig, Network, NodeData,
+    SimulationConfig, StrategyConfig, Trainer, TrainerConfig, TrainRecord,
+};
+use gym_models::{Mlp, MlpConfig};
+use gym_strategies::{
+    AllReduceConfig, AsyncDiLoCoConfig, AveragingCommunicatorConfig, Codec, CompressionConfig,
+    DeMoConfig, DesLocConfig, DiLoCoCommunicatorConfig, DiLoCoConfig, FedAvgConfig,
+    MuLoCoConfig, NoLoCoCommunicatorConfig, NoLoCoConfig, PowerSgdConfig, Quantizer,
+    SparseCommunicatorConfig, SparseLoCoConfig, SpartaConfig, SpartaDiLoCoConfig,
+    StreamingDiLoCoConfig,
+};
+use std::path::{Path, PathBuf};
+use tests::{Synthetic, SyntheticBatcher, flat_params, small_mlp};
+
+const STEPS: usize = 20;
+
+fn data() -> NodeData<tests::Example> {
+    NodeData::shared(Synthetic::new(1024, 16, 4, 1), Synthetic::new(64, 16, 4, 2))
+}
+
+/// A small run on a simulated network with a straggler, evaluated every 4 steps.
+fn config() -> TrainerConfig {
+    TrainerConfig::new(4)
+        .with_max_steps(Some(STEPS))
+        .with_batch_size(8)
+        .with_val_size(Some(16))
+        .with_val_interval(4)
+        .with_correlation_interval(Some(3))
+        .with_seed(11)
+        .with_simulation(Some(
+            SimulationConfig::new("internet".parse::<Network>().unwrap())
+                .with_compute(ComputeModel::Modelled { flops_per_s: 1e8 })
+                .with_node_speed(vec![1.0, 1.0, 1.0, 0.5])
+                .with_jitter(0.1),
+        ))
+}
+
+fn fit(config: TrainerConfig, strategy: &dyn StrategyConfig) -> gym_core::Result<FitOutput<Mlp>> {
+    Trainer::new(config).fit(small_mlp, strategy, &data(), &SyntheticBatcher)
+}
+
+fn temp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("gym-resume-{name}-{}", std::process::id()));
+    std::fs::remove_dir_all(&dir).ok();
+    dir
+}
+
+/// The columns of a training record that do not depend on the machine's speed.
+type Row = (
+    usize,
+    u64,
+    u64,
+    u64,
+    u64,
+    u64,
+    Option<u64>,
+    Option<u64>,
+    Option<u64>,
+);
+
+fn deterministic(r: &TrainRecord) -> Row {
+    (
+        r.step,
+        r.examples_seen,
+        r.train_loss.to_bits(),
+        r.lr.to_bits(),
+        r.bytes_sent,
+        r.bytes_received,
+        r.sim_time_s.map(f64::to_bits),
+        r.sim_comm_s.map(f64::to_bits),
+        r.sim_idle_s.map(f64::to_bits),
+    )
+}
+
+fn assert_same_run(name: &str, a: &FitOutput<Mlp>, b: &FitOutput<Mlp>) {
+    assert_eq!(flat_params(&a.model), flat_params(&b.model), "{name}: model");
+    assert_eq!(
+        a.master.as_ref().map(flat_params),
+        b.master.as_ref().map(flat_params),
+        "{name}: master"
+    );
+    let rows = |o: &FitOutput<Mlp>| o.report.train.iter().map(deterministic).collect::<Vec<_>>();
+    assert_eq!(rows(a), rows(b), "{name}: train records");
+    assert_eq!(a.report.validation, b.report.validation, "{name}: validation records");
+    assert_eq!(a.report.correlation, b.report.correlation, "{name}: correlation records");
+    assert_eq!(a.report.comm, b.report.comm, "{name}: traffic");
+    assert_eq!(a.report.simulated, b.report.simulated, "{name}: simulated clocks");
+    assert_eq!(a.report.data_fingerprint, b.report.data_fingerprint, "{name}: data");
+}
+
+fn checkpoint(dir: &Path, run: &str, next_step: usize) -> PathBuf {
+    dir.join(run)
+        .join(gym_core::checkpoint::Checkpoint::file_name(next_step))
+}
+
+fn inner() -> InnerOptimizerConfig {
+    InnerOptimizerConfig::new().with_lr(3e-3)
+}
+
+/// Every strategy, with synchronisation every 5 steps where it has one.
+fn strategies() -> Vec<(&'static str, Box<dyn StrategyConfig>)> {
+    let diloco = |h| DiLoCoCommunicatorConfig::new().with_sync_interval(h);
+    vec![
+        ("allreduce", Box::new(AllReduceConfig::new().with_inner(inner()))),
+        (
+            "allreduce-topk-ef",
+            Box::new(AllReduceConfig::new().with_inner(inner()).with_compression(
+                CompressionConfig::with_error_feedback(Codec::TopK {
+                    k: 8,
+                    chunk: 64,
+                    values: Quantizer::F32,
+                }),
+            )),
+        ),
+        (
+            "diloco",
+            Box::new(DiLoCoConfig::new().with_inner(inner()).with_communicator(diloco(5))),
+        ),
+        (
+            "diloco-int8",
+            Box::new(DiLoCoConfig::new().with_inner(inner()).with_communicator(
+                diloco(5).with_compression(CompressionConfig::codec(Codec::Dense(
+                    Quantizer::Int8 { chunk: 64 },
+                ))),
+            )),
+        ),
+        (
+            "fedavg-islands",
+            Box::new(
+                FedAvgConfig::new().with_inner(inner()).with_communicator(
+                    AveragingCommunicatorConfig::new()
+                        .with_sync_interval(5)
+                        .with_island_size(Some(2)),
+                ),
+            ),
+        ),
+        (
+            "sparta",
+            Box::new(
+                SpartaConfig::new()
+                    .with_inner(inner())
+                    .with_communicator(SparseCommunicatorConfig::new().with_p(0.1)),
+            ),
+        ),
+        (
+            "sparta-diloco",
+            Box::new(
+                SpartaDiLoCoConfig::new()
+                    .with_inner(inner())
+                    .with_sparta(SparseCommunicatorConfig::new().with_p(0.1))
+                    .with_diloco(diloco(5)),
+            ),
+        ),
+        ("demo", Box::new(DeMoConfig::new().with_lr(1e-3))),
+        (
+            "streaming-diloco",
+            Box::new(
+                StreamingDiLoCoConfig::new()
+                    .with_inner(inner())
+                    .with_sync_interval(6)
+                    .with_fragments(2)
+                    .with_overlap(1),
+            ),
+        ),
+        (
+            "sparseloco",
+            Box::new(SparseLoCoConfig::new().with_inner(inner()).with_sync_interval(5)),
+        ),
+        (
+            "muloco",
+            Box::new(MuLoCoConfig::new().with_communicator(
+                gym_strategies::muloco_communicator().with_sync_interval(5),
+            )),
+        ),
+        (
+            "desloc",
+            Box::new(DesLocConfig::new().with_lr(3e-3).with_param_interval(2)),
+        ),
+        (
+            "noloco",
+            Box::new(NoLoCoConfig::new().with_communicator(
+                NoLoCoCommunicatorConfig::new().with_sync_interval(5),
+            )),
+        ),
+        (
+            "async-diloco",
+            Box::new(AsyncDiLoCoConfig::new().with_inner(inner()).with_sync_interval(5)),
+        ),
+        ("powersgd", Box::new(PowerSgdConfig::new().with_inner(inner()))),
+    ]
+}
+
+#[test]
+fn resume_every_strategy_continues_bit_for_bit_from_a_sync_step_and_from_another() {
+    for (name, strategy) in strategies() {
+        let alone = fit(config(), &*strategy).unwrap();
+        let dir = temp(name);
+        let saved = fit(
+            config()
+                .with_log_dir(Some(dir.to_string_lossy().into_owned()))
+                .with_run_name(Some("run".into()))
+                .with_checkpoint_interval(Some(1))
+                .with_keep_checkpoints(STEPS),
+            &*strategy,
+        )
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_same_run(&format!("{name} (checkpointing)"), &alone, &saved);
+        // Before step 7 (inside a round) and before step 10 (after a synchronisation).
+        for next_step in [7, 10] {
+            let resumed = fit(
+                config()
+                    .with_log_dir(Some(dir.join("resumed").to_string_lossy().into_owned()))
+                    .with_resume_from(Some(
+                        checkpoint(&dir, "run", next_step).to_string_lossy().into_owned(),
+                    )),
+                &*strategy,
+            )
+            .unwrap_or_else(|e| panic!("{name} from {next_step}: {e}"));
+            assert_same_run(&format!("{name} resumed before {next_step}"), &alone, &resumed);
+            // The resumed run's CSV logs hold every step, as the first run's do.
+            let csv = std::fs::read_to_string(dir.join("resumed/run/train.csv")).unwrap();
+            assert_eq!(csv.lines().count(), STEPS + 1, "{name}: train.csv rows");
+        }
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
+
+#[test]
+fn resume_refuses_a_damaged_checkpoint_or_one_from_another_model_or_strategy() {
+    let dir = temp("refused");
+    let diloco = DiLoCoConfig::new().with_communicator(DiLoCoCommunicatorConfig::new().with_sync_interval(5));
+    fit(
+        config()
+            .with_max_steps(Some(4))
+            .with_log_dir(Some(dir.to_string_lossy().into_owned()))
+            .with_run_name(Some("run".into()))
+            .with_checkpoint_interval(Some(2)),
+        &diloco,
+    )
+    .unwrap();
+    let file = checkpoint(&dir, "run", 4);
+    let resume = |path: &Path| {
+        config()
+            .with_max_steps(Some(4))
+            .with_resume_from(Some(path.to_string_lossy().into_owned()))
+    };
+    // Truncated by one byte.
+    let bytes = std::fs::read(&file).unwrap();
+    let cut = dir.join("cut.gym");
+    std::fs::write(&cut, &bytes[..bytes.len() - 1]).unwrap();
+    let err = fit(resume(&cut), &diloco).map(|_| ()).unwrap_err();
+    assert!(matches!(err, GymError::Checkpoint(_)) && err.to_string().contains("truncated"), "{err}");
+    // Another model: a wider hidden layer.
+    let wide = |d: &burn::tensor::Device| {
+        MlpConfig::new().with_input(16).with_hidden(48).with_classes(4).init(d)
+    };
+    let err = Trainer::new(resume(&file))
+        .fit(wide, &diloco, &data(), &SyntheticBatcher)
+        .map(|_| ())
+        .unwrap_err();
+    assert!(err.to_string().contains("[16, 48]"), "{err}");
+    // Another strategy, and another setting of the same strategy.
+    let err = fit(resume(&file), &AllReduceConfig::new()).map(|_| ()).unwrap_err();
+    assert!(err.to_string().contains("`allreduce`"), "{err}");
+    let h7 = DiLoCoConfig::new().with_communicator(DiLoCoCommunicatorConfig::new().with_sync_interval(7));
+    let err = fit(resume(&file), &h7).map(|_| ()).unwrap_err();
+    assert!(err.to_string().contains("sync_interval"), "{err}");
+    // The folder: its newest checkpoint.
+    assert!(fit(resume(&dir.join("run")), &diloco).is_ok());
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn resume_after_an_interruption_ends_where_the_run_left_alone_does() {
+    let diloco = DiLoCoConfig::new()
+        .with_inner(inner())
+        .with_communicator(DiLoCoCommunicatorConfig::new().with_sync_interval(5));
+    let dir = temp("interrupt");
+    let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    // Interrupted before it starts any step: nothing to save, nothing taken.
+    let stopped = Trainer::new(
+        config()
+            .with_log_dir(Some(dir.to_string_lossy().into_owned()))
+            .with_run_name(Some("run".into())),
+    )
+    .with_interrupt(flag.clone())
+    .fit(small_mlp, &diloco, &data(), &SyntheticBatcher)
+    .unwrap();
+    assert_eq!(stopped.report.interrupted_at, Some(0));
+    assert!(stopped.report.train.is_empty());
+    // Interrupted from another thread while it runs: it stops at a step boundary common to
+    // every node and saves a checkpoint there, which resumes to the same end.
+    flag.store(false, std::sync::atomic::Ordering::SeqCst);
+    let setter = {
+        let flag = flag.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(30));
+            flag.store(true, std::sync::atomic::Ordering::SeqCst);
+        })
+    };
+    let stopped = Trainer::new(
+        config()
+            .with_max_steps(Some(2000))
+            .with_log_dir(Some(dir.to_string_lossy().into_owned()))
+            .with_run_name(Some("long".into())),
+    )
+    .with_interrupt(flag)
+    .fit(small_mlp, &diloco, &data(), &SyntheticBatcher)
+    .unwrap();
+    setter.join().unwrap();
+    let at = stopped.report.interrupted_at.expect("interrupted");
+    assert!(at > 0 && at < 2000, "{at}");
+    assert_eq!(stopped.report.train.len(), at);
+    let file = stopped.report.checkpoint.clone().expect("a checkpoint");
+    assert_eq!(file, checkpoint(&dir, "long", at));
+    let resumed = fit(
+        config()
+            .with_max_steps(Some(2000))
+            .with_resume_from(Some(file.to_string_lossy().into_owned())),
+        &diloco,
+    )
+    .unwrap();
+    let long_alone = fit(config().with_max_steps(Some(2000)), &diloco).unwrap();
+    assert_same_run("interrupted", &long_alone, &resumed);
+    std::fs::remove_dir_all(&dir).ok();
+}
