@@ -217,6 +217,20 @@ pub struct CommonArgs {
     /// Hide the progress bar.
     #[arg(long)]
     pub no_progress: bool,
+    /// Write a checkpoint every this many steps and at the end (Ctrl-C always writes one).
+    #[arg(long)]
+    pub checkpoint_interval: Option<usize>,
+    /// Where checkpoints go (default: the run's folder).
+    #[arg(long)]
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Checkpoints kept; older ones are deleted.
+    #[arg(long, default_value_t = 2)]
+    pub keep_checkpoints: usize,
+    /// Continue the run saved in this checkpoint, or the newest checkpoint of this run
+    /// folder, with the same flags it was started with.
+    #[arg(long, value_name = "PATH")]
+    #[serde(skip)]
+    pub resume: Option<PathBuf>,
     /// Log the mean pairwise correlation of the replicas every this many steps (K ≥ 2).
     #[arg(long)]
     pub correlation_interval: Option<usize>,
@@ -541,7 +555,19 @@ impl CommonArgs {
             .with_progress(!self.no_progress)
             .with_kernel_threads_per_node(self.kernel_threads_per_node)
             .with_correlation_interval(self.correlation_interval)
-            .with_simulation(self.simulation()?))
+            .with_simulation(self.simulation()?)
+            .with_checkpoint_interval(self.checkpoint_interval)
+            .with_checkpoint_dir(
+                self.checkpoint_dir
+                    .as_ref()
+                    .map(|d| d.to_string_lossy().into_owned()),
+            )
+            .with_keep_checkpoints(self.keep_checkpoints)
+            .with_resume_from(
+                self.resume
+                    .as_ref()
+                    .map(|p| p.to_string_lossy().into_owned()),
+            ))
     }
 
     /// The simulated cluster these flags describe (`--network` and its companions), or

@@ -14,6 +14,8 @@ use burn::tensor::Device;
 use gym_core::{NodeData, RunReport, StrategyConfig, TrainModel, Trainer};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 /// The error type of the example binaries.
@@ -101,6 +103,7 @@ pub struct Runner {
     device: Device,
     backend: String,
     process_start: Instant,
+    interrupt: Option<Arc<AtomicBool>>,
 }
 
 impl Runner {
@@ -113,7 +116,15 @@ impl Runner {
             device,
             backend,
             process_start,
+            interrupt: None,
         }
+    }
+
+    /// Stops runs at a step boundary, with a checkpoint, when `flag` turns true
+    /// ([`Trainer::with_interrupt`]).
+    pub fn with_interrupt(mut self, flag: Arc<AtomicBool>) -> Self {
+        self.interrupt = Some(flag);
+        self
     }
 
     /// Fits `task` with `strategy` as `args` describe, writes the run's `summary.json` and
@@ -130,7 +141,11 @@ impl Runner {
         I: Send + 'static,
         B: Batcher<I, M::Batch>,
     {
-        let trainer = Trainer::new(args.trainer_config()?).with_devices(vec![self.device.clone()]);
+        let mut trainer =
+            Trainer::new(args.trainer_config()?).with_devices(vec![self.device.clone()]);
+        if let Some(flag) = &self.interrupt {
+            trainer = trainer.with_interrupt(flag.clone());
+        }
         let fit_start = Instant::now();
         let out = trainer.fit(&task.init, strategy, &task.data, &task.batcher)?;
         let labels = RunLabels {
@@ -165,14 +180,29 @@ impl Runner {
 /// The whole of a binary that trains one task: builds the task with `task`, trains it with
 /// the strategy `common` names, and returns the exit status (printing the error, if any).
 /// `cli` is every flag of the binary, saved as the run's `run_config.toml`.
+///
+/// Ctrl-C (SIGINT) stops the run at the next step boundary of every node, writes a
+/// checkpoint, the logs and `summary.json` (with `interrupted_at_step`), prints the command
+/// that resumes it, and exits with status 130; a second Ctrl-C exits at once.
 pub fn train_main<A: serde::Serialize>(
     process_start: Instant,
     cli: &A,
     common: &CommonArgs,
     task: impl FnOnce() -> Result<Box<dyn TrainTask>, BoxError>,
 ) -> ExitCode {
-    exit_code((|| {
-        let runner = Runner::new(process_start);
+    let interrupt = Arc::new(AtomicBool::new(false));
+    // Registered in this order, a second SIGINT finds the flag set and exits at once.
+    let handled = signal_hook::flag::register_conditional_shutdown(
+        signal_hook::consts::SIGINT,
+        130,
+        interrupt.clone(),
+    )
+    .and_then(|_| signal_hook::flag::register(signal_hook::consts::SIGINT, interrupt.clone()));
+    if let Err(e) = handled {
+        eprintln!("warning: Ctrl-C will end the run without a checkpoint ({e})");
+    }
+    let run = || -> Result<RunResult, BoxError> {
+        let runner = Runner::new(process_start).with_interrupt(interrupt.clone());
         let task = task()?;
         let strategy = common.strategy_config();
         task.train(
@@ -180,9 +210,56 @@ pub fn train_main<A: serde::Serialize>(
             common,
             strategy.as_ref(),
             &serde_json::to_value(cli)?,
-        )?;
-        Ok(())
-    })())
+        )
+    };
+    match run() {
+        Ok(result) => match (result.report.interrupted_at, &result.report.checkpoint) {
+            (Some(step), checkpoint) => {
+                eprintln!("interrupted before step {step}");
+                match checkpoint {
+                    Some(file) => eprintln!(
+                        "checkpoint        {}\nresume with       {}",
+                        file.display(),
+                        resume_command(std::env::args().collect(), file)
+                    ),
+                    None => eprintln!("no step was taken: nothing to resume"),
+                }
+                ExitCode::from(130)
+            }
+            (None, _) => ExitCode::SUCCESS,
+        },
+        Err(e) => exit_code(Err(e)),
+    }
+}
+
+/// The command line `argv` with `--resume checkpoint` in place of any `--resume` it had,
+/// quoted for a POSIX shell.
+pub fn resume_command(argv: Vec<String>, checkpoint: &std::path::Path) -> String {
+    let mut words = Vec::with_capacity(argv.len() + 2);
+    let mut args = argv.into_iter();
+    while let Some(a) = args.next() {
+        if a == "--resume" {
+            args.next();
+        } else if !a.starts_with("--resume=") {
+            words.push(a);
+        }
+    }
+    words.push("--resume".into());
+    words.push(checkpoint.to_string_lossy().into_owned());
+    words
+        .iter()
+        .map(|w| {
+            if !w.is_empty()
+                && w.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c))
+            {
+                w.clone()
+            } else {
+                format!("'{}'", w.replace('\'', "'\\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// The exit status of a binary whose work returned `result`, printing the error if any.

@@ -58,6 +58,12 @@ pub struct RunSummary {
     pub simulated_idle_s: Option<f64>,
     /// Compute ÷ (compute + exposed communication + idle) in simulated time.
     pub compute_utilisation: Option<f64>,
+    /// The step before which an interrupted run stopped (Ctrl-C); absent when it finished.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub interrupted_at_step: Option<usize>,
+    /// The last checkpoint the run wrote.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub checkpoint: Option<PathBuf>,
     /// The `--target-loss` of the run.
     pub target_loss: Option<f64>,
     /// Simulated seconds until the averaged model's validation loss first reached
@@ -115,6 +121,8 @@ impl RunSummary {
             bytes_sent_per_node: report.bytes_sent_per_node(),
             bytes_received_per_node: report.bytes_received_per_node(),
             peak_rss_bytes: peak_rss_bytes(),
+            interrupted_at_step: report.interrupted_at,
+            checkpoint: report.checkpoint.clone(),
             simulated_time_s: report.simulated_time_s(),
             simulated_compute_s: report.simulated_compute_s(),
             simulated_comm_s: report.simulated_comm_s(),

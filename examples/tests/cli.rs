@@ -236,3 +236,84 @@ fn zoo_every_new_strategy_runs_by_name_with_its_flags() {
         "{stderr}"
     );
 }
+
+/// Ctrl-C, then the printed command: the run ends where the run left alone ends.
+#[test]
+fn resume_after_ctrl_c_with_the_printed_command_ends_as_the_run_left_alone() {
+    let logs = temp_dir("ctrl-c");
+    let flags = |run: &str| -> Vec<String> {
+        [
+            "--strategy",
+            "diloco",
+            "-H",
+            "20",
+            "--max-steps",
+            "400",
+            "--checkpoint-interval",
+            "25",
+            "--no-progress",
+            "--run-name",
+            run,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .chain([
+            "--data-dir".into(),
+            mnist_dir().to_string_lossy().into_owned(),
+        ])
+        .chain(["--log-dir".into(), logs.to_string_lossy().into_owned()])
+        .collect()
+    };
+    let child = Command::new(env!("CARGO_BIN_EXE_mnist"))
+        .args(flags("stopped"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1200));
+    let killed = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    let summary = |run: &str| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(logs.join(run).join("summary.json")).unwrap())
+            .unwrap()
+    };
+    let stopped = summary("stopped");
+    let at = stopped["interrupted_at_step"]
+        .as_u64()
+        .expect("marked interrupted");
+    assert!(at > 0 && at < 400, "{at}");
+    // The printed command, run as printed.
+    let command = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("resume with"))
+        .expect("a resume command")
+        .trim()
+        .to_string();
+    let words: Vec<&str> = command.split_whitespace().collect();
+    let resumed = Command::new(words[0]).args(&words[1..]).output().unwrap();
+    assert!(
+        resumed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&resumed.stderr)
+    );
+    let alone = Command::new(env!("CARGO_BIN_EXE_mnist"))
+        .args(flags("alone"))
+        .output()
+        .unwrap();
+    assert!(alone.status.success());
+    let (a, b) = (summary("stopped"), summary("alone"));
+    assert!(
+        a["interrupted_at_step"].is_null(),
+        "the resumed run finished"
+    );
+    for key in ["final_val_loss", "final_train_loss", "val_accuracy"] {
+        assert_eq!(a[key], b[key], "{key}");
+    }
+    std::fs::remove_dir_all(&logs).ok();
+}

@@ -281,7 +281,10 @@ mod tests {
             .iter()
             .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
             .collect();
-        assert_eq!(names, [Checkpoint::file_name(10), Checkpoint::file_name(15)]);
+        assert_eq!(
+            names,
+            [Checkpoint::file_name(10), Checkpoint::file_name(15)]
+        );
         let (loaded, file) = Checkpoint::load(&dir).unwrap();
         assert_eq!(loaded, sample(15));
         let bytes = std::fs::read(&file).unwrap();
@@ -300,7 +303,12 @@ mod tests {
         let here = sample(5).identity;
         let mut other = here.clone();
         other.strategy = "noloco".into();
-        assert!(here.check(&other).unwrap_err().to_string().contains("`noloco`"));
+        assert!(
+            here.check(&other)
+                .unwrap_err()
+                .to_string()
+                .contains("`noloco`")
+        );
         let mut other = here.clone();
         other.parameters[0].1 = vec![4, 3];
         let err = here.check(&other).unwrap_err().to_string();
@@ -308,7 +316,10 @@ mod tests {
         let mut other = here.clone();
         other.strategy_config = r#"{"h":30,"lr":0.7}"#.into();
         let err = here.check(&other).unwrap_err().to_string();
-        assert!(err.contains("`h` = 30") && err.contains("`h` = 20"), "{err}");
+        assert!(
+            err.contains("`h` = 30") && err.contains("`h` = 20"),
+            "{err}"
+        );
         assert!(here.check(&here.clone()).is_ok());
     }
 }

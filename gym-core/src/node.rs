@@ -3,7 +3,6 @@
 
 use crate::checkpoint::{CheckpointWriter, NodeCheckpoint, StopAgreement};
 use crate::collective::{Collective, InProcessCollective, InProcessGroup, ReduceOp};
-use crate::state::StateDict;
 use crate::data::{NodeLoader, NodeView, get_item, validation_indices};
 use crate::error::{GymError, Result};
 use crate::metrics::{EvalKind, NodeStep, Recorder, mean_pairwise_correlation};
@@ -12,6 +11,7 @@ use crate::params::ParamLayout;
 use crate::plan::RunPlan;
 use crate::replica::ModelReplica;
 use crate::rng;
+use crate::state::StateDict;
 use crate::strategy::{StepContext, Strategy};
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::Dataset;
@@ -30,13 +30,16 @@ pub(crate) struct NodeShared<'a, B> {
     pub stop: &'a StopAgreement,
 }
 
+/// A resumed node's data position (epoch, cursor, fingerprint) and random stream.
+pub(crate) type ResumePoint = ((usize, usize, u64), ([u8; 32], u64, u128));
+
 /// What one node starts from, built by the trainer.
 pub(crate) struct NodeStart<M, I> {
     pub replica: ModelReplica<M>,
     pub strategy: Box<dyn Strategy>,
     pub view: NodeView<I>,
     /// Where a resumed node's data loader and random stream were.
-    pub resume: Option<((usize, usize, u64), ([u8; 32], u64, u128))>,
+    pub resume: Option<ResumePoint>,
 }
 
 /// What a node hands back.

@@ -9,9 +9,9 @@
 //! every step rather than in their configuration, so the learning rate lives here.
 
 use crate::error::{GymError, Result};
-use crate::state::StateDict;
 use crate::params::{ParamEntry, ParamLayout};
 use crate::replica::Replica;
+use crate::state::StateDict;
 use burn::config::Config;
 use burn::module::{ParamGroup, ParamId};
 use burn::optim::decay::WeightDecayConfig;

@@ -47,9 +47,9 @@ impl RunPlan {
     /// Whether a checkpoint is due before `next_step` (every interval, and at the end).
     pub fn checkpoints_before(&self, next_step: usize) -> bool {
         next_step > self.start_step
-            && self.checkpoint_interval.is_some_and(|every| {
-                next_step.is_multiple_of(every) || next_step == self.max_steps
-            })
+            && self
+                .checkpoint_interval
+                .is_some_and(|every| next_step.is_multiple_of(every) || next_step == self.max_steps)
     }
 
     /// Whether the replicas' correlation is measured after `step`.

@@ -2,9 +2,9 @@
 
 use crate::collective::Collective;
 use crate::error::{GymError, Result};
-use crate::state::StateDict;
 use crate::params::ParamLayout;
 use crate::replica::Replica;
+use crate::state::StateDict;
 use burn::tensor::{Device, Tensor};
 
 /// What a node knows when its strategy is built.

@@ -601,7 +601,9 @@ impl Trainer {
             loop_s,
             wall_s: fit_start.elapsed().as_secs_f64(),
             interrupted_at: stop.stopped_at(),
-            checkpoint: checkpoints.as_ref().and_then(CheckpointWriter::last_written),
+            checkpoint: checkpoints
+                .as_ref()
+                .and_then(CheckpointWriter::last_written),
         };
         Ok(FitOutput {
             model,

@@ -156,11 +156,11 @@ impl Cifar10 {
         })
     }
 
-    /// Parses a gzipped file of CIFAR-10 binary records (`origin` names it in errors): a
-    /// truncated or corrupted gzip stream, one that decompresses to more than
-    /// [`MAX_GUNZIPPED_BYTES`](crate::MAX_GUNZIPPED_BYTES) (checked as it decompresses,
-    /// whatever the stream claims), and bad records ([`from_records`](Self::from_records))
-    /// are [`DataError::Format`] errors.
+    /// Parses a gzipped file of CIFAR-10 binary records (`origin` names it in errors;
+    /// concatenated gzip members are read in turn): a truncated or corrupted gzip stream,
+    /// one that decompresses to more than [`MAX_GUNZIPPED_BYTES`] (counted as it
+    /// decompresses, whatever the stream claims), and bad records
+    /// ([`from_records`](Self::from_records)) are [`DataError::Format`] errors.
     pub fn from_gzip(bytes: &[u8], origin: &Path) -> Result<Self, DataError> {
         Self::from_records(&gunzip(bytes, origin, MAX_GUNZIPPED_BYTES)?, origin)
     }

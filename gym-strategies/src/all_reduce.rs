@@ -5,8 +5,8 @@ use crate::compress::{CompressionConfig, Compressor};
 use burn::config::Config;
 use burn::tensor::Tensor;
 use gym_core::{
-    Group, InnerOptimizer, InnerOptimizerConfig, NodeInfo, Replica, Result, StateDict,
-    StepContext, Strategy, StrategyConfig,
+    Group, InnerOptimizer, InnerOptimizerConfig, NodeInfo, Replica, Result, StateDict, StepContext,
+    Strategy, StrategyConfig,
 };
 
 /// Configuration of [`AllReduce`].

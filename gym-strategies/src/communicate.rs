@@ -65,7 +65,7 @@ pub trait CommunicationModule: Send {
     }
 
     /// Writes the module's state for a checkpoint (see
-    /// [`Strategy::save_state`](gym_core::Strategy::save_state)); the default refuses.
+    /// [`Strategy::save_state`]); the default refuses.
     fn save_state(&self, _state: &mut StateDict) -> Result<()> {
         Err(GymError::Checkpoint(
             "a communication module does not implement `save_state`/`load_state`".into(),

@@ -3,16 +3,15 @@
 //! the run left alone. `cargo test --release -- resume`.
 
 use gym_core::{
-    ComputeModel, FitOutput, GymError, InnerOptimizerConfig, Network, NodeData,
-    SimulationConfig, StrategyConfig, Trainer, TrainerConfig, TrainRecord,
+    ComputeModel, FitOutput, GymError, InnerOptimizerConfig, Network, NodeData, SimulationConfig,
+    StrategyConfig, TrainRecord, Trainer, TrainerConfig,
 };
 use gym_models::{Mlp, MlpConfig};
 use gym_strategies::{
     AllReduceConfig, AsyncDiLoCoConfig, AveragingCommunicatorConfig, Codec, CompressionConfig,
-    DeMoConfig, DesLocConfig, DiLoCoCommunicatorConfig, DiLoCoConfig, FedAvgConfig,
-    MuLoCoConfig, NoLoCoCommunicatorConfig, NoLoCoConfig, PowerSgdConfig, Quantizer,
-    SparseCommunicatorConfig, SparseLoCoConfig, SpartaConfig, SpartaDiLoCoConfig,
-    StreamingDiLoCoConfig,
+    DeMoConfig, DesLocConfig, DiLoCoCommunicatorConfig, DiLoCoConfig, FedAvgConfig, MuLoCoConfig,
+    NoLoCoCommunicatorConfig, NoLoCoConfig, PowerSgdConfig, Quantizer, SparseCommunicatorConfig,
+    SparseLoCoConfig, SpartaConfig, SpartaDiLoCoConfig, StreamingDiLoCoConfig,
 };
 use std::path::{Path, PathBuf};
 use tests::{Synthetic, SyntheticBatcher, flat_params, small_mlp};
@@ -78,7 +77,11 @@ fn deterministic(r: &TrainRecord) -> Row {
 }
 
 fn assert_same_run(name: &str, a: &FitOutput<Mlp>, b: &FitOutput<Mlp>) {
-    assert_eq!(flat_params(&a.model), flat_params(&b.model), "{name}: model");
+    assert_eq!(
+        flat_params(&a.model),
+        flat_params(&b.model),
+        "{name}: model"
+    );
     assert_eq!(
         a.master.as_ref().map(flat_params),
         b.master.as_ref().map(flat_params),
@@ -86,11 +89,23 @@ fn assert_same_run(name: &str, a: &FitOutput<Mlp>, b: &FitOutput<Mlp>) {
     );
     let rows = |o: &FitOutput<Mlp>| o.report.train.iter().map(deterministic).collect::<Vec<_>>();
     assert_eq!(rows(a), rows(b), "{name}: train records");
-    assert_eq!(a.report.validation, b.report.validation, "{name}: validation records");
-    assert_eq!(a.report.correlation, b.report.correlation, "{name}: correlation records");
+    assert_eq!(
+        a.report.validation, b.report.validation,
+        "{name}: validation records"
+    );
+    assert_eq!(
+        a.report.correlation, b.report.correlation,
+        "{name}: correlation records"
+    );
     assert_eq!(a.report.comm, b.report.comm, "{name}: traffic");
-    assert_eq!(a.report.simulated, b.report.simulated, "{name}: simulated clocks");
-    assert_eq!(a.report.data_fingerprint, b.report.data_fingerprint, "{name}: data");
+    assert_eq!(
+        a.report.simulated, b.report.simulated,
+        "{name}: simulated clocks"
+    );
+    assert_eq!(
+        a.report.data_fingerprint, b.report.data_fingerprint,
+        "{name}: data"
+    );
 }
 
 fn checkpoint(dir: &Path, run: &str, next_step: usize) -> PathBuf {
@@ -106,7 +121,10 @@ fn inner() -> InnerOptimizerConfig {
 fn strategies() -> Vec<(&'static str, Box<dyn StrategyConfig>)> {
     let diloco = |h| DiLoCoCommunicatorConfig::new().with_sync_interval(h);
     vec![
-        ("allreduce", Box::new(AllReduceConfig::new().with_inner(inner()))),
+        (
+            "allreduce",
+            Box::new(AllReduceConfig::new().with_inner(inner())),
+        ),
         (
             "allreduce-topk-ef",
             Box::new(AllReduceConfig::new().with_inner(inner()).with_compression(
@@ -119,7 +137,11 @@ fn strategies() -> Vec<(&'static str, Box<dyn StrategyConfig>)> {
         ),
         (
             "diloco",
-            Box::new(DiLoCoConfig::new().with_inner(inner()).with_communicator(diloco(5))),
+            Box::new(
+                DiLoCoConfig::new()
+                    .with_inner(inner())
+                    .with_communicator(diloco(5)),
+            ),
         ),
         (
             "diloco-int8",
@@ -169,13 +191,18 @@ fn strategies() -> Vec<(&'static str, Box<dyn StrategyConfig>)> {
         ),
         (
             "sparseloco",
-            Box::new(SparseLoCoConfig::new().with_inner(inner()).with_sync_interval(5)),
+            Box::new(
+                SparseLoCoConfig::new()
+                    .with_inner(inner())
+                    .with_sync_interval(5),
+            ),
         ),
         (
             "muloco",
-            Box::new(MuLoCoConfig::new().with_communicator(
-                gym_strategies::muloco_communicator().with_sync_interval(5),
-            )),
+            Box::new(
+                MuLoCoConfig::new()
+                    .with_communicator(gym_strategies::muloco_communicator().with_sync_interval(5)),
+            ),
         ),
         (
             "desloc",
@@ -183,15 +210,23 @@ fn strategies() -> Vec<(&'static str, Box<dyn StrategyConfig>)> {
         ),
         (
             "noloco",
-            Box::new(NoLoCoConfig::new().with_communicator(
-                NoLoCoCommunicatorConfig::new().with_sync_interval(5),
-            )),
+            Box::new(
+                NoLoCoConfig::new()
+                    .with_communicator(NoLoCoCommunicatorConfig::new().with_sync_interval(5)),
+            ),
         ),
         (
             "async-diloco",
-            Box::new(AsyncDiLoCoConfig::new().with_inner(inner()).with_sync_interval(5)),
+            Box::new(
+                AsyncDiLoCoConfig::new()
+                    .with_inner(inner())
+                    .with_sync_interval(5),
+            ),
         ),
-        ("powersgd", Box::new(PowerSgdConfig::new().with_inner(inner()))),
+        (
+            "powersgd",
+            Box::new(PowerSgdConfig::new().with_inner(inner())),
+        ),
     ]
 }
 
@@ -216,12 +251,18 @@ fn resume_every_strategy_continues_bit_for_bit_from_a_sync_step_and_from_another
                 config()
                     .with_log_dir(Some(dir.join("resumed").to_string_lossy().into_owned()))
                     .with_resume_from(Some(
-                        checkpoint(&dir, "run", next_step).to_string_lossy().into_owned(),
+                        checkpoint(&dir, "run", next_step)
+                            .to_string_lossy()
+                            .into_owned(),
                     )),
                 &*strategy,
             )
             .unwrap_or_else(|e| panic!("{name} from {next_step}: {e}"));
-            assert_same_run(&format!("{name} resumed before {next_step}"), &alone, &resumed);
+            assert_same_run(
+                &format!("{name} resumed before {next_step}"),
+                &alone,
+                &resumed,
+            );
             // The resumed run's CSV logs hold every step, as the first run's do.
             let csv = std::fs::read_to_string(dir.join("resumed/run/train.csv")).unwrap();
             assert_eq!(csv.lines().count(), STEPS + 1, "{name}: train.csv rows");
@@ -233,7 +274,8 @@ fn resume_every_strategy_continues_bit_for_bit_from_a_sync_step_and_from_another
 #[test]
 fn resume_refuses_a_damaged_checkpoint_or_one_from_another_model_or_strategy() {
     let dir = temp("refused");
-    let diloco = DiLoCoConfig::new().with_communicator(DiLoCoCommunicatorConfig::new().with_sync_interval(5));
+    let diloco = DiLoCoConfig::new()
+        .with_communicator(DiLoCoCommunicatorConfig::new().with_sync_interval(5));
     fit(
         config()
             .with_max_steps(Some(4))
@@ -254,10 +296,17 @@ fn resume_refuses_a_damaged_checkpoint_or_one_from_another_model_or_strategy() {
     let cut = dir.join("cut.gym");
     std::fs::write(&cut, &bytes[..bytes.len() - 1]).unwrap();
     let err = fit(resume(&cut), &diloco).map(|_| ()).unwrap_err();
-    assert!(matches!(err, GymError::Checkpoint(_)) && err.to_string().contains("truncated"), "{err}");
+    assert!(
+        matches!(err, GymError::Checkpoint(_)) && err.to_string().contains("truncated"),
+        "{err}"
+    );
     // Another model: a wider hidden layer.
     let wide = |d: &burn::tensor::Device| {
-        MlpConfig::new().with_input(16).with_hidden(48).with_classes(4).init(d)
+        MlpConfig::new()
+            .with_input(16)
+            .with_hidden(48)
+            .with_classes(4)
+            .init(d)
     };
     let err = Trainer::new(resume(&file))
         .fit(wide, &diloco, &data(), &SyntheticBatcher)
@@ -265,9 +314,12 @@ fn resume_refuses_a_damaged_checkpoint_or_one_from_another_model_or_strategy() {
         .unwrap_err();
     assert!(err.to_string().contains("[16, 48]"), "{err}");
     // Another strategy, and another setting of the same strategy.
-    let err = fit(resume(&file), &AllReduceConfig::new()).map(|_| ()).unwrap_err();
+    let err = fit(resume(&file), &AllReduceConfig::new())
+        .map(|_| ())
+        .unwrap_err();
     assert!(err.to_string().contains("`allreduce`"), "{err}");
-    let h7 = DiLoCoConfig::new().with_communicator(DiLoCoCommunicatorConfig::new().with_sync_interval(7));
+    let h7 = DiLoCoConfig::new()
+        .with_communicator(DiLoCoCommunicatorConfig::new().with_sync_interval(7));
     let err = fit(resume(&file), &h7).map(|_| ()).unwrap_err();
     assert!(err.to_string().contains("sync_interval"), "{err}");
     // The folder: its newest checkpoint.

@@ -14,11 +14,10 @@ use gym_core::{
 use gym_models::Mlp;
 use gym_strategies::compress::PowerSgdCompressionConfig;
 use gym_strategies::{
-    AllReduceConfig, AsyncDiLoCoConfig, AveragingCommunicatorConfig, CompressionConfig,
-    DeMoConfig, DesLocConfig, DiLoCoCommunicatorConfig, DiLoCoConfig, FedAvgConfig,
-    IndexSelectorKind, MuLoCoConfig, NoLoCoCommunicatorConfig, NoLoCoConfig, PowerSgdConfig,
-    SparseCommunicatorConfig, SparseLoCoConfig, SpartaConfig, SpartaDiLoCoConfig,
-    StreamingDiLoCoConfig, muloco_communicator,
+    AllReduceConfig, AsyncDiLoCoConfig, AveragingCommunicatorConfig, CompressionConfig, DeMoConfig,
+    DesLocConfig, DiLoCoCommunicatorConfig, DiLoCoConfig, FedAvgConfig, IndexSelectorKind,
+    MuLoCoConfig, NoLoCoCommunicatorConfig, NoLoCoConfig, PowerSgdConfig, SparseCommunicatorConfig,
+    SparseLoCoConfig, SpartaConfig, SpartaDiLoCoConfig, StreamingDiLoCoConfig, muloco_communicator,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -273,7 +272,13 @@ fn assert_resumes_exactly(
                 .collect()
         };
         let again = saved(&first);
-        let resumed = train(config, speeds, total, Start::Resume(checkpoints(first)), total);
+        let resumed = train(
+            config,
+            speeds,
+            total,
+            Start::Resume(checkpoints(first)),
+            total,
+        );
         for (rank, (got, want)) in finals(&resumed).iter().zip(&want).enumerate() {
             assert!(
                 got.params == want.params,

@@ -38,7 +38,9 @@
 use super::{Compressor, PendingMean, to_host};
 use burn::tensor::{Tensor, TensorData};
 use gym_core::rng::derive_seed;
-use gym_core::{Group, GymError, NodeInfo, ParamLayout, Pending, ReduceOp, Result, StateDict, StepContext};
+use gym_core::{
+    Group, GymError, NodeInfo, ParamLayout, Pending, ReduceOp, Result, StateDict, StepContext,
+};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
@@ -367,7 +369,10 @@ impl Compressor for PowerSgdCompressor {
         self.calls = state.u64("calls")?;
         self.has_q = state.u64("has_q")? != 0;
         for (i, m) in self.matrices.iter_mut().enumerate() {
-            for (key, buffer) in [(format!("q{i}"), &mut m.q), (format!("error{i}"), &mut m.error)] {
+            for (key, buffer) in [
+                (format!("q{i}"), &mut m.q),
+                (format!("error{i}"), &mut m.error),
+            ] {
                 let saved = state.values(&key)?;
                 if saved.len() != buffer.len() && !buffer.is_empty() {
                     return Err(GymError::Checkpoint(format!(

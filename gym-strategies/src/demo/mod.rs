@@ -202,7 +202,12 @@ impl Strategy for DeMo {
             state.put_values(&format!("delta{i}"), p.delta.clone());
             // What was sent last (only `last_sent` reads it), so that it survives too.
             state.put_values(&format!("sent{i}/values"), p.sent.values.clone());
-            let indices = p.sent.indices.iter().flat_map(|i| i.to_le_bytes()).collect();
+            let indices = p
+                .sent
+                .indices
+                .iter()
+                .flat_map(|i| i.to_le_bytes())
+                .collect();
             state.put_bytes(&format!("sent{i}/indices"), indices);
         }
         Ok(())
