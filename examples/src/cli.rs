@@ -8,8 +8,9 @@ use burn::optim::{
 };
 use clap::{Args, FromArgMatches, Parser, ValueEnum};
 use gym_core::{
-    ComputeModel, InnerOptimizerConfig, LrScheduleConfig, Network, OptimizerConfig, OptimizerGroup,
-    ParamSelection, SimulationConfig, StrategyConfig, Topology, TrainerConfig,
+    ComputeModel, InnerOptimizerConfig, LrScheduleConfig, Network, NonFinitePolicy,
+    OptimizerConfig, OptimizerGroup, ParamSelection, SimulationConfig, StrategyConfig, Topology,
+    TrainerConfig,
 };
 use gym_strategies::compress::PowerSgdCompressionConfig;
 use gym_strategies::{
@@ -123,6 +124,16 @@ pub enum AggregationName {
     Senders,
 }
 
+/// What a NaN or infinite loss or gradient does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NonFiniteName {
+    /// The run fails, naming the node and the step.
+    Stop,
+    /// The step is skipped on every node and counted in summary.json.
+    Skip,
+}
+
 /// The inner optimizers the examples can run: Burn's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -217,6 +228,9 @@ pub struct CommonArgs {
     /// Hide the progress bar.
     #[arg(long)]
     pub no_progress: bool,
+    /// What a NaN or infinite loss or gradient does.
+    #[arg(long, value_enum, default_value = "stop")]
+    pub on_nonfinite: NonFiniteName,
     /// Write a checkpoint every this many steps and at the end (Ctrl-C always writes one).
     #[arg(long)]
     pub checkpoint_interval: Option<usize>,
@@ -563,6 +577,10 @@ impl CommonArgs {
                     .map(|d| d.to_string_lossy().into_owned()),
             )
             .with_keep_checkpoints(self.keep_checkpoints)
+            .with_on_nonfinite(match self.on_nonfinite {
+                NonFiniteName::Stop => NonFinitePolicy::Stop,
+                NonFiniteName::Skip => NonFinitePolicy::Skip,
+            })
             .with_resume_from(
                 self.resume
                     .as_ref()

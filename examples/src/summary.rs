@@ -61,6 +61,9 @@ pub struct RunSummary {
     /// The step before which an interrupted run stopped (Ctrl-C); absent when it finished.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub interrupted_at_step: Option<usize>,
+    /// Steps skipped for a non-finite loss or gradient (`--on-nonfinite skip`).
+    #[serde(default)]
+    pub skipped_steps: usize,
     /// The last checkpoint the run wrote.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub checkpoint: Option<PathBuf>,
@@ -123,6 +126,7 @@ impl RunSummary {
             peak_rss_bytes: peak_rss_bytes(),
             interrupted_at_step: report.interrupted_at,
             checkpoint: report.checkpoint.clone(),
+            skipped_steps: report.skipped_steps().len(),
             simulated_time_s: report.simulated_time_s(),
             simulated_compute_s: report.simulated_compute_s(),
             simulated_comm_s: report.simulated_comm_s(),
@@ -164,7 +168,13 @@ pub fn print_summary(s: &RunSummary) {
     );
     println!("model             {}", s.model);
     println!("data              {}", s.dataset);
-    println!("steps             {}", s.steps);
+    match s.interrupted_at_step {
+        Some(at) => println!("steps             {at} of {} (interrupted)", s.steps),
+        None => println!("steps             {}", s.steps),
+    }
+    if s.skipped_steps > 0 {
+        println!("skipped steps     {} (non-finite loss or gradient)", s.skipped_steps);
+    }
     println!("train loss        {}", opt(s.final_train_loss, 4));
     println!("val loss          {}", opt(s.final_val_loss, 4));
     if let Some(acc) = s.val_accuracy {

@@ -76,6 +76,13 @@ pub enum GymError {
         /// The offending value.
         loss: f64,
     },
+    /// A gradient held NaN or infinite values (their sum is not finite) while the loss was
+    /// finite.
+    #[error("non-finite gradient (sum {sum}) with a finite loss")]
+    NonFiniteGradient {
+        /// The sum of the gradient's elements.
+        sum: f64,
+    },
     /// The model draws from the backend's process-wide random generator during a training
     /// forward pass, as Burn's `Dropout` does. Nodes run concurrently, so its draws would
     /// depend on thread timing and the run would not be reproducible from its seed.

@@ -59,4 +59,4 @@ pub use replica::{ModelReplica, Replica};
 pub use simulation::{ComputeModel, SimulationConfig};
 pub use state::StateDict;
 pub use strategy::{NodeInfo, StepContext, Strategy, StrategyConfig};
-pub use trainer::{FitOutput, Trainer, TrainerConfig};
+pub use trainer::{FitOutput, NonFinitePolicy, Trainer, TrainerConfig};

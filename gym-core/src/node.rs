@@ -13,9 +13,10 @@ use crate::replica::ModelReplica;
 use crate::rng;
 use crate::state::StateDict;
 use crate::strategy::{StepContext, Strategy};
+use crate::trainer::NonFinitePolicy;
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::Dataset;
-use burn::tensor::{Device, Tensor};
+use burn::tensor::{Device, Tensor, TensorData};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
@@ -117,30 +118,58 @@ where
             collective: &comm,
             layout: &layout,
         };
-        let (loss, compute_s, strategy_s) = if strategy.computes(step) {
+        let computed = if strategy.computes(step) {
             let (grads, loss, compute_s) =
                 compute_gradient(&mut replica, &layout, &mut loader, shared, device)?;
             if let Some(simulated) = plan.step_compute_s(rank, step, compute_s) {
                 comm.compute(simulated);
             }
-            let strategy_start = Instant::now();
-            strategy.step(&mut replica, grads, &mut ctx)?;
-            (
-                Some(loss),
-                compute_s,
-                strategy_start.elapsed().as_secs_f64(),
-            )
+            Some((grads, loss, compute_s))
         } else {
-            let strategy_start = Instant::now();
-            strategy.idle(&mut replica, &mut ctx)?;
-            (None, 0.0, strategy_start.elapsed().as_secs_f64())
+            None
         };
+        let fault = match &computed {
+            Some((grads, loss, _)) => nonfinite(grads, *loss),
+            None => None,
+        };
+        let skip = match plan.on_nonfinite {
+            NonFinitePolicy::Stop => match fault {
+                Some(error) => return Err(error),
+                None => false,
+            },
+            // Every node must skip the same steps, so they agree on it (uncounted).
+            NonFinitePolicy::Skip => {
+                let flag = Tensor::<1>::from_data(
+                    TensorData::new(vec![u8::from(fault.is_some()) as f32], [1]),
+                    &device.clone().inner(),
+                );
+                eval.comm
+                    .all_reduce(flag, ReduceOp::Sum)?
+                    .into_scalar::<f32>()
+                    > 0.0
+            }
+        };
+        let strategy_start = Instant::now();
+        let (loss, compute_s) = match computed {
+            Some((_, loss, compute_s)) if skip => (Some(loss), compute_s),
+            Some((grads, loss, compute_s)) => {
+                strategy.step(&mut replica, grads, &mut ctx)?;
+                (Some(loss), compute_s)
+            }
+            None if skip => (None, 0.0),
+            None => {
+                strategy.idle(&mut replica, &mut ctx)?;
+                (None, 0.0)
+            }
+        };
+        let strategy_s = strategy_start.elapsed().as_secs_f64();
         replica.flush();
         shared.recorder.train_step(
             rank,
             step,
             NodeStep {
                 loss,
+                skipped: skip,
                 lr: strategy.lr(),
                 comm: comm.stats(),
                 compute_s,
@@ -206,8 +235,17 @@ fn snapshot<M: TrainModel, I>(
     })
 }
 
+/// What is wrong with a step's loss or gradient, if anything.
+fn nonfinite(grads: &Tensor<1>, loss: f64) -> Option<GymError> {
+    if !loss.is_finite() {
+        return Some(GymError::NonFiniteLoss { loss });
+    }
+    let sum = grads.clone().sum().into_scalar::<f64>();
+    (!sum.is_finite()).then_some(GymError::NonFiniteGradient { sum })
+}
+
 /// This node's gradient for one step, averaged over its gradient-accumulation
-/// minibatches, with the mean loss and the wall time it took. A non-finite loss is an error.
+/// minibatches, with the mean loss (NaN or infinite if a minibatch's was) and the wall time it took.
 fn compute_gradient<M, I, B>(
     replica: &mut ModelReplica<M>,
     layout: &ParamLayout,
@@ -229,11 +267,7 @@ where
             .batcher
             .batch(loader.next_items(plan.minibatch)?, device);
         let loss = model.loss(&batch);
-        let value = loss.clone().into_scalar::<f64>();
-        if !value.is_finite() {
-            return Err(GymError::NonFiniteLoss { loss: value });
-        }
-        loss_sum += value;
+        loss_sum += loss.clone().into_scalar::<f64>();
         let mut backward = loss.backward();
         let g = layout.flatten_grads(model, &mut backward);
         grads = Some(match grads {

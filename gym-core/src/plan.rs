@@ -2,6 +2,7 @@
 //! the data: the node loop reads this plan, never the configuration.
 
 use crate::simulation::SimulationConfig;
+use crate::trainer::NonFinitePolicy;
 
 /// The schedule of a run's node loop.
 #[derive(Debug, Clone)]
@@ -28,6 +29,8 @@ pub(crate) struct RunPlan {
     pub start_step: usize,
     /// Steps between checkpoints, if any are written at intervals.
     pub checkpoint_interval: Option<usize>,
+    /// What a non-finite loss or gradient does.
+    pub on_nonfinite: NonFinitePolicy,
 }
 
 impl RunPlan {

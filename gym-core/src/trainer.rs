@@ -79,9 +79,27 @@ pub struct TrainerConfig {
     /// Checkpoints kept; older ones are deleted.
     #[config(default = 2)]
     pub keep_checkpoints: usize,
+    /// What a NaN or infinite loss or gradient does: stop the run (an error naming the node
+    /// and step), or skip the step on every node.
+    #[config(default = "NonFinitePolicy::Stop")]
+    pub on_nonfinite: NonFinitePolicy,
     /// Continue the run saved in this checkpoint file, or in the newest checkpoint of this
     /// folder (a run folder). The configuration must be the one it was saved with.
     pub resume_from: Option<String>,
+}
+
+/// What a NaN or infinite loss or gradient does ([`TrainerConfig::on_nonfinite`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub enum NonFinitePolicy {
+    /// The run fails: [`GymError::NodeFailed`] names the node and the step, its source is
+    /// [`GymError::NonFiniteLoss`] or [`GymError::NonFiniteGradient`].
+    #[default]
+    Stop,
+    /// The step is skipped on every node (no update, no communication: every node agrees
+    /// through one uncounted all-reduce of a flag per step), its loss is logged as it was,
+    /// and the run goes on; [`RunReport::skipped_steps`](crate::RunReport::skipped_steps)
+    /// lists such steps.
+    Skip,
 }
 
 impl TrainerConfig {
@@ -173,6 +191,7 @@ impl TrainerConfig {
                 .map(|sim| (sim, flops_per_example * self.batch_size as f64)),
             start_step: 0,
             checkpoint_interval: self.checkpoint_interval,
+            on_nonfinite: self.on_nonfinite,
         }
     }
 }

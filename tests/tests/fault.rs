@@ -4,8 +4,8 @@
 use burn::module::Module;
 use burn::tensor::{Device, Tensor};
 use gym_core::{
-    GymError, ImageBatch, NodeData, NodeInfo, Replica, Result, StepContext, Strategy,
-    StrategyConfig, TrainModel, Trainer, TrainerConfig,
+    GymError, ImageBatch, NodeData, NodeInfo, NonFinitePolicy, Replica, Result, StepContext,
+    Strategy, StrategyConfig, TrainModel, Trainer, TrainerConfig,
 };
 use gym_models::{Mlp, MlpConfig};
 use gym_strategies::AllReduceConfig;
@@ -22,6 +22,9 @@ struct Faulty {
     rank: usize,
     step: usize,
     nan: bool,
+    /// With `nan`: a finite loss whose gradient is NaN (`loss + √(loss − loss)`: d√x at 0
+    /// is infinite, times 0).
+    gradient_only: bool,
 }
 
 impl TrainModel for Faulty {
@@ -34,6 +37,9 @@ impl TrainModel for Faulty {
             let step = TRAIN_CALLS.with(|c| c.replace(c.get() + 1));
             let me = std::thread::current().name() == Some(&format!("gym-node-{}", self.rank));
             if me && step == self.step {
+                if self.nan && self.gradient_only {
+                    return loss.clone() + (loss.clone() - loss).sqrt();
+                }
                 if self.nan {
                     return loss.mul_scalar(f32::NAN);
                 }
@@ -65,6 +71,14 @@ fn faulty(rank: usize, step: usize, nan: bool) -> impl Fn(&Device) -> Faulty + S
         rank,
         step,
         nan,
+        gradient_only: false,
+    }
+}
+
+fn faulty_gradient(rank: usize, step: usize) -> impl Fn(&Device) -> Faulty + Sync {
+    move |d| Faulty {
+        gradient_only: true,
+        ..faulty(rank, step, true)(d)
     }
 }
 
@@ -217,4 +231,54 @@ fn fault_a_bad_learning_rate_is_refused_before_any_node_starts() {
         !log_dir.exists(),
         "no run folder is created for a refused run"
     );
+}
+
+#[test]
+fn nonfinite_gradient_with_a_finite_loss_stops_the_run_naming_rank_and_step() {
+    let err = Trainer::new(config(4))
+        .fit(
+            faulty_gradient(2, 5),
+            &AllReduceConfig::new(),
+            &data(),
+            &SyntheticBatcher,
+        )
+        .err()
+        .expect("the run fails");
+    match err {
+        GymError::NodeFailed {
+            rank: 2,
+            step: 5,
+            source,
+        } => assert!(
+            matches!(*source, GymError::NonFiniteGradient { sum } if sum.is_nan()),
+            "{source}"
+        ),
+        other => panic!("expected a NaN gradient on rank 2 at step 5, got {other}"),
+    }
+}
+
+#[test]
+fn nonfinite_skip_skips_the_step_on_every_node_and_goes_on() {
+    for (model, what) in [
+        (
+            Box::new(faulty(1, 3, true)) as Box<dyn Fn(&Device) -> Faulty + Sync>,
+            "loss",
+        ),
+        (Box::new(faulty_gradient(1, 3)), "gradient"),
+    ] {
+        let out = Trainer::new(config(4).with_on_nonfinite(NonFinitePolicy::Skip))
+            .fit(&*model, &AllReduceConfig::new(), &data(), &SyntheticBatcher)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(out.report.steps, 20, "{what}");
+        let params = tests::flat_params(&out.model.mlp);
+        assert!(
+            params.iter().all(|p| p.is_finite()),
+            "{what}: parameters stay finite"
+        );
+        // AllReduce would have spread node 1's NaN gradient to every node: skipped, the
+        // step leaves every replica as it was, and it is counted.
+        assert_eq!(out.report.skipped_steps(), [3], "{what}");
+        // Every node skipped it together: the all-reduce of step 3 never ran.
+        assert_eq!(out.report.comm[0].all_reduce_calls, 19, "{what}");
+    }
 }

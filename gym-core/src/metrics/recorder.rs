@@ -57,6 +57,7 @@ struct PendingStep {
     /// (summed in rank order when the step is emitted, so the sums do not depend on which
     /// node reported first).
     simulated: Vec<Option<SimulatedTime>>,
+    skipped: bool,
 }
 
 impl PendingStep {
@@ -79,6 +80,8 @@ pub(crate) struct NodeStep {
     /// Mean loss over the node's minibatches; `None` for a step it sat out
     /// ([`Strategy::computes`](crate::Strategy::computes)).
     pub loss: Option<f64>,
+    /// Whether the step was skipped (non-finite loss or gradient on some node).
+    pub skipped: bool,
     /// Learning rate of the step.
     pub lr: f64,
     /// The node's cumulative traffic.
@@ -154,8 +157,10 @@ impl Recorder {
             compute_s: 0.0,
             strategy_s: 0.0,
             simulated: vec![None; k],
+            skipped: false,
         });
         p.losses[rank] = Some(node.loss);
+        p.skipped |= node.skipped;
         if rank == 0 {
             p.lr = node.lr;
         }
@@ -197,6 +202,7 @@ impl Recorder {
                 sim_compute_s: p.simulated().map(|(_, s)| s.compute_s / k as f64),
                 sim_comm_s: p.simulated().map(|(_, s)| s.comm_s / k as f64),
                 sim_idle_s: p.simulated().map(|(_, s)| s.idle_s / k as f64),
+                skipped: p.skipped,
             };
             st.last_emit = now;
             st.last_step_done = now;
@@ -384,6 +390,7 @@ mod tests {
             compute_s,
             strategy_s: 0.5,
             simulated: None,
+            skipped: false,
         };
         r.train_step(1, 1, node(Some(4.0), 0.1, 1.0)); // step 1 before step 0: buffered
         r.train_step(0, 0, node(Some(1.0), 0.5, 2.0));

@@ -37,6 +37,10 @@ pub struct TrainRecord {
     pub sim_comm_s: Option<f64>,
     /// Simulated seconds this step's nodes waited for each other, mean over nodes.
     pub sim_idle_s: Option<f64>,
+    /// Whether the step was skipped for a non-finite loss or gradient
+    /// ([`NonFinitePolicy::Skip`](crate::NonFinitePolicy::Skip)); not a CSV column.
+    #[serde(default)]
+    pub skipped: bool,
 }
 
 /// One evaluation: rank 0's own replica (local) and the average of all replicas (global).
@@ -180,6 +184,16 @@ pub struct RunReport {
 }
 
 impl RunReport {
+    /// The steps skipped for a non-finite loss or gradient
+    /// ([`NonFinitePolicy::Skip`](crate::NonFinitePolicy::Skip)).
+    pub fn skipped_steps(&self) -> Vec<usize> {
+        self.train
+            .iter()
+            .filter(|r| r.skipped)
+            .map(|r| r.step)
+            .collect()
+    }
+
     /// Steps per second of the training loop.
     pub fn loop_its_per_s(&self) -> f64 {
         self.steps as f64 / self.loop_s.max(1e-9)
