@@ -173,7 +173,10 @@ pub fn print_summary(s: &RunSummary) {
         None => println!("steps             {}", s.steps),
     }
     if s.skipped_steps > 0 {
-        println!("skipped steps     {} (non-finite loss or gradient)", s.skipped_steps);
+        println!(
+            "skipped steps     {} (non-finite loss or gradient)",
+            s.skipped_steps
+        );
     }
     println!("train loss        {}", opt(s.final_train_loss, 4));
     println!("val loss          {}", opt(s.final_val_loss, 4));

@@ -42,7 +42,7 @@ mod trainer;
 pub use batch::{ImageBatch, TokenBatch};
 pub use collective::{
     Collective, CommStats, Group, InProcessCollective, InProcessGroup, Pending, ReduceOp,
-    SimulatedTime,
+    SimulatedTime, TransferTiming,
 };
 pub use data::{DistributedSampler, NodeData, SharedDataset, Split};
 pub use dropout::Dropout;

@@ -11,7 +11,7 @@ use burn::config::Config;
 use burn::tensor::Tensor;
 use gym_core::{
     Group, GymError, InnerOptimizerConfig, NodeInfo, OptimizerConfig, ParamLayout, Pending,
-    Replica, Result, StateDict, StepContext,
+    Replica, Result, StateDict, StepContext, TransferTiming,
 };
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
@@ -227,9 +227,33 @@ struct InFlight {
     sync_step: usize,
     /// Δ̄_p, as decoded (a decoding error surfaces at the sync step, as before).
     mean: Result<Tensor<1>>,
-    /// The transfer's charge to the clock, paid at the sync step; a restored mean has
-    /// none left (see [`StreamingDiLoCo`]'s checkpoint notes).
-    transfer: Pending<()>,
+    /// The transfer's charge to the clock, paid at the sync step.
+    transfer: Transfer,
+}
+
+/// The clock's charge for a mean in flight: the collective's own, or, in a resumed run, its
+/// saved timing, taken again through [`Collective::resume_pending`](gym_core::Collective::resume_pending).
+enum Transfer {
+    Started(Pending<()>),
+    Resumed(Option<TransferTiming>),
+}
+
+impl Transfer {
+    fn timing(&self) -> Option<TransferTiming> {
+        match self {
+            Transfer::Started(p) => p.timing(),
+            Transfer::Resumed(t) => *t,
+        }
+    }
+
+    fn wait(self, ctx: &StepContext<'_>) -> Result<()> {
+        match self {
+            Transfer::Started(p) => p.wait()?,
+            Transfer::Resumed(Some(t)) => ctx.collective.resume_pending(t).wait()?,
+            Transfer::Resumed(None) => {}
+        }
+        Ok(())
+    }
 }
 
 /// One node's Streaming DiLoCo synchronisation, after each inner step (torchft's rule, with
@@ -260,9 +284,10 @@ struct InFlight {
 /// Saved: every fragment's outer optimizer (φ_p, its momentum) and compressor under
 /// `fragment{p}/`, and a mean in flight (prepared, not yet synced) as its value Δ̄_p with its
 /// fragment and sync step under `in_flight/`. The value is exactly what the sync would have
-/// applied, so parameters resume bit for bit. On a simulated clock the resumed run does not
-/// charge the rest of that transfer at the sync step (the part the τ steps did not hide):
-/// its clock can run behind an uninterrupted run's by at most that one transfer.
+/// applied, so parameters resume bit for bit; with it go the transfer's simulated timing
+/// ([`Pending::timing`]), whose wait the resumed run charges at the sync step through
+/// [`Collective::resume_pending`](gym_core::Collective::resume_pending), so its clock
+/// resumes exactly too.
 pub struct StreamingDiLoCo {
     /// s = H/F, steps between two synchronisation events.
     stride: usize,
@@ -358,14 +383,15 @@ impl StreamingDiLoCo {
             fragment: p,
             sync_step,
             mean: mean.expect("`Pending::map` applies its function at once"),
-            transfer,
+            transfer: Transfer::Started(transfer),
         });
         Ok(())
     }
 
     /// Applies the mean in flight if its sync step is `step`: outer step, then mixing into
     /// the replica.
-    fn sync_if_due(&mut self, replica: &mut dyn Replica, step: usize) -> Result<()> {
+    fn sync_if_due(&mut self, replica: &mut dyn Replica, ctx: &StepContext<'_>) -> Result<()> {
+        let step = ctx.step;
         let Some(InFlight {
             fragment,
             mean,
@@ -375,7 +401,7 @@ impl StreamingDiLoCo {
         else {
             return Ok(());
         };
-        transfer.wait()?;
+        transfer.wait(ctx)?;
         let mean = mean?;
         let fragment = &mut self.fragments[fragment];
         let phi = fragment.outer.step(mean);
@@ -392,14 +418,14 @@ impl CommunicationModule for StreamingDiLoCo {
     fn communicate(&mut self, replica: &mut dyn Replica, ctx: &mut StepContext<'_>) -> Result<()> {
         // A sync due now goes first (τ > 0: it was prepared τ steps ago), then the prepare
         // of the sync τ steps ahead, then, with τ = 0, that same sync.
-        self.sync_if_due(replica, ctx.step)?;
+        self.sync_if_due(replica, ctx)?;
         let sync_step = ctx.step + self.overlap;
         if sync_step < ctx.max_steps
             && let Some(p) = self.syncing_at(sync_step)
         {
             self.prepare(p, sync_step, replica, ctx)?;
         }
-        self.sync_if_due(replica, ctx.step)
+        self.sync_if_due(replica, ctx)
     }
 
     fn master_params(&self) -> Option<Tensor<1>> {
@@ -432,6 +458,11 @@ impl CommunicationModule for StreamingDiLoCo {
             state.put_u64("in_flight/fragment", f.fragment as u64);
             state.put_u64("in_flight/sync_step", f.sync_step as u64);
             state.put_tensor("in_flight/mean", mean)?;
+            if let Some(t) = f.transfer.timing() {
+                state.put_f64("in_flight/own_ready_s", t.own_ready_s);
+                state.put_f64("in_flight/start_s", t.start_s);
+                state.put_f64("in_flight/end_s", t.end_s);
+            }
         }
         Ok(())
     }
@@ -464,7 +495,13 @@ impl CommunicationModule for StreamingDiLoCo {
                 fragment: p,
                 sync_step: index("in_flight/sync_step")?,
                 mean: Ok(state.tensor("in_flight/mean", n, &device)?),
-                transfer: Pending::ready(()),
+                transfer: Transfer::Resumed(state.f64("in_flight/end_s").ok().map(|end_s| {
+                    TransferTiming {
+                        own_ready_s: state.f64("in_flight/own_ready_s").unwrap_or(end_s),
+                        start_s: state.f64("in_flight/start_s").unwrap_or(end_s),
+                        end_s,
+                    }
+                })),
             });
         }
         Ok(())

@@ -245,8 +245,9 @@ fn resume_every_strategy_continues_bit_for_bit_from_a_sync_step_and_from_another
         )
         .unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_same_run(&format!("{name} (checkpointing)"), &alone, &saved);
-        // Before step 7 (inside a round) and before step 10 (after a synchronisation).
-        for next_step in [7, 10] {
+        // Before step 7 (inside a round), before step 10 (after a synchronisation), and
+        // before step 8 (Streaming DiLoCo's fragment prepared at step 7 is in flight).
+        for next_step in [7, 8, 10] {
             let resumed = fit(
                 config()
                     .with_log_dir(Some(dir.join("resumed").to_string_lossy().into_owned()))

@@ -1,6 +1,6 @@
 //! The in-process collective: nodes are threads of one process that meet at rendezvous points.
 
-use super::{Collective, CollectiveOp, CommStats, Group, Pending, ReduceOp, cost};
+use super::{Collective, CollectiveOp, CommStats, Group, Pending, ReduceOp, TransferTiming, cost};
 use crate::error::CollectiveError;
 use crate::network::Network;
 use burn::tensor::Tensor;
@@ -376,16 +376,29 @@ impl InProcessCollective {
         let (done, own_ready) = self.exchange(group, op, Some(payload))?;
         let value = result(&done.outcome);
         Ok(match done.timing {
-            Some((start, end)) => {
-                let shared = self.shared.clone();
-                let rank = self.rank;
-                Pending::new(
-                    value,
-                    Box::new(move || lock(&shared.clocks[rank]).finish(own_ready, start, end)),
-                )
-            }
+            Some((start, end)) => self.pending(
+                value,
+                TransferTiming {
+                    own_ready_s: own_ready,
+                    start_s: start,
+                    end_s: end,
+                },
+            ),
             None => Pending::ready(value),
         })
+    }
+
+    /// `value`, whose wait charges this node's clock for a transfer timed as `timing`.
+    fn pending<T>(&self, value: T, timing: TransferTiming) -> Pending<T> {
+        let shared = self.shared.clone();
+        let rank = self.rank;
+        Pending::new(
+            value,
+            Box::new(move || {
+                lock(&shared.clocks[rank]).finish(timing.own_ready_s, timing.start_s, timing.end_s)
+            }),
+            timing,
+        )
     }
 
     /// The rendezvous: deposits this rank's input, and returns the call's result with the
@@ -703,6 +716,14 @@ impl Collective for InProcessCollective {
                 _ => unreachable!("a byte all-gather yields every buffer"),
             },
         )
+    }
+
+    fn resume_pending(&self, timing: TransferTiming) -> Pending<()> {
+        if self.timed() {
+            self.pending((), timing)
+        } else {
+            Pending::ready(())
+        }
     }
 
     fn simulated_time(&self) -> Option<SimulatedTime> {

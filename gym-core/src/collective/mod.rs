@@ -49,6 +49,20 @@ pub use in_process::{InProcessCollective, InProcessGroup, SimulatedTime};
 pub struct Pending<T> {
     value: T,
     finish: Option<Box<dyn FnOnce() + Send>>,
+    timing: Option<TransferTiming>,
+}
+
+/// When a started collective's transfer ran on the simulated clock: what a checkpoint saves
+/// of a [`Pending`] so that a resumed run charges its wait exactly
+/// ([`Collective::resume_pending`]).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct TransferTiming {
+    /// When this node was ready for it (arrived, its link free).
+    pub own_ready_s: f64,
+    /// When the transfer started (its last member ready).
+    pub start_s: f64,
+    /// When it ended.
+    pub end_s: f64,
 }
 
 impl<T> Pending<T> {
@@ -57,15 +71,24 @@ impl<T> Pending<T> {
         Pending {
             value,
             finish: None,
+            timing: None,
         }
     }
 
-    /// A result whose waiting runs `finish` (charging the clock) before handing it over.
-    pub(crate) fn new(value: T, finish: Box<dyn FnOnce() + Send>) -> Self {
+    /// A result whose waiting runs `finish` (charging the clock of a transfer that ran as
+    /// `timing` says) before handing it over.
+    pub(crate) fn new(value: T, finish: Box<dyn FnOnce() + Send>, timing: TransferTiming) -> Self {
         Pending {
             value,
             finish: Some(finish),
+            timing: Some(timing),
         }
+    }
+
+    /// When the transfer ran on the simulated clock, if it is timed: save it to resume the
+    /// wait with [`Collective::resume_pending`].
+    pub fn timing(&self) -> Option<TransferTiming> {
+        self.timing
     }
 
     /// A pending result transformed by `f` once it is taken (e.g. decoded).
@@ -73,6 +96,7 @@ impl<T> Pending<T> {
         Pending {
             value: f(self.value),
             finish: self.finish,
+            timing: self.timing,
         }
     }
 
@@ -359,6 +383,13 @@ pub trait Collective: Send + Sync {
         bytes: Vec<u8>,
     ) -> Result<Pending<Vec<Vec<u8>>>, CollectiveError> {
         self.all_gather_bytes_in(group, bytes).map(Pending::ready)
+    }
+
+    /// The wait of a started collective saved in a checkpoint ([`Pending::timing`]), to be
+    /// taken in the resumed run: it charges the clock as the original would have. The
+    /// default charges nothing.
+    fn resume_pending(&self, _timing: TransferTiming) -> Pending<()> {
+        Pending::ready(())
     }
 
     /// This node's simulated clock, when the run simulates a network; `None` otherwise.
