@@ -237,93 +237,6 @@ fn list(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn sample(next_step: usize) -> Checkpoint {
-        let mut strategy = StateDict::new();
-        strategy.put_values("buffer", vec![1.5, -2.0]);
-        Checkpoint {
-            next_step,
-            identity: Identity {
-                strategy: "diloco".into(),
-                strategy_config: r#"{"h":20,"lr":0.7}"#.into(),
-                model: "Mlp".into(),
-                parameters: vec![("fc.weight".into(), vec![2, 3])],
-                trainer: r#"{"seed":1}"#.into(),
-            },
-            run_name: "run".into(),
-            nodes: vec![NodeCheckpoint {
-                model: vec![0.25; 6],
-                param_ids: vec![7],
-                strategy,
-                loader: (1, 8, 99),
-                rng: ([3; 32], 0, 12),
-                comm: CommStats::default(),
-                clock: None,
-            }],
-            train: Vec::new(),
-            validation: Vec::new(),
-            correlation: Vec::new(),
-        }
-    }
-
-    #[test]
-    fn resume_files_round_trip_keep_the_newest_and_refuse_damage() {
-        let dir = std::env::temp_dir().join(format!("gym-ckpt-unit-{}", std::process::id()));
-        std::fs::remove_dir_all(&dir).ok();
-        for step in [5, 10, 15] {
-            sample(step).save(&dir, 2).unwrap();
-        }
-        let names: Vec<String> = list(&dir)
-            .unwrap()
-            .iter()
-            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
-            .collect();
-        assert_eq!(
-            names,
-            [Checkpoint::file_name(10), Checkpoint::file_name(15)]
-        );
-        let (loaded, file) = Checkpoint::load(&dir).unwrap();
-        assert_eq!(loaded, sample(15));
-        let bytes = std::fs::read(&file).unwrap();
-        let truncated = Checkpoint::decode(&bytes[..bytes.len() - 1], &file).unwrap_err();
-        assert!(truncated.to_string().contains("truncated"), "{truncated}");
-        let mut flipped = bytes.clone();
-        *flipped.last_mut().unwrap() ^= 1;
-        let altered = Checkpoint::decode(&flipped, &file).unwrap_err();
-        assert!(altered.to_string().contains("checksum"), "{altered}");
-        assert!(Checkpoint::decode(b"not a checkpoint", &file).is_err());
-        std::fs::remove_dir_all(&dir).ok();
-    }
-
-    #[test]
-    fn resume_refuses_another_configuration_naming_the_difference() {
-        let here = sample(5).identity;
-        let mut other = here.clone();
-        other.strategy = "noloco".into();
-        assert!(
-            here.check(&other)
-                .unwrap_err()
-                .to_string()
-                .contains("`noloco`")
-        );
-        let mut other = here.clone();
-        other.parameters[0].1 = vec![4, 3];
-        let err = here.check(&other).unwrap_err().to_string();
-        assert!(err.contains("fc.weight") && err.contains("[4, 3]"), "{err}");
-        let mut other = here.clone();
-        other.strategy_config = r#"{"h":30,"lr":0.7}"#.into();
-        let err = here.check(&other).unwrap_err().to_string();
-        assert!(
-            err.contains("`h` = 30") && err.contains("`h` = 20"),
-            "{err}"
-        );
-        assert!(here.check(&here.clone()).is_ok());
-    }
-}
-
 /// Collects every node's state at a step boundary; the last node to arrive writes the file.
 pub(crate) struct CheckpointWriter {
     pub dir: PathBuf,
@@ -431,5 +344,92 @@ impl StopAgreement {
     /// The step at which the nodes stopped, if they did.
     pub fn stopped_at(&self) -> Option<usize> {
         self.state.lock().unwrap_or_else(|p| p.into_inner()).0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(next_step: usize) -> Checkpoint {
+        let mut strategy = StateDict::new();
+        strategy.put_values("buffer", vec![1.5, -2.0]);
+        Checkpoint {
+            next_step,
+            identity: Identity {
+                strategy: "diloco".into(),
+                strategy_config: r#"{"h":20,"lr":0.7}"#.into(),
+                model: "Mlp".into(),
+                parameters: vec![("fc.weight".into(), vec![2, 3])],
+                trainer: r#"{"seed":1}"#.into(),
+            },
+            run_name: "run".into(),
+            nodes: vec![NodeCheckpoint {
+                model: vec![0.25; 6],
+                param_ids: vec![7],
+                strategy,
+                loader: (1, 8, 99),
+                rng: ([3; 32], 0, 12),
+                comm: CommStats::default(),
+                clock: None,
+            }],
+            train: Vec::new(),
+            validation: Vec::new(),
+            correlation: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn resume_files_round_trip_keep_the_newest_and_refuse_damage() {
+        let dir = std::env::temp_dir().join(format!("gym-ckpt-unit-{}", std::process::id()));
+        std::fs::remove_dir_all(&dir).ok();
+        for step in [5, 10, 15] {
+            sample(step).save(&dir, 2).unwrap();
+        }
+        let names: Vec<String> = list(&dir)
+            .unwrap()
+            .iter()
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            names,
+            [Checkpoint::file_name(10), Checkpoint::file_name(15)]
+        );
+        let (loaded, file) = Checkpoint::load(&dir).unwrap();
+        assert_eq!(loaded, sample(15));
+        let bytes = std::fs::read(&file).unwrap();
+        let truncated = Checkpoint::decode(&bytes[..bytes.len() - 1], &file).unwrap_err();
+        assert!(truncated.to_string().contains("truncated"), "{truncated}");
+        let mut flipped = bytes.clone();
+        *flipped.last_mut().unwrap() ^= 1;
+        let altered = Checkpoint::decode(&flipped, &file).unwrap_err();
+        assert!(altered.to_string().contains("checksum"), "{altered}");
+        assert!(Checkpoint::decode(b"not a checkpoint", &file).is_err());
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn resume_refuses_another_configuration_naming_the_difference() {
+        let here = sample(5).identity;
+        let mut other = here.clone();
+        other.strategy = "noloco".into();
+        assert!(
+            here.check(&other)
+                .unwrap_err()
+                .to_string()
+                .contains("`noloco`")
+        );
+        let mut other = here.clone();
+        other.parameters[0].1 = vec![4, 3];
+        let err = here.check(&other).unwrap_err().to_string();
+        assert!(err.contains("fc.weight") && err.contains("[4, 3]"), "{err}");
+        let mut other = here.clone();
+        other.strategy_config = r#"{"h":30,"lr":0.7}"#.into();
+        let err = here.check(&other).unwrap_err().to_string();
+        assert!(
+            err.contains("`h` = 30") && err.contains("`h` = 20"),
+            "{err}"
+        );
+        assert!(here.check(&here.clone()).is_ok());
     }
 }
