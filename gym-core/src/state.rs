@@ -13,11 +13,21 @@ use std::collections::BTreeMap;
 ///
 /// A missing key or a tensor of the wrong length is a [`GymError::Checkpoint`] naming it, so
 /// a checkpoint from another configuration is refused rather than half-loaded.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct StateDict {
     tensors: BTreeMap<String, Vec<f32>>,
     bytes: BTreeMap<String, Vec<u8>>,
     numbers: BTreeMap<String, u64>,
+    /// Where a [`child`](Self::child) sits in its parent, for error messages.
+    #[serde(skip)]
+    prefix: String,
+}
+
+/// Equal contents (wherever the states sit).
+impl PartialEq for StateDict {
+    fn eq(&self, other: &Self) -> bool {
+        self.tensors == other.tensors && self.bytes == other.bytes && self.numbers == other.numbers
+    }
 }
 
 impl StateDict {
@@ -47,7 +57,8 @@ impl StateDict {
         let values = self.values(key)?;
         if values.len() != len {
             return Err(GymError::Checkpoint(format!(
-                "`{key}` holds {} values where this run has {len}",
+                "`{}{key}` holds {} values where this run has {len}",
+                self.prefix,
                 values.len()
             )));
         }
@@ -67,7 +78,7 @@ impl StateDict {
         self.tensors
             .get(key)
             .map(Vec::as_slice)
-            .ok_or_else(|| missing(key))
+            .ok_or_else(|| self.missing(key))
     }
 
     /// Stores a byte buffer.
@@ -80,7 +91,7 @@ impl StateDict {
         self.bytes
             .get(key)
             .map(Vec::as_slice)
-            .ok_or_else(|| missing(key))
+            .ok_or_else(|| self.missing(key))
     }
 
     /// Stores a counter.
@@ -90,7 +101,10 @@ impl StateDict {
 
     /// The counter stored under `key`.
     pub fn u64(&self, key: &str) -> Result<u64> {
-        self.numbers.get(key).copied().ok_or_else(|| missing(key))
+        self.numbers
+            .get(key)
+            .copied()
+            .ok_or_else(|| self.missing(key))
     }
 
     /// Stores a float exactly (its bits).
@@ -144,14 +158,18 @@ impl StateDict {
             tensors: under(&self.tensors, &start),
             bytes: under(&self.bytes, &start),
             numbers: under(&self.numbers, &start),
+            prefix: format!("{}{start}", self.prefix),
         }
     }
 }
 
-fn missing(key: &str) -> GymError {
-    GymError::Checkpoint(format!(
-        "no `{key}` in the saved state: it comes from another strategy or configuration"
-    ))
+impl StateDict {
+    fn missing(&self, key: &str) -> GymError {
+        GymError::Checkpoint(format!(
+            "no `{}{key}` in the saved state: it comes from another strategy or configuration",
+            self.prefix
+        ))
+    }
 }
 
 #[cfg(test)]
@@ -174,7 +192,12 @@ mod tests {
         assert_eq!(back[1].to_bits(), (-0.0f32).to_bits());
         assert_eq!(state.child("module0").f64("lr").unwrap(), 0.1 + 0.2);
         let err = state.child("module0").tensor("e", 4, &device).unwrap_err();
-        assert!(err.to_string().contains("`e` holds 3 values"), "{err}");
+        assert!(
+            err.to_string().contains("`module0/e` holds 3 values"),
+            "{err}"
+        );
+        let err = state.child("module0").u64("steps").unwrap_err();
+        assert!(err.to_string().contains("`module0/steps`"), "{err}");
         let err = state.u64("calls").unwrap_err();
         assert!(err.to_string().contains("`calls`"), "{err}");
     }

@@ -225,6 +225,9 @@ fn zoo_async_diloco_with_a_half_speed_node_finishes_sooner_than_synchronous_dilo
         asynchronous.train.iter().all(|r| r.train_loss.is_finite()),
         "the logged loss averages the nodes that computed"
     );
+    // Per round of 10 steps: 3 nodes × 10 batches + the slow node's 5, of 8 examples.
+    assert_eq!(asynchronous.train.last().unwrap().examples_seen, 4 * 35 * 8);
+    assert_eq!(synchronous.train.last().unwrap().examples_seen, 4 * 40 * 8);
 }
 
 #[test]

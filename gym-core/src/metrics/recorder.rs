@@ -60,6 +60,20 @@ struct PendingStep {
     skipped: bool,
 }
 
+impl RecorderState {
+    /// Examples seen by all nodes in the steps before `step` (every one of them is out when
+    /// an evaluation or a correlation follows them).
+    fn examples_before(&self, step: usize, examples_per_step: u64) -> u64 {
+        match step {
+            0 => 0,
+            s => self
+                .train
+                .get(s - 1)
+                .map_or(s as u64 * examples_per_step, |r| r.examples_seen),
+        }
+    }
+}
+
 impl PendingStep {
     /// Over the nodes: the latest clock, and the step's seconds summed in rank order.
     fn simulated(&self) -> Option<(f64, SimulatedTime)> {
@@ -186,9 +200,16 @@ impl Recorder {
             let step = st.next_step;
             let p = st.pending.remove(&step).expect("present");
             let now = Instant::now();
+            let computed = p
+                .losses
+                .iter()
+                .filter(|l| matches!(l, Some(Some(_))))
+                .count();
             let rec = TrainRecord {
                 step,
-                examples_seen: (step as u64 + 1) * self.examples_per_step,
+                // Nodes that sat the step out (asynchronous DiLoCo's DyLU) drew no batch.
+                examples_seen: st.train.last().map_or(0, |r| r.examples_seen)
+                    + computed as u64 * self.examples_per_step / k as u64,
                 train_loss: mean_loss(&p.losses),
                 lr: p.lr,
                 step_time_s: now.duration_since(st.last_emit).as_secs_f64(),
@@ -237,7 +258,7 @@ impl Recorder {
             };
             let rec = ValRecord {
                 step,
-                examples_seen: step as u64 * self.examples_per_step,
+                examples_seen: st.examples_before(step, self.examples_per_step),
                 local_loss: local.loss,
                 global_loss: global.loss,
                 local_accuracy: local.accuracy,
@@ -259,7 +280,7 @@ impl Recorder {
         let mut st = self.lock();
         let rec = CorrelationRecord {
             step: steps,
-            examples_seen: steps as u64 * self.examples_per_step,
+            examples_seen: st.examples_before(steps, self.examples_per_step),
             correlation,
         };
         if let Some(logs) = st.logs.as_mut()
@@ -402,6 +423,8 @@ mod tests {
         let train = r.finish().unwrap().train;
         assert_eq!(train.len(), 3);
         assert_eq!(train[2].train_loss, 5.0);
+        // Only node 0 drew a batch (4 of the 8 examples of a step).
+        assert_eq!(train[2].examples_seen, 20);
         assert_eq!(
             (train[0].step, train[0].train_loss, train[0].lr),
             (0, 2.0, 0.5)
