@@ -538,9 +538,9 @@ fn resume_from_another_strategy_is_an_error_naming_a_missing_key() {
         .with_inner(adamw())
         .with_communicator(NoLoCoCommunicatorConfig::new().with_sync_interval(3));
     let e = foreign_load_error(&diloco, &noloco);
-    assert!(e.contains("no `phi`"), "{e}");
+    assert!(e.contains("no `module0/phi`"), "{e}");
     let e = foreign_load_error(&noloco, &diloco);
-    assert!(e.contains("no `master`"), "{e}");
+    assert!(e.contains("no `module0/outer/master`"), "{e}");
     let allreduce = AllReduceConfig::new().with_inner(adamw());
     let demo = DeMoConfig::new();
     let e = foreign_load_error(&allreduce, &demo);
@@ -548,13 +548,13 @@ fn resume_from_another_strategy_is_an_error_naming_a_missing_key() {
     let streaming = StreamingDiLoCoConfig::new()
         .with_inner(adamw())
         .with_sync_interval(6);
-    // Nested state names its key within its component (here `fragment0/outer`).
+    // Nested state names its key with its whole path.
     let e = foreign_load_error(&diloco, &streaming);
-    assert!(e.contains("no `master`"), "{e}");
+    assert!(e.contains("no `module0/fragment0/outer/master`"), "{e}");
     let desloc = DesLocConfig::new();
     let e = foreign_load_error(&demo, &desloc);
     assert!(e.contains("no `u`"), "{e}");
     let async_diloco = AsyncDiLoCoConfig::new().with_inner(adamw());
     let e = foreign_load_error(&diloco, &async_diloco);
-    assert!(e.contains("no `master`"), "{e}");
+    assert!(e.contains("no `master`") && !e.contains("/master"), "{e}");
 }
