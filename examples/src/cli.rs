@@ -439,11 +439,7 @@ impl CommonArgs {
             ),
             StrategyName::StreamingDiloco => {
                 let defaults = StreamingDiLoCoConfig::new();
-                let outer = match self.outer_momentum {
-                    Some(0.0) => OptimizerConfig::sgd(),
-                    Some(momentum) => OptimizerConfig::sgd_momentum(momentum, true),
-                    None => defaults.outer_optimizer.clone(),
-                };
+                let outer = self.outer_optimizer(&defaults.outer_optimizer);
                 Box::new(
                     defaults
                         .clone()
@@ -666,16 +662,20 @@ impl CommonArgs {
     /// DiLoCo's synchronisation as these flags describe it, from `defaults` (DiLoCo's or
     /// MuLoCo's) for what they leave unset.
     fn diloco_communicator(&self, defaults: DiLoCoCommunicatorConfig) -> DiLoCoCommunicatorConfig {
-        let outer = match self.outer_momentum {
-            Some(0.0) => OptimizerConfig::sgd(),
-            Some(momentum) => OptimizerConfig::sgd_momentum(momentum, true),
-            None => defaults.outer_optimizer.clone(),
-        };
         DiLoCoCommunicatorConfig {
             sync_interval: self.sync_interval.unwrap_or(defaults.sync_interval),
-            outer_optimizer: outer,
+            outer_optimizer: self.outer_optimizer(&defaults.outer_optimizer),
             outer_lr: self.outer_lr.unwrap_or(defaults.outer_lr),
             compression: self.compression_or(defaults.compression),
+        }
+    }
+
+    /// The outer SGD `--outer-momentum` describes (Nesterov; plain at 0), or `default`.
+    fn outer_optimizer(&self, default: &OptimizerConfig) -> OptimizerConfig {
+        match self.outer_momentum {
+            Some(0.0) => OptimizerConfig::sgd(),
+            Some(momentum) => OptimizerConfig::sgd_momentum(momentum, true),
+            None => default.clone(),
         }
     }
 

@@ -119,19 +119,15 @@ where
             layout: &layout,
         };
         let computed = if strategy.computes(step) {
-            let (grads, loss, compute_s) =
-                compute_gradient(&mut replica, &layout, &mut loader, shared, device)?;
-            if let Some(simulated) = plan.step_compute_s(rank, step, compute_s) {
+            let work = compute_gradient(&mut replica, &layout, &mut loader, shared, device)?;
+            if let Some(simulated) = plan.step_compute_s(rank, step, work.compute_s) {
                 comm.compute(simulated);
             }
-            Some((grads, loss, compute_s))
+            Some(work)
         } else {
             None
         };
-        let fault = match &computed {
-            Some((grads, loss, _)) => nonfinite(grads, *loss),
-            None => None,
-        };
+        let fault = computed.as_ref().and_then(nonfinite);
         let skip = match plan.on_nonfinite {
             NonFinitePolicy::Stop => match fault {
                 Some(error) => return Err(error),
@@ -151,10 +147,10 @@ where
         };
         let strategy_start = Instant::now();
         let (loss, compute_s) = match computed {
-            Some((_, loss, compute_s)) if skip => (Some(loss), compute_s),
-            Some((grads, loss, compute_s)) => {
-                strategy.step(&mut replica, grads, &mut ctx)?;
-                (Some(loss), compute_s)
+            Some(work) if skip => (Some(work.loss), work.compute_s),
+            Some(work) => {
+                strategy.step(&mut replica, work.grads, &mut ctx)?;
+                (Some(work.loss), work.compute_s)
             }
             None if skip => (None, 0.0),
             None => {
@@ -236,23 +232,35 @@ fn snapshot<M: TrainModel, I>(
 }
 
 /// What is wrong with a step's loss or gradient, if anything.
-fn nonfinite(grads: &Tensor<1>, loss: f64) -> Option<GymError> {
-    if !loss.is_finite() {
-        return Some(GymError::NonFiniteLoss { loss });
+fn nonfinite(step: &NodeGradient) -> Option<GymError> {
+    if !step.loss.is_finite() {
+        return Some(GymError::NonFiniteLoss { loss: step.loss });
     }
-    let sum = grads.clone().sum().into_scalar::<f64>();
+    let sum = step.grad_sum;
     (!sum.is_finite()).then_some(GymError::NonFiniteGradient { sum })
 }
 
-/// This node's gradient for one step, averaged over its gradient-accumulation
-/// minibatches, with the mean loss (NaN or infinite if a minibatch's was) and the wall time it took.
+/// One node's work of one step.
+struct NodeGradient {
+    /// The flat gradient, averaged over the gradient-accumulation minibatches.
+    grads: Tensor<1>,
+    /// The mean loss over the minibatches (NaN or infinite if one was).
+    loss: f64,
+    /// The sum of the gradient's elements: not finite if any element is not.
+    grad_sum: f64,
+    /// Wall seconds it took.
+    compute_s: f64,
+}
+
+/// This node's gradient for one step. The minibatches' losses and the gradient's sum come
+/// to the host in one read at the end, so the device is waited for once per step.
 fn compute_gradient<M, I, B>(
     replica: &mut ModelReplica<M>,
     layout: &ParamLayout,
     loader: &mut NodeLoader<I>,
     shared: &NodeShared<'_, B>,
     device: &Device,
-) -> Result<(Tensor<1>, f64, f64)>
+) -> Result<NodeGradient>
 where
     M: TrainModel,
     B: Batcher<I, M::Batch>,
@@ -261,13 +269,13 @@ where
     let compute_start = Instant::now();
     let model = replica.model();
     let mut grads: Option<Tensor<1>> = None;
-    let mut loss_sum = 0.0;
+    let mut losses = Vec::with_capacity(plan.accumulation + 1);
     for _ in 0..plan.accumulation {
         let batch = shared
             .batcher
             .batch(loader.next_items(plan.minibatch)?, device);
         let loss = model.loss(&batch);
-        loss_sum += loss.clone().into_scalar::<f64>();
+        losses.push(loss.clone().inner().reshape([1]));
         let mut backward = loss.backward();
         let g = layout.flatten_grads(model, &mut backward);
         grads = Some(match grads {
@@ -279,8 +287,20 @@ where
     if plan.accumulation > 1 {
         grads = grads.div_scalar(plan.accumulation as f64);
     }
-    let loss = loss_sum / plan.accumulation as f64;
-    Ok((grads, loss, compute_start.elapsed().as_secs_f64()))
+    losses.push(grads.clone().sum().reshape([1]));
+    let read = Tensor::cat(losses, 0)
+        .into_data()
+        .try_into_vec_as::<f64>()
+        .map_err(|e| GymError::Data(format!("loss values: {e:?}")))?;
+    let (grad_sum, losses) = read.split_last().expect("the gradient's sum");
+    // Summed in minibatch order, in f64, as each had been read one by one.
+    let loss = losses.iter().sum::<f64>() / plan.accumulation as f64;
+    Ok(NodeGradient {
+        grads,
+        loss,
+        grad_sum: *grad_sum,
+        compute_s: compute_start.elapsed().as_secs_f64(),
+    })
 }
 
 /// Gathers every replica's float tensors (through the observer, so the measurement is not

@@ -118,18 +118,6 @@ impl CompressionConfig {
             CompressionConfig::PowerSgd(p) => Box::new(p.init(node, stream)?),
         })
     }
-
-    /// Whether the mean is exact (no compression).
-    pub fn is_exact(&self) -> bool {
-        matches!(
-            self,
-            CompressionConfig::None
-                | CompressionConfig::Codec {
-                    codec: Codec::Dense(Quantizer::F32),
-                    ..
-                }
-        )
-    }
 }
 
 /// `none`, a codec spec (`int8`, `fp8`, `fp4`, `2bit`, `topk:64/4096+2bit`,
@@ -308,21 +296,26 @@ impl Compressor for CodecCompressor {
         let pending = ctx.collective.all_gather_bytes_start_in(group, code)?;
         Ok(pending.map(move |codes| {
             let mut sum = vec![0.0f32; n];
-            let mut senders = vec![0u32; n];
             // Rank order, as the exact all-reduce adds.
-            for code in &codes {
-                let (positions, values) = codec.decode_support(code, n, seed)?;
-                for (p, v) in positions.into_iter().zip(values) {
-                    sum[p] += v;
-                    senders[p] += 1;
-                }
-            }
             match aggregation {
                 Aggregation::MeanOverNodes => {
+                    for code in &codes {
+                        for (s, v) in sum.iter_mut().zip(codec.decode(code, n, seed)?) {
+                            *s += v;
+                        }
+                    }
                     let k = codes.len() as f32;
                     sum.iter_mut().for_each(|s| *s /= k);
                 }
                 Aggregation::MeanOverSenders => {
+                    let mut senders = vec![0u32; n];
+                    for code in &codes {
+                        let (positions, values) = codec.decode_support(code, n, seed)?;
+                        for (p, v) in positions.into_iter().zip(values) {
+                            sum[p] += v;
+                            senders[p] += 1;
+                        }
+                    }
                     for (s, &c) in sum.iter_mut().zip(&senders) {
                         if c > 0 {
                             *s /= c as f32;
