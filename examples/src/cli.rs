@@ -7,10 +7,11 @@ use burn::optim::{
     RmsPropConfig,
 };
 use clap::{Args, FromArgMatches, Parser, ValueEnum};
+use gym_core::faults::{FaultSchedule, FaultTimeline};
 use gym_core::{
-    ComputeModel, InnerOptimizerConfig, LrScheduleConfig, Network, NonFinitePolicy,
-    OptimizerConfig, OptimizerGroup, ParamSelection, SimulationConfig, StrategyConfig, Topology,
-    TrainerConfig,
+    ComputeModel, GymError, InnerOptimizerConfig, LrScheduleConfig, Network, NonFinitePolicy,
+    OptimizerConfig, OptimizerGroup, ParamSelection, QuorumRule, SimulationConfig, StrategyConfig,
+    Topology, TrainerConfig,
 };
 use gym_strategies::compress::PowerSgdCompressionConfig;
 use gym_strategies::{
@@ -90,7 +91,19 @@ impl StrategyName {
                 | StrategyName::Powersgd
         )
     }
+
+    /// Whether the strategy synchronises through DiLoCo's communicator, whose outer step can
+    /// proceed with a quorum of the nodes (`--min-quorum`, `--fastest`).
+    pub fn has_quorum(self) -> bool {
+        matches!(
+            self,
+            StrategyName::Diloco | StrategyName::SpartaDiloco | StrategyName::Muloco
+        )
+    }
 }
+
+/// The strategies that take the quorum flags, as a user writes them.
+const QUORUM_STRATEGIES: &str = "diloco, sparta-diloco and muloco";
 
 /// SPARTA's index selectors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
@@ -276,6 +289,15 @@ pub struct CommonArgs {
     /// this value (time to target; needs --network).
     #[arg(long)]
     pub target_loss: Option<f64>,
+    /// Faults to inject, from a file or a spec of entries separated by `;`: crash:RANK@STEP
+    /// (gone for good), leave:RANK@STEP+STEPS (away, then back),
+    /// slow:RANK@STEP+STEPSxFACTOR (computes at FACTOR of its speed),
+    /// cut:ISLAND-ISLAND@STEP+STEPS (a wide-area link down; needs --topology islands), and
+    /// random:RATE/h (failures per node-hour of simulated compute; needs --network), then
+    /// ,down=STEPS (default 10) or ,crash. `@STEP`: before that optimizer step. summary.json
+    /// reports the goodput and the node-steps lost; faults.json the faults met.
+    #[arg(long, value_name = "FILE|SPEC", value_parser = checked_faults)]
+    pub faults: Option<String>,
     /// Steps between synchronisations (each strategy's paper default when unset): DiLoCo,
     /// streaming-diloco, async-diloco 100; sparseloco, muloco 30; noloco 50; desloc 16
     /// (its parameter period); fedavg 1.
@@ -297,6 +319,21 @@ pub struct CommonArgs {
     /// strategy's: streaming-diloco fp4, muloco 2bit,ef=0.9, the others none).
     #[arg(long, value_parser = checked::<CompressionConfig>)]
     pub compression: Option<String>,
+    /// DiLoCo, sparta-diloco, muloco: Decoupled DiLoCo's quorum. An outer step waits for the
+    /// first M nodes to arrive, then --grace more seconds, and goes on without the nodes
+    /// still missing (they take the step's result; their inner steps of the round are
+    /// lost). Arrivals are simulated times (--network); untimed, every node arrives at once.
+    #[arg(long, value_name = "M", conflicts_with = "fastest")]
+    pub min_quorum: Option<usize>,
+    /// DiLoCo: simulated seconds an outer step keeps waiting after the --min-quorum-th
+    /// arrival (default 0).
+    #[arg(long, value_name = "SECONDS", requires = "min_quorum")]
+    pub grace: Option<f64>,
+    /// DiLoCo, sparta-diloco, muloco: each outer step averages the first M nodes to arrive
+    /// (fastest m of n, as SparseLoCo/Covenant); the others take the step's result and lose
+    /// their round's inner steps. Ties go to the lower rank.
+    #[arg(long, value_name = "M")]
+    pub fastest: Option<usize>,
     /// Streaming DiLoCo: fragments, each synchronised once per H steps, staggered.
     #[arg(long, default_value_t = 2)]
     pub fragments: usize,
@@ -550,8 +587,12 @@ impl CommonArgs {
         }
     }
 
-    /// The trainer configuration these flags describe.
+    /// The trainer configuration these flags describe; checks the flags that only some
+    /// strategies take ([`check_strategy_flags`](Self::check_strategy_flags)).
     pub fn trainer_config(&self) -> Result<TrainerConfig, String> {
+        self.check_strategy_flags()?;
+        let simulation = self.simulation()?;
+        let faults = self.fault_schedule(simulation.as_ref())?;
         Ok(TrainerConfig::new(self.num_nodes)
             .with_num_epochs(self.epochs)
             .with_max_steps(self.max_steps)
@@ -565,7 +606,8 @@ impl CommonArgs {
             .with_progress(!self.no_progress)
             .with_kernel_threads_per_node(self.kernel_threads_per_node)
             .with_correlation_interval(self.correlation_interval)
-            .with_simulation(self.simulation()?)
+            .with_simulation(simulation)
+            .with_faults(faults)
             .with_checkpoint_interval(self.checkpoint_interval)
             .with_checkpoint_dir(
                 self.checkpoint_dir
@@ -582,6 +624,111 @@ impl CommonArgs {
                     .as_ref()
                     .map(|p| p.to_string_lossy().into_owned()),
             ))
+    }
+
+    /// `--faults` as a schedule (`None` without it), for a run on `simulation`.
+    ///
+    /// With `--max-steps`, the schedule is also checked against this run as the trainer will
+    /// check it (ranks, islands and steps that exist, a node present at every step), so a
+    /// `sweep` or `compare` fails before its first run rather than at the run that does not
+    /// fit. Random faults are not drawn here.
+    pub fn fault_schedule(
+        &self,
+        simulation: Option<&SimulationConfig>,
+    ) -> Result<Option<FaultSchedule>, String> {
+        let Some(arg) = &self.faults else {
+            return Ok(None);
+        };
+        let flag_error = |e: GymError| match e {
+            GymError::InvalidConfig(why) => format!("--faults: {why}"),
+            other => format!("--faults: {other}"),
+        };
+        let schedule = FaultSchedule::from_arg(arg).map_err(flag_error)?;
+        if let Some(max_steps) = self.max_steps {
+            let island_size = simulation.and_then(|s| match s.network.topology {
+                Topology::Islands { size, .. } => Some(size),
+                _ => None,
+            });
+            // Zero compute seconds draw no random fault, but a random entry without
+            // simulated time is still refused.
+            let no_time = |_: usize, _: usize| 0.0;
+            let step_seconds = simulation.map(|_| &no_time as &dyn Fn(usize, usize) -> f64);
+            FaultTimeline::resolve(
+                &schedule,
+                self.num_nodes,
+                max_steps,
+                self.seed,
+                island_size,
+                step_seconds,
+            )
+            .map_err(flag_error)?;
+        }
+        Ok(Some(schedule))
+    }
+
+    /// The quorum rule of `--min-quorum` (with `--grace`) or `--fastest`, if any.
+    pub fn quorum(&self) -> Option<QuorumRule> {
+        match (self.min_quorum, self.fastest) {
+            (Some(min), _) => Some(QuorumRule::Grace {
+                min,
+                grace_s: self.grace.unwrap_or(0.0),
+            }),
+            (None, Some(count)) => Some(QuorumRule::Fastest { count }),
+            (None, None) => None,
+        }
+    }
+
+    /// The quorum flags given, as written, for messages.
+    fn quorum_flags(&self) -> Option<&'static str> {
+        match (self.min_quorum, self.grace, self.fastest) {
+            (Some(_), _, _) => Some("--min-quorum"),
+            (None, Some(_), _) => Some("--grace"),
+            (None, None, Some(_)) => Some("--fastest"),
+            (None, None, None) => None,
+        }
+    }
+
+    /// Checks the flags that only some strategies take: the quorum flags need a strategy
+    /// with a quorum ([`StrategyName::has_quorum`]) and a usable rule. The error names the
+    /// flag and the strategy.
+    pub fn check_strategy_flags(&self) -> Result<(), String> {
+        let Some(flag) = self.quorum_flags() else {
+            return Ok(());
+        };
+        if self.grace.is_some() && self.min_quorum.is_none() {
+            return Err("--grace needs --min-quorum".into());
+        }
+        if self.min_quorum.is_some() && self.fastest.is_some() {
+            return Err("--min-quorum and --fastest cannot be used together".into());
+        }
+        if !self.strategy.has_quorum() {
+            return Err(format!(
+                "{flag}: {} has no quorum (only {QUORUM_STRATEGIES} wait for one)",
+                self.strategy.as_str()
+            ));
+        }
+        let Some(rule) = self.quorum() else {
+            return Ok(());
+        };
+        rule.validate().map_err(|why| {
+            // The flag whose value is wrong: a bad grace window comes with a good quorum.
+            let flag = match rule {
+                QuorumRule::Grace { min, .. } if min > 0 => "--grace",
+                _ => flag,
+            };
+            format!("{flag}: {why}")
+        })
+    }
+
+    /// Drops the flags this strategy does not take (the quorum flags), so that one command
+    /// line can run several strategies (`compare`, `sweep`) and each run records only what
+    /// applied to it.
+    pub fn retain_strategy_flags(&mut self) {
+        if !self.strategy.has_quorum() {
+            self.min_quorum = None;
+            self.grace = None;
+            self.fastest = None;
+        }
     }
 
     /// The simulated cluster these flags describe (`--network` and its companions), or
@@ -667,6 +814,7 @@ impl CommonArgs {
             outer_optimizer: self.outer_optimizer(&defaults.outer_optimizer),
             outer_lr: self.outer_lr.unwrap_or(defaults.outer_lr),
             compression: self.compression_or(defaults.compression),
+            quorum: self.quorum().or(defaults.quorum),
         }
     }
 
@@ -709,6 +857,26 @@ impl CommonArgs {
 /// run configuration saves the spec the user gave).
 fn checked<T: FromStr<Err = String>>(spec: &str) -> Result<String, String> {
     spec.parse::<T>().map(|_| spec.to_string())
+}
+
+/// The value parser of `--faults`: checks that the argument reads as a fault schedule (a
+/// file or a spec) and keeps it as written, as [`checked`] does.
+fn checked_faults(arg: &str) -> Result<String, String> {
+    match FaultSchedule::from_arg(arg) {
+        Ok(_) => Ok(arg.to_string()),
+        // clap names the flag and the value; the kind of error adds nothing.
+        Err(GymError::InvalidConfig(why)) => Err(why),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Exits with clap's status for a bad command line (2), naming the flag and the strategy,
+/// when `common` holds flags its strategy does not take
+/// ([`CommonArgs::check_strategy_flags`]): for binaries that train one strategy.
+pub fn exit_on_strategy_flag_error(common: &CommonArgs) {
+    if let Err(why) = common.check_strategy_flags() {
+        clap::Error::raw(clap::error::ErrorKind::ArgumentConflict, format!("{why}\n")).exit();
+    }
 }
 
 /// `spec` parsed as `T`, or an error naming `flag`.

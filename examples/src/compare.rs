@@ -5,7 +5,8 @@
 //! fingerprints). The output folder gets:
 //!
 //! - `results.md`: the table (final losses, accuracy, wall time, it/s, final lr, bytes sent
-//!   per node, communication reduction versus AllReduce);
+//!   per node, communication reduction versus AllReduce, goodput and node-steps lost to
+//!   `--faults`);
 //! - `val_loss.svg` (against steps or examples, `--x-axis`), `val_loss_vs_bytes.svg`
 //!   (log-scale bytes) and, with `--correlation-interval`, `correlation.svg`;
 //! - `metrics.jsonl` (every record, tagged with its strategy and kind), `train.csv`,
@@ -16,7 +17,7 @@
 use crate::cli::{self, CommonArgs, ConfigFile, StrategyName};
 use crate::plot::{Chart, Series};
 use crate::runner::{BoxError, Runner, TrainTask};
-use crate::summary::{RunSummary, human_bytes, seconds};
+use crate::summary::{RunSummary, human_bytes, percent, seconds};
 use crate::tasks::{self, TaskArgs};
 use clap::{CommandFactory, Parser, ValueEnum};
 use gym_core::{CorrelationRecord, RunReport, StrategyConfig, TrainRecord, ValRecord};
@@ -50,7 +51,9 @@ pub struct CompareArgs {
     #[serde(flatten)]
     pub task: TaskArgs,
     /// Strategies to compare, comma-separated. Per-strategy flags go in a `--config` file's
-    /// `[overrides.<strategy>]` table.
+    /// `[overrides.<strategy>]` table. Every run meets the same --faults; the quorum flags
+    /// (--min-quorum, --grace, --fastest) apply to the strategies that have a quorum and
+    /// are skipped for the others.
     #[arg(
         long,
         value_enum,
@@ -126,7 +129,13 @@ pub fn run(argv: &[OsString]) -> Result<Comparison, BoxError> {
                 "--log-dir".into(),
                 runs_dir.to_string_lossy().into_owned(),
             ]);
-            let args: CompareArgs = cli::parse_with(&command, argv, &file, &extra)?;
+            let mut args: CompareArgs = cli::parse_with(&command, argv, &file, &extra)?;
+            args.common.retain_strategy_flags();
+            // Every run's flags are checked (faults against the nodes, say) before the first
+            // one trains.
+            args.common
+                .trainer_config()
+                .map_err(|e| format!("{}: {e}", name.as_str()))?;
             let strategy = args.common.strategy_config();
             Ok(Planned {
                 name,
@@ -308,8 +317,10 @@ pub fn results_table(
         .iter()
         .any(|o| o.summary.simulated_time_s.is_some());
     let target = c.target_loss;
-    t.push_str("| Strategy | Final train loss | Final val loss | Val accuracy | Wall time | it/s | Final LR | Sent per node | Reduction vs AllReduce |");
-    let mut rule = String::from("| :--- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    t.push_str("| Strategy | Final train loss | Final val loss | Val accuracy | Wall time | it/s | Final LR | Goodput | Lost node-steps | Sent per node | Reduction vs AllReduce |");
+    let mut rule = String::from(
+        "| :--- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    );
     if simulated {
         t.push_str(" Simulated time | Compute utilisation |");
         rule.push_str(" ---: | ---: |");
@@ -329,7 +340,7 @@ pub fn results_table(
         };
         let _ = write!(
             t,
-            "| **{}** | {} | {} | {} | {} | {:.2} | {:.6} | {} | {} |",
+            "| **{}** | {} | {} | {} | {} | {:.2} | {:.6} | {} | {} | {} | {} |",
             o.strategy.as_str(),
             opt(s.final_train_loss),
             opt(s.final_val_loss),
@@ -338,6 +349,8 @@ pub fn results_table(
             seconds(s.fit_time_s),
             s.loop_its_per_s,
             o.report.train.last().map_or(0.0, |r| r.lr),
+            percent(s.goodput),
+            s.node_steps_lost,
             human_bytes(s.bytes_sent_per_node),
             reduction,
         );
@@ -346,8 +359,7 @@ pub fn results_table(
                 t,
                 " {} | {} |",
                 s.simulated_time_s.map_or("-".into(), seconds),
-                s.compute_utilisation
-                    .map_or("-".into(), |u| format!("{:.1}%", 100.0 * u)),
+                percent(s.compute_utilisation),
             );
             if target.is_some() {
                 let _ = write!(
@@ -371,6 +383,14 @@ pub fn results_table(
             "WARNING: the runs did not all start from the same parameters and data order.".into()
         }
     );
+    let _ = writeln!(
+        t,
+        "\nGoodput: simulated compute that went into the model ÷ (nodes × simulated time). Lost node-steps: steps nodes were away plus steps whose work was dropped.{}",
+        match &c.faults {
+            Some(faults) => format!(" Every run met the faults `{faults}`."),
+            None => String::new(),
+        }
+    );
     t
 }
 
@@ -387,7 +407,7 @@ fn write_metrics(dir: &Path, outcomes: &[Outcome]) -> Result<Vec<PathBuf>, BoxEr
     let mut val = format!("strategy,bytes_sent,{}\n", ValRecord::CSV_HEADER);
     let mut corr = format!("strategy,{}\n", CorrelationRecord::CSV_HEADER);
     let mut summary = String::from(
-        "strategy,final_train_loss,final_val_loss,val_accuracy,fit_time_s,loop_its_per_s,bytes_sent_per_node,bytes_received_per_node,simulated_time_s,compute_utilisation,time_to_target_s\n",
+        "strategy,final_train_loss,final_val_loss,val_accuracy,fit_time_s,loop_its_per_s,bytes_sent_per_node,bytes_received_per_node,simulated_time_s,compute_utilisation,time_to_target_s,goodput,node_steps_lost\n",
     );
     let opt = |x: Option<f64>| x.map_or(String::new(), |v| v.to_string());
     for o in outcomes {
@@ -421,7 +441,7 @@ fn write_metrics(dir: &Path, outcomes: &[Outcome]) -> Result<Vec<PathBuf>, BoxEr
         line("summary", serde_json::to_value(s)?);
         let _ = writeln!(
             summary,
-            "{name},{},{},{},{},{},{},{},{},{},{}",
+            "{name},{},{},{},{},{},{},{},{},{},{},{},{}",
             opt(s.final_train_loss),
             opt(s.final_val_loss),
             opt(s.val_accuracy),
@@ -431,7 +451,9 @@ fn write_metrics(dir: &Path, outcomes: &[Outcome]) -> Result<Vec<PathBuf>, BoxEr
             s.bytes_received_per_node,
             opt(s.simulated_time_s),
             opt(s.compute_utilisation),
-            opt(s.time_to_target_s)
+            opt(s.time_to_target_s),
+            opt(s.goodput),
+            s.node_steps_lost
         );
     }
     let mut files = vec![

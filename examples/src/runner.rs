@@ -183,13 +183,17 @@ impl Runner {
 ///
 /// Ctrl-C (SIGINT) stops the run at the next step boundary of every node, writes a
 /// checkpoint, the logs and `summary.json` (with `interrupted_at_step`), prints the command
-/// that resumes it, and exits with status 130; a second Ctrl-C exits at once.
+/// that resumes it, and exits with status 130; a second Ctrl-C exits at once. Flags the
+/// strategy does not take (a quorum without DiLoCo) exit with status 2, as clap's errors.
 pub fn train_main<A: serde::Serialize>(
     process_start: Instant,
     cli: &A,
     common: &CommonArgs,
     task: impl FnOnce() -> Result<Box<dyn TrainTask>, BoxError>,
 ) -> ExitCode {
+    // A flag the strategy does not take is a bad command line, refused before any data
+    // is loaded.
+    cli::exit_on_strategy_flag_error(common);
     let interrupt = Arc::new(AtomicBool::new(false));
     // Registered in this order, a second SIGINT finds the flag set and exits at once.
     let handled = signal_hook::flag::register_conditional_shutdown(

@@ -1,5 +1,6 @@
 //! What an example run reports: the figures of `summary.json` and the lines it prints.
 
+use gym_core::faults::Fault;
 use gym_core::{GymError, RunReport};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -76,6 +77,51 @@ pub struct RunSummary {
     pub init_fingerprint: String,
     /// [`RunReport::data_fingerprint`] in hex: equal across runs that drew the same samples.
     pub data_fingerprint: String,
+    /// Simulated compute that went into the model ÷ the node-time the run held
+    /// ([`RunReport::goodput`]); with `--network`. Without faults it is the compute
+    /// utilisation.
+    #[serde(default)]
+    pub goodput: Option<f64>,
+    /// Node-steps that did not go into the model: steps nodes were away plus steps whose
+    /// work was dropped ([`RunReport::node_steps_lost`]).
+    #[serde(default)]
+    pub node_steps_lost: u64,
+    /// What the faults of `--faults` cost, over all nodes.
+    #[serde(default)]
+    pub elastic: ElasticSummary,
+}
+
+/// The faults a run met and what they cost, over all nodes (`summary.json`'s `elastic`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ElasticSummary {
+    /// Steps nodes were away.
+    pub node_steps_absent: u64,
+    /// Steps nodes computed whose work was dropped (they left before it was merged, or were
+    /// late for a quorum).
+    pub node_steps_discarded: u64,
+    /// Simulated compute seconds of those dropped steps.
+    pub discarded_compute_s: f64,
+    /// Times nodes came back.
+    pub rejoins: u64,
+    /// Simulated seconds the returns took (receiving a peer's state).
+    pub recovery_s: f64,
+    /// The faults in effect, scheduled and drawn, as the run resolved them.
+    pub faults: Vec<Fault>,
+}
+
+impl ElasticSummary {
+    /// The totals of `report`'s [`elastic`](RunReport::elastic) ledger.
+    pub fn new(report: &RunReport) -> Self {
+        let total = report.elastic.total();
+        ElasticSummary {
+            node_steps_absent: total.absent_steps,
+            node_steps_discarded: total.discarded_steps,
+            discarded_compute_s: total.discarded_compute_s,
+            rejoins: total.rejoins,
+            recovery_s: total.recovery_s,
+            faults: report.elastic.faults.clone(),
+        }
+    }
 }
 
 /// What a run trained and where, for its summary.
@@ -136,6 +182,9 @@ impl RunSummary {
             time_to_target_s: target_loss.and_then(|t| report.time_to_target_s(t)),
             init_fingerprint: format!("{:016x}", report.init_fingerprint),
             data_fingerprint: format!("{:016x}", report.data_fingerprint),
+            goodput: report.goodput(),
+            node_steps_lost: report.node_steps_lost(),
+            elastic: ElasticSummary::new(report),
         }
     }
 
@@ -216,6 +265,30 @@ pub fn print_summary(s: &RunSummary) {
             100.0 * u
         );
     }
+    let e = &s.elastic;
+    if !e.faults.is_empty() {
+        // A long random schedule would flood the line: its size says enough.
+        let named: Vec<String> = e.faults.iter().map(Fault::to_string).collect();
+        match named.len() {
+            n @ 1..=4 => println!("faults            {n} ({})", named.join("; ")),
+            n => println!("faults            {n}"),
+        }
+    }
+    // Work is also lost without faults: nodes late for a quorum drop their round.
+    if s.node_steps_lost > 0 {
+        let rejoins = match e.rejoins {
+            0 => String::new(),
+            1 => format!("; 1 rejoin taking {}", seconds(e.recovery_s)),
+            n => format!("; {n} rejoins taking {}", seconds(e.recovery_s)),
+        };
+        println!(
+            "node-steps lost   {} ({} away, {} discarded){rejoins}",
+            s.node_steps_lost, e.node_steps_absent, e.node_steps_discarded,
+        );
+    }
+    if (!e.faults.is_empty() || s.node_steps_lost > 0) && s.goodput.is_some() {
+        println!("goodput           {}", percent(s.goodput));
+    }
     if let Some(target) = s.target_loss {
         let label = format!("time to loss {target}");
         match s.time_to_target_s {
@@ -242,6 +315,12 @@ pub fn seconds(s: f64) -> String {
     } else {
         format!("{:.1} µs", s * 1e6)
     }
+}
+
+/// A share as a percentage with one decimal (`93.1%`), `-` when there is none (goodput
+/// and compute utilisation need simulated time).
+pub fn percent(share: Option<f64>) -> String {
+    share.map_or("-".into(), |u| format!("{:.1}%", 100.0 * u))
 }
 
 /// `1.5 MiB`-style sizes.

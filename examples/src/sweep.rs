@@ -3,7 +3,8 @@
 //!
 //! Every cell is one run of the shared runner, so each has its own folder under
 //! `runs/`. The output folder gets `results.md` (a table of final loss, simulated time,
-//! compute utilisation and time to `--target-loss` per cell), `results.csv`, and plots:
+//! compute utilisation, goodput, node-steps lost to `--faults` and time to `--target-loss`
+//! per cell), `results.csv`, and plots:
 //! `time_to_target.svg` and `simulated_time.svg` against the node count (one line per
 //! strategy, interval and network), `final_loss.svg` against the node count, and
 //! `val_loss_vs_time_<network>.svg` (every run's validation loss against simulated time).
@@ -14,7 +15,7 @@
 use crate::cli::{self, CommonArgs, StrategyName};
 use crate::plot::{Chart, Series};
 use crate::runner::{BoxError, Runner};
-use crate::summary::{RunSummary, seconds};
+use crate::summary::{RunSummary, percent, seconds};
 use crate::tasks::{self, TaskArgs};
 use clap::{CommandFactory, Parser};
 use gym_core::RunReport;
@@ -39,7 +40,9 @@ pub struct SweepArgs {
     #[command(flatten)]
     #[serde(flatten)]
     pub task: TaskArgs,
-    /// Strategies, comma-separated.
+    /// Strategies, comma-separated. Every cell meets the same --faults; the quorum flags
+    /// (--min-quorum, --grace, --fastest) apply to the strategies that have a quorum and
+    /// are skipped for the others.
     #[arg(
         long,
         value_enum,
@@ -170,8 +173,12 @@ pub fn run(argv: &[OsString]) -> Result<Sweep, BoxError> {
                     if let Some(b) = args.global_batch {
                         extra.extend(["--batch-size".into(), (b / k).to_string()]);
                     }
-                    let cell_args: SweepArgs = cli::parse_with(&command, argv, &file, &extra)?;
-                    cell_args.common.trainer_config()?;
+                    let mut cell_args: SweepArgs = cli::parse_with(&command, argv, &file, &extra)?;
+                    cell_args.common.retain_strategy_flags();
+                    cell_args
+                        .common
+                        .trainer_config()
+                        .map_err(|e| format!("{name}: {e}"))?;
                     plan.push((strategy, h, network.clone(), k, cell_args));
                 }
             }
@@ -224,30 +231,31 @@ fn write_outputs(args: &SweepArgs, label: &str, cells: Vec<Cell>) -> Result<Swee
     let target_column = target.map_or(String::new(), |t| format!(" Time to loss {t} |"));
     let _ = writeln!(
         table,
-        "| Strategy | H | Nodes | Network | Final val loss | Simulated time | Compute utilisation | Sent per node |{target_column}"
+        "| Strategy | H | Nodes | Network | Final val loss | Simulated time | Compute utilisation | Goodput | Lost node-steps | Sent per node |{target_column}"
     );
     let _ = writeln!(
         table,
-        "| :--- | ---: | ---: | :--- | ---: | ---: | ---: | ---: |{}",
+        "| :--- | ---: | ---: | :--- | ---: | ---: | ---: | ---: | ---: | ---: |{}",
         if target.is_some() { " ---: |" } else { "" }
     );
     let mut csv = String::from(
-        "strategy,sync_interval,nodes,network,final_val_loss,simulated_time_s,compute_utilisation,bytes_sent_per_node,time_to_target_s\n",
+        "strategy,sync_interval,nodes,network,final_val_loss,simulated_time_s,compute_utilisation,bytes_sent_per_node,time_to_target_s,goodput,node_steps_lost\n",
     );
     let opt = |x: Option<f64>| x.map_or(String::new(), |v| v.to_string());
     for c in &cells {
         let s = &c.summary;
         let _ = write!(
             table,
-            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             c.strategy.as_str(),
             c.sync_interval.map_or("-".into(), |h| h.to_string()),
             c.nodes,
             c.network,
             s.final_val_loss.map_or("-".into(), |l| format!("{l:.4}")),
             s.simulated_time_s.map_or("-".into(), seconds),
-            s.compute_utilisation
-                .map_or("-".into(), |u| format!("{:.1}%", 100.0 * u)),
+            percent(s.compute_utilisation),
+            percent(s.goodput),
+            s.node_steps_lost,
             crate::summary::human_bytes(s.bytes_sent_per_node),
         );
         if target.is_some() {
@@ -260,7 +268,7 @@ fn write_outputs(args: &SweepArgs, label: &str, cells: Vec<Cell>) -> Result<Swee
         table.push('\n');
         let _ = writeln!(
             csv,
-            "{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{}",
             c.strategy.as_str(),
             c.sync_interval.map_or(String::new(), |h| h.to_string()),
             c.nodes,
@@ -269,7 +277,9 @@ fn write_outputs(args: &SweepArgs, label: &str, cells: Vec<Cell>) -> Result<Swee
             opt(s.simulated_time_s),
             opt(s.compute_utilisation),
             s.bytes_sent_per_node,
-            opt(s.time_to_target_s)
+            opt(s.time_to_target_s),
+            opt(s.goodput),
+            s.node_steps_lost
         );
     }
     for (name, text) in [("results.md", &table), ("results.csv", &csv)] {

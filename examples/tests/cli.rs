@@ -317,3 +317,80 @@ fn resume_after_ctrl_c_with_the_printed_command_ends_as_the_run_left_alone() {
     }
     std::fs::remove_dir_all(&logs).ok();
 }
+
+/// `--faults` and DiLoCo's quorum flags reach the run: a node away for 4 steps is counted in
+/// summary.json's node-steps lost and goodput, and faults.json lists it; a spec that does not
+/// parse is refused naming the flag.
+#[test]
+fn elastic_cli_faults_and_quorum_reach_the_summary() {
+    let logs = temp_dir("elastic");
+    let flags = [
+        "--num-nodes",
+        "4",
+        "--max-steps",
+        "12",
+        "--strategy",
+        "diloco",
+        "-H",
+        "4",
+        "--network",
+        "1gbit:10ms",
+        "--faults",
+        "leave:1@2+4",
+        "--min-quorum",
+        "3",
+        "--grace",
+        "0.0",
+    ];
+    let out = mnist(&logs, &flags);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(logs.join("run/summary.json")).unwrap())
+            .unwrap();
+    let lost = summary["node_steps_lost"].as_u64().unwrap();
+    assert!(lost >= 4, "rank 1 is away for steps 2..6: {summary}");
+    let goodput = summary["goodput"].as_f64().unwrap();
+    assert!(goodput > 0.0 && goodput <= 1.0, "{summary}");
+    let elastic = &summary["elastic"];
+    assert_eq!(elastic["node_steps_absent"], 4, "{elastic}");
+    assert_eq!(elastic["rejoins"], 1, "{elastic}");
+    let leave = serde_json::json!({ "kind": "leave", "rank": 1, "at": 2, "steps": 4 });
+    assert_eq!(elastic["faults"], serde_json::json!([leave]), "{elastic}");
+    let faults: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(logs.join("run/faults.json")).unwrap())
+            .unwrap();
+    assert_eq!(faults["events"], serde_json::json!([leave]), "{faults}");
+    // The quorum reached DiLoCo's configuration.
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(logs.join("run/config.json")).unwrap())
+            .unwrap();
+    let quorum = config["strategy"]["config"].to_string();
+    assert!(
+        quorum.contains("Grace") && quorum.contains("\"min\":3"),
+        "{quorum}"
+    );
+
+    let bad = temp_dir("elastic-bad");
+    let out = mnist(&bad, &["--faults", "leave:9@x"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("--faults"),
+        "{stderr}"
+    );
+    assert_eq!(out.status.code(), Some(2), "a bad flag: {stderr}");
+    // A strategy without a quorum refuses the quorum flags, naming itself.
+    let out = mnist(&bad, &["--strategy", "allreduce", "--min-quorum", "3"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.code() == Some(2)
+            && stderr.contains("--min-quorum")
+            && stderr.contains("allreduce"),
+        "{stderr}"
+    );
+    assert!(!bad.join("run").exists(), "a run folder was made");
+    std::fs::remove_dir_all(&logs).ok();
+}

@@ -10,6 +10,7 @@
 //! file is read at its real size first.
 
 use crate::collective::{CommStats, SimulatedTime};
+use crate::elastic::NodeLedger;
 use crate::error::{GymError, Result};
 use crate::metrics::{CorrelationRecord, TrainRecord, ValRecord};
 use crate::state::StateDict;
@@ -123,6 +124,9 @@ pub struct NodeCheckpoint {
     pub comm: CommStats,
     /// The node's simulated clock and when its link is free, when time is simulated.
     pub clock: Option<(SimulatedTime, f64)>,
+    /// The work faults have cost the node so far.
+    #[serde(default)]
+    pub ledger: NodeLedger,
 }
 
 /// A whole run between two steps: every node, and the records so far.
@@ -372,6 +376,7 @@ mod tests {
                 rng: ([3; 32], 0, 12),
                 comm: CommStats::default(),
                 clock: None,
+                ledger: NodeLedger::default(),
             }],
             train: Vec::new(),
             validation: Vec::new(),

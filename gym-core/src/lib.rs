@@ -13,7 +13,10 @@
 //! are counted) and steps Burn's optimizers ([`optim`]); the [`metrics`] recorder turns the
 //! nodes' reports into records, CSV logs and a progress bar. With a
 //! [`SimulationConfig`], every node also keeps a simulated clock ([`simulation`],
-//! [`network`]) that its compute and its collectives advance.
+//! [`network`]) that its compute and its collectives advance. With a fault schedule
+//! ([`faults`]), nodes crash, leave and rejoin (taking a peer's state), run slow, or lose a
+//! wide-area link; collectives run over the nodes present ([`MembershipView`]), and the run
+//! reports what the faults cost ([`elastic`], [`RunReport::goodput`]).
 //!
 //! Library code never names a backend: it takes a Burn [`Device`](burn::tensor::Device).
 
@@ -24,7 +27,9 @@ pub mod checkpoint;
 pub mod collective;
 mod data;
 mod dropout;
+pub mod elastic;
 pub mod error;
+pub mod faults;
 pub mod metrics;
 mod model;
 pub mod network;
@@ -41,11 +46,12 @@ mod trainer;
 
 pub use batch::{ImageBatch, TokenBatch};
 pub use collective::{
-    Collective, CommStats, Group, InProcessCollective, InProcessGroup, Pending, ReduceOp,
-    SimulatedTime, TransferTiming,
+    Collective, CommStats, Group, InProcessCollective, InProcessGroup, MembershipView, Pending,
+    QuorumRule, ReduceOp, SimulatedTime, TransferTiming,
 };
 pub use data::{DistributedSampler, NodeData, SharedDataset, Split};
 pub use dropout::Dropout;
+pub use elastic::{ElasticReport, NodeLedger};
 pub use error::{CollectiveError, GymError, Result};
 pub use metrics::{CorrelationRecord, RunReport, TrainRecord, ValRecord};
 pub use model::{EvalMetrics, TrainModel};
@@ -58,5 +64,5 @@ pub use params::{ParamEntry, ParamLayout};
 pub use replica::{ModelReplica, Replica};
 pub use simulation::{ComputeModel, SimulationConfig};
 pub use state::StateDict;
-pub use strategy::{NodeInfo, StepContext, Strategy, StrategyConfig};
+pub use strategy::{NodeInfo, RejoinPolicy, StepContext, Strategy, StrategyConfig};
 pub use trainer::{FitOutput, NonFinitePolicy, Trainer, TrainerConfig};

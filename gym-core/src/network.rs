@@ -373,6 +373,12 @@ impl Network {
     pub fn collective_time(&self, op: CollectiveOp, group: &Group, payload: u64) -> f64 {
         let members = group.members();
         let k = members.len();
+        // A quorum's decision moves no payload; a byte broadcast is timed as a broadcast.
+        let op = match op {
+            CollectiveOp::Quorum => return 0.0,
+            CollectiveOp::BroadcastBytes { root } => CollectiveOp::Broadcast { root },
+            op => op,
+        };
         if k <= 1 {
             return 0.0;
         }
@@ -418,6 +424,9 @@ impl Network {
                 self.pipelined(n, |seg| {
                     hops.iter().map(|&(a, b)| self.hop(a, b, seg)).collect()
                 })
+            }
+            CollectiveOp::BroadcastBytes { .. } | CollectiveOp::Quorum => {
+                unreachable!("normalised in collective_time")
             }
             CollectiveOp::Barrier => {
                 let alpha = members
@@ -479,6 +488,9 @@ impl Network {
                         .collect()
                 })
             }
+            CollectiveOp::BroadcastBytes { .. } | CollectiveOp::Quorum => {
+                unreachable!("normalised in collective_time")
+            }
             CollectiveOp::Barrier => {
                 let alpha = members
                     .iter()
@@ -510,6 +522,9 @@ impl Network {
                     + slowest(&down(n), &mut members.iter().filter(|&&r| r != root))
             }
             CollectiveOp::Barrier => 2.0 * slowest(&|l: Link| l.latency_s, &mut members.iter()),
+            CollectiveOp::BroadcastBytes { .. } | CollectiveOp::Quorum => {
+                unreachable!("normalised in collective_time")
+            }
         }
     }
 

@@ -2,9 +2,13 @@
 //! the strategy step, report metrics; at the end, evaluate and average the replicas.
 
 use crate::checkpoint::{CheckpointWriter, NodeCheckpoint, StopAgreement};
-use crate::collective::{Collective, InProcessCollective, InProcessGroup, ReduceOp};
+use crate::collective::{
+    Collective, InProcessCollective, InProcessGroup, MembershipView, ReduceOp,
+};
 use crate::data::{NodeLoader, NodeView, get_item, validation_indices};
+use crate::elastic::{self, NodeLedger};
 use crate::error::{GymError, Result};
+use crate::faults::FaultTimeline;
 use crate::metrics::{EvalKind, NodeStep, Recorder, mean_pairwise_correlation};
 use crate::model::{EvalMetrics, TrainModel};
 use crate::params::ParamLayout;
@@ -41,6 +45,8 @@ pub(crate) struct NodeStart<M, I> {
     pub view: NodeView<I>,
     /// Where a resumed node's data loader and random stream were.
     pub resume: Option<ResumePoint>,
+    /// The work faults have cost this node so far (a resumed node's, or nothing).
+    pub ledger: NodeLedger,
 }
 
 /// What a node hands back.
@@ -51,6 +57,8 @@ pub(crate) struct NodeOutcome<M> {
     pub master: Option<M>,
     /// A hash of the training indices this node drew.
     pub data_fingerprint: u64,
+    /// The work faults cost this node.
+    pub ledger: NodeLedger,
 }
 
 /// Runs node `rank` to the end. `current_step` tells the trainer where a failure happened.
@@ -70,6 +78,7 @@ where
         mut strategy,
         view,
         resume,
+        mut ledger,
     } = start;
     let plan = &shared.plan;
     let device = &shared.devices[rank];
@@ -78,6 +87,7 @@ where
     let eval = Evaluator {
         rank,
         comm: comm.observer(),
+        faults: &plan.faults,
         val: &*view.val,
         minibatch: plan.minibatch,
         batcher: shared.batcher,
@@ -98,7 +108,14 @@ where
         if let Some(writer) = shared.checkpoints
             && (plan.checkpoints_before(step) || (stopping && step > plan.start_step))
         {
-            let node = snapshot(rank, &mut replica, &*strategy, &loader, shared.group)?;
+            let node = snapshot(
+                rank,
+                &mut replica,
+                &*strategy,
+                &loader,
+                shared.group,
+                ledger,
+            )?;
             writer.deposit(rank, plan.num_nodes, step, node, || {
                 shared.recorder.snapshot(step)
             })?;
@@ -107,21 +124,54 @@ where
             break stopping;
         }
         current_step.store(step, Ordering::SeqCst);
+        // Nodes leave and come back between steps, as the fault timeline says.
+        let faults = &plan.faults;
+        let changes = !faults.is_empty() && step > 0;
+        if changes && faults.departures(step).contains(&rank) {
+            ledger.discard();
+        }
+        let rejoins = if changes {
+            faults.rejoins(step)
+        } else {
+            Vec::new()
+        };
+        for rejoin in rejoins {
+            if rejoin.source == Some(rank) || rejoin.ranks.contains(&rank) {
+                elastic::rejoin(
+                    rank,
+                    &rejoin,
+                    &mut replica,
+                    &mut *strategy,
+                    &mut ledger,
+                    &comm,
+                    device,
+                )?;
+            }
+        }
         if plan.evaluates_before(step) {
             eval.evaluate(step, replica.model(), &layout, &subset)?;
         }
+        let present = faults.is_present(rank, step);
+        let view;
+        let collective: &dyn Collective = if faults.is_empty() {
+            &comm
+        } else {
+            view = MembershipView::new(&comm, faults.members(rank, step));
+            &view
+        };
         let mut ctx = StepContext {
             rank,
             world_size: plan.num_nodes,
             step,
             max_steps: plan.max_steps,
-            collective: &comm,
+            collective,
             layout: &layout,
         };
-        let computed = if strategy.computes(step) {
-            let work = compute_gradient(&mut replica, &layout, &mut loader, shared, device)?;
+        let computed = if present && strategy.computes(step) {
+            let mut work = compute_gradient(&mut replica, &layout, &mut loader, shared, device)?;
             if let Some(simulated) = plan.step_compute_s(rank, step, work.compute_s) {
                 comm.compute(simulated);
+                work.simulated_s = simulated;
             }
             Some(work)
         } else {
@@ -133,7 +183,9 @@ where
                 Some(error) => return Err(error),
                 None => false,
             },
-            // Every node must skip the same steps, so they agree on it (uncounted).
+            // Every node must skip the same steps, so they agree on it (uncounted; a node
+            // that is away takes part in the agreement, as the simulator's, not the
+            // cluster's).
             NonFinitePolicy::Skip => {
                 let flag = Tensor::<1>::from_data(
                     TensorData::new(vec![u8::from(fault.is_some()) as f32], [1]),
@@ -150,14 +202,18 @@ where
             Some(work) if skip => (Some(work.loss), work.compute_s),
             Some(work) => {
                 strategy.step(&mut replica, work.grads, &mut ctx)?;
+                ledger.computed(&mut *strategy, work.simulated_s);
                 (Some(work.loss), work.compute_s)
             }
-            None if skip => (None, 0.0),
+            None if skip || !present => (None, 0.0),
             None => {
                 strategy.idle(&mut replica, &mut ctx)?;
                 (None, 0.0)
             }
         };
+        if !present {
+            ledger.absent_steps += 1;
+        }
         let strategy_s = strategy_start.elapsed().as_secs_f64();
         replica.flush();
         shared.recorder.train_step(
@@ -174,14 +230,17 @@ where
             },
         );
         if plan.correlates_after(step) {
-            correlate(rank, step + 1, replica.model(), &eval.comm, shared.recorder)?;
+            correlate(rank, step, replica.model(), &eval.comm, shared)?;
         }
         step += 1;
     };
     current_step.store(step, Ordering::SeqCst);
     let model = replica.into_model();
+    // The master of the first node still present at the end.
+    let last = plan.max_steps - 1;
+    let first_present = (0..plan.num_nodes).find(|&r| plan.faults.is_present(r, last));
     let master = match strategy.master_params() {
-        Some(flat) if rank == 0 => Some(layout.load(model.clone(), flat)),
+        Some(flat) if Some(rank) == first_present => Some(layout.load(model.clone(), flat)),
         _ => None,
     };
     // An interrupted run skips the final evaluation: rank 0's replica stands for the model.
@@ -194,6 +253,7 @@ where
         final_model,
         master,
         data_fingerprint: loader.fingerprint(),
+        ledger,
     })
 }
 
@@ -204,6 +264,7 @@ fn snapshot<M: TrainModel, I>(
     strategy: &dyn Strategy,
     loader: &NodeLoader<I>,
     group: &InProcessGroup,
+    ledger: NodeLedger,
 ) -> Result<NodeCheckpoint> {
     let model = replica.model();
     let model_values = ParamLayout::all_float(model)
@@ -228,6 +289,7 @@ fn snapshot<M: TrainModel, I>(
         rng: rng::node_rng_state(),
         comm: group.stats(rank),
         clock: group.clock_state(rank),
+        ledger,
     })
 }
 
@@ -250,6 +312,8 @@ struct NodeGradient {
     grad_sum: f64,
     /// Wall seconds it took.
     compute_s: f64,
+    /// Simulated seconds it took (0 when time is not simulated).
+    simulated_s: f64,
 }
 
 /// This node's gradient for one step. The minibatches' losses and the gradient's sum come
@@ -300,29 +364,37 @@ where
         loss,
         grad_sum: *grad_sum,
         compute_s: compute_start.elapsed().as_secs_f64(),
+        simulated_s: 0.0,
     })
 }
 
 /// Gathers every replica's float tensors (through the observer, so the measurement is not
-/// counted as traffic) and lets rank 0 record their mean pairwise correlation.
-fn correlate<M: TrainModel>(
+/// counted as traffic) and lets rank 0 record the mean pairwise correlation of the replicas
+/// present after `step`.
+fn correlate<M: TrainModel, B>(
     rank: usize,
-    steps: usize,
+    step: usize,
     model: &M,
     observer: &InProcessCollective,
-    recorder: &Recorder,
+    shared: &NodeShared<'_, B>,
 ) -> Result<()> {
     let replicas = observer.all_gather(ParamLayout::all_float(model).flatten(model))?;
     if rank == 0 {
         let host = replicas
             .into_iter()
-            .map(|t| {
+            .enumerate()
+            .filter(|(r, _)| shared.plan.faults.is_present(*r, step))
+            .map(|(_, t)| {
                 t.into_data()
                     .try_into_vec_as::<f32>()
                     .map_err(|e| GymError::Data(format!("replica values: {e:?}")))
             })
             .collect::<Result<Vec<_>>>()?;
-        recorder.correlation(steps, mean_pairwise_correlation(&host));
+        if host.len() >= 2 {
+            shared
+                .recorder
+                .correlation(step + 1, mean_pairwise_correlation(&host));
+        }
     }
     Ok(())
 }
@@ -334,6 +406,7 @@ fn correlate<M: TrainModel>(
 struct Evaluator<'a, I, B> {
     rank: usize,
     comm: InProcessCollective,
+    faults: &'a FaultTimeline,
     val: &'a dyn Dataset<I>,
     minibatch: usize,
     batcher: &'a B,
@@ -344,6 +417,20 @@ struct Evaluator<'a, I, B> {
 impl<I, B> Evaluator<'_, I, B> {
     fn global_rank(&self) -> usize {
         1 % self.comm.world_size()
+    }
+
+    /// The element-wise mean of the float tensors `state` of the replicas present at
+    /// `step` (every node takes part; one away contributes zeros).
+    fn present_mean(&self, step: usize, state: Tensor<1>) -> Result<Tensor<1>> {
+        let k = self.comm.world_size();
+        let present = (0..k).filter(|&r| self.faults.is_present(r, step)).count();
+        let mine = if self.faults.is_present(self.rank, step) {
+            state
+        } else {
+            state.zeros_like()
+        };
+        let sum = self.comm.all_reduce(mine, ReduceOp::Sum)?;
+        Ok(sum.div_scalar(present.max(1) as f64))
     }
 
     fn evaluate<M>(
@@ -359,10 +446,7 @@ impl<I, B> Evaluator<'_, I, B> {
     {
         let k = self.comm.world_size();
         let average = if k > 1 {
-            Some(
-                self.comm
-                    .all_reduce(layout.flatten(model), ReduceOp::Mean)?,
-            )
+            Some(self.present_mean(step, layout.flatten(model))?)
         } else {
             None
         };
@@ -397,10 +481,7 @@ impl<I, B> Evaluator<'_, I, B> {
         let all = validation_indices(self.val.len(), None, 0);
         let state = ParamLayout::all_float(&model);
         let average = if k > 1 {
-            Some(
-                self.comm
-                    .all_reduce(state.flatten(&model), ReduceOp::Mean)?,
-            )
+            Some(self.present_mean(step - 1, state.flatten(&model))?)
         } else {
             None
         };

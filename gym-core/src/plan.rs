@@ -1,6 +1,7 @@
 //! What every node of a run does, resolved once by the trainer from its configuration and
 //! the data: the node loop reads this plan, never the configuration.
 
+use crate::faults::FaultTimeline;
 use crate::simulation::SimulationConfig;
 use crate::trainer::NonFinitePolicy;
 
@@ -31,6 +32,8 @@ pub(crate) struct RunPlan {
     pub checkpoint_interval: Option<usize>,
     /// What a non-finite loss or gradient does.
     pub on_nonfinite: NonFinitePolicy,
+    /// Which nodes are present at each step, and which run slow.
+    pub faults: FaultTimeline,
 }
 
 impl RunPlan {
@@ -42,9 +45,10 @@ impl RunPlan {
     /// Simulated seconds of `rank`'s forward and backward passes at `step`, which took
     /// `measured_s` here; `None` without simulated time.
     pub fn step_compute_s(&self, rank: usize, step: usize, measured_s: f64) -> Option<f64> {
-        self.simulation
-            .as_ref()
-            .map(|(sim, flops)| sim.step_compute_s(rank, step, self.seed, *flops, measured_s))
+        self.simulation.as_ref().map(|(sim, flops)| {
+            sim.step_compute_s(rank, step, self.seed, *flops, measured_s)
+                / self.faults.speed_factor(rank, step)
+        })
     }
 
     /// Whether a checkpoint is due before `next_step` (every interval, and at the end).

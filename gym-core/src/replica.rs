@@ -79,6 +79,14 @@ impl<M: Module> ModelReplica<M> {
         }
     }
 
+    /// Replaces the model by `f` of it (every parameter set so far written in first).
+    pub fn map_model(&mut self, f: impl FnOnce(M) -> M) {
+        self.flush();
+        self.flat = None;
+        let model = self.take();
+        self.model = Some(f(model));
+    }
+
     /// The model, with every parameter set so far written into it.
     pub fn into_model(mut self) -> M {
         self.flush();

@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct StateDict {
     tensors: BTreeMap<String, Vec<f32>>,
-    bytes: BTreeMap<String, Vec<u8>>,
+    bytes: BTreeMap<String, serde_bytes::ByteBuf>,
     numbers: BTreeMap<String, u64>,
     /// Where a [`child`](Self::child) sits in its parent, for error messages.
     #[serde(skip)]
@@ -83,14 +83,15 @@ impl StateDict {
 
     /// Stores a byte buffer.
     pub fn put_bytes(&mut self, key: &str, bytes: Vec<u8>) {
-        self.bytes.insert(key.to_string(), bytes);
+        self.bytes
+            .insert(key.to_string(), serde_bytes::ByteBuf::from(bytes));
     }
 
     /// The byte buffer stored under `key`.
     pub fn bytes(&self, key: &str) -> Result<&[u8]> {
         self.bytes
             .get(key)
-            .map(Vec::as_slice)
+            .map(|b| b.as_slice())
             .ok_or_else(|| self.missing(key))
     }
 
@@ -122,6 +123,8 @@ impl StateDict {
         let bytes = optimizer
             .into_bytes()
             .map_err(|e| GymError::Checkpoint(format!("`{key}`: {e}")))?;
+        let bytes =
+            canonical_record(bytes).map_err(|e| GymError::Checkpoint(format!("`{key}`: {e}")))?;
         self.put_bytes(key, bytes.to_vec());
         Ok(())
     }
@@ -170,6 +173,27 @@ impl StateDict {
             self.prefix
         ))
     }
+}
+
+/// Burn writes an optimizer's record in the order of a `HashMap` of parameters, and the
+/// alignment padding between tensors follows that order: the same state would encode to
+/// different bytes (and lengths) from run to run. Rewritten with its tensors sorted by name,
+/// the same state is the same bytes, so a node's state sent to a rejoining peer has the same
+/// size in every run of a seed, and checkpoints of the same state are identical.
+fn canonical_record(bytes: Bytes) -> std::result::Result<Bytes, burn_pack::Error> {
+    let reader = burn_pack::Reader::from_bytes(bytes)?;
+    let scalars = reader.scalars().clone();
+    let metadata = reader.metadata().clone();
+    let mut tensors = reader.into_tensors()?;
+    tensors.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut writer = burn_pack::Writer::new(tensors);
+    for (key, value) in &scalars {
+        writer = writer.with_scalar(key, *value);
+    }
+    for (key, value) in &metadata {
+        writer = writer.with_metadata(key, value);
+    }
+    writer.into_bytes()
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! The per-node strategy: what a node does with its gradients, and what it communicates.
 
-use crate::collective::Collective;
+use crate::collective::{Collective, Group};
 use crate::error::{GymError, Result};
 use crate::params::ParamLayout;
 use crate::replica::Replica;
@@ -33,16 +33,25 @@ pub struct NodeInfo<'a> {
 pub struct StepContext<'a> {
     /// This node's rank.
     pub rank: usize,
-    /// Number of nodes.
+    /// Number of nodes in the run (present or not: [`world`](Self::world) is who is here).
     pub world_size: usize,
     /// The step being taken, from 0.
     pub step: usize,
     /// Steps the run will take.
     pub max_steps: usize,
     /// The link to the other nodes; all traffic goes through it, so it is all counted.
+    /// Under a fault schedule its [`world`](Collective::world) is the nodes present.
     pub collective: &'a dyn Collective,
     /// Layout of the trainable parameters (the flat gradient follows it).
     pub layout: &'a ParamLayout,
+}
+
+impl StepContext<'_> {
+    /// The nodes taking part in this step: every node, or under a fault schedule the
+    /// present nodes this one can reach ([`Collective::world`]).
+    pub fn world(&self) -> Group {
+        self.collective.world()
+    }
 }
 
 /// A distributed training algorithm as one node runs it on its own replica (SPMD), as it
@@ -127,6 +136,34 @@ pub trait Strategy: Send {
         Ok(())
     }
 
+    /// How a node that was away (a fault schedule's leave, or the far side of a healed cut)
+    /// comes back: with a present peer's state, or with its own stale state.
+    fn rejoin_policy(&self) -> RejoinPolicy {
+        RejoinPolicy::FromPeer
+    }
+
+    /// Called on a node that has just loaded a peer's state
+    /// ([`RejoinPolicy::FromPeer`]: the peer's model and [`save_state`](Self::save_state)),
+    /// before its first step back; e.g. DiLoCo starts from the master copy rather than the
+    /// peer's half-trained replica.
+    fn rejoined(&mut self, _replica: &mut dyn Replica) -> Result<()> {
+        Ok(())
+    }
+
+    /// Whether all of this node's work so far is merged into the shared model: false
+    /// between DiLoCo's synchronisations. The run counts the steps a node computed since it
+    /// was last true as lost if the node leaves before it is true again. Default: true
+    /// (strategies that merge every step).
+    fn committed(&self) -> bool {
+        true
+    }
+
+    /// Whether the last [`step`](Self::step) dropped this node's unmerged work (a late node
+    /// left out of a quorum); reading it resets it. The run counts that work as lost.
+    fn take_discarded(&mut self) -> bool {
+        false
+    }
+
     /// A master copy of the trainable parameters that the strategy keeps apart from the
     /// replica (DiLoCo's outer model), flat in layout order. `fit` returns rank 0's as
     /// [`FitOutput::master`](crate::FitOutput::master).
@@ -151,6 +188,17 @@ pub trait Strategy: Send {
             "this strategy does not implement `save_state`/`load_state`".into(),
         ))
     }
+}
+
+/// How a node that was away comes back ([`Strategy::rejoin_policy`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RejoinPolicy {
+    /// A present peer sends its whole state (every float tensor of its model and its
+    /// strategy's [`save_state`](Strategy::save_state)), counted as traffic and timed on the
+    /// network, and the node continues from it.
+    FromPeer,
+    /// The node continues from the state it had when it left.
+    Stale,
 }
 
 /// A distributed training algorithm as a value: its settings, from which every node builds

@@ -4,15 +4,18 @@
 use crate::checkpoint::{Checkpoint, CheckpointWriter, Identity, StopAgreement};
 use crate::collective::{Collective, InProcessGroup};
 use crate::data::{NodeData, get_item};
+use crate::elastic::ElasticReport;
 use crate::error::{GymError, Result};
+use crate::faults::{FaultSchedule, FaultTimeline};
 use crate::metrics::{CsvLogs, Fingerprint, Recorder, Records, RunReport, default_run_name};
 use crate::model::TrainModel;
+use crate::network::Topology;
 use crate::node::{NodeOutcome, NodeShared, NodeStart, run_node};
 use crate::params::ParamLayout;
 use crate::plan::RunPlan;
 use crate::replica::ModelReplica;
 use crate::rng;
-use crate::simulation::SimulationConfig;
+use crate::simulation::{ComputeModel, SimulationConfig};
 use crate::strategy::{NodeInfo, StrategyConfig};
 use burn::config::Config;
 use burn::data::dataloader::batcher::Batcher;
@@ -86,6 +89,11 @@ pub struct TrainerConfig {
     /// Continue the run saved in this checkpoint file, or in the newest checkpoint of this
     /// folder (a run folder). The configuration must be the one it was saved with.
     pub resume_from: Option<String>,
+    /// Nodes that crash, leave and rejoin, run slow, and links that are cut
+    /// ([`faults`](crate::faults)); `None`: every node present throughout. The timeline in
+    /// effect (random faults drawn from the seed) is in
+    /// [`RunReport::elastic`](crate::RunReport::elastic) and the run folder's `faults.json`.
+    pub faults: Option<FaultSchedule>,
 }
 
 /// What a NaN or infinite loss or gradient does ([`TrainerConfig::on_nonfinite`]).
@@ -174,25 +182,56 @@ impl TrainerConfig {
 
     /// The node loop's plan, for shards that hold `steps_per_epoch` batches of a model
     /// whose examples cost `flops_per_example`.
-    fn plan(&self, steps_per_epoch: usize, flops_per_example: f64) -> RunPlan {
+    fn plan(&self, steps_per_epoch: usize, flops_per_example: f64) -> Result<RunPlan> {
         let minibatch = self.effective_minibatch();
-        RunPlan {
+        let max_steps = self.max_steps.unwrap_or(self.num_epochs * steps_per_epoch);
+        let flops = flops_per_example * self.batch_size as f64;
+        let faults = match &self.faults {
+            None => FaultTimeline::none(self.num_nodes, max_steps),
+            Some(schedule) => {
+                let sim = self.simulation.as_ref();
+                // Random faults run on the nodes' modelled compute time (the same steps for
+                // every strategy, so comparisons meet the same faults).
+                let modelled = sim.filter(|s| matches!(s.compute, ComputeModel::Modelled { .. }));
+                if schedule.random.is_some() && sim.is_some() && modelled.is_none() {
+                    return Err(GymError::InvalidConfig(
+                        "random faults need a modelled compute (not `measured`)".into(),
+                    ));
+                }
+                let step_seconds = |rank: usize, step: usize| {
+                    modelled.map_or(0.0, |s| s.step_compute_s(rank, step, self.seed, flops, 0.0))
+                };
+                let island_size = sim.and_then(|s| match s.network.topology {
+                    Topology::Islands { size, .. } => Some(size),
+                    _ => None,
+                });
+                FaultTimeline::resolve(
+                    schedule,
+                    self.num_nodes,
+                    max_steps,
+                    self.seed,
+                    island_size,
+                    modelled
+                        .is_some()
+                        .then_some(&step_seconds as &dyn Fn(usize, usize) -> f64),
+                )?
+            }
+        };
+        Ok(RunPlan {
             num_nodes: self.num_nodes,
-            max_steps: self.max_steps.unwrap_or(self.num_epochs * steps_per_epoch),
+            max_steps,
             minibatch,
             accumulation: self.batch_size / minibatch,
             val_size: self.effective_val_size(),
             val_interval: self.val_interval,
             correlation_interval: self.correlation_interval,
             seed: self.seed,
-            simulation: self
-                .simulation
-                .clone()
-                .map(|sim| (sim, flops_per_example * self.batch_size as f64)),
+            simulation: self.simulation.clone().map(|sim| (sim, flops)),
             start_step: 0,
             checkpoint_interval: self.checkpoint_interval,
             on_nonfinite: self.on_nonfinite,
-        }
+            faults,
+        })
     }
 }
 
@@ -330,6 +369,14 @@ impl Trainer {
             let base = rng::init_seeded(&devices[0], cfg.seed, &init);
             let all_float = ParamLayout::all_float(&base);
             let base_state = all_float.flatten(&base);
+            // Parameter ids from the seed, the same on every replica: optimizer state, which
+            // Burn keys by id, then means the same on every node (a rejoining node takes a
+            // peer's) and encodes to the same bytes in every run of this seed.
+            let trainable = ParamLayout::trainable(&base);
+            let base_ids: Vec<ParamId> = (0..trainable.entries().len())
+                .map(|i| ParamId::from(rng::derive_seed(cfg.seed, &[0x5041_5241, i as u64])))
+                .collect();
+            let base = trainable.with_ids(base, &base_ids);
             let mut init_fingerprint = Fingerprint::default();
             for x in base_state
                 .to_data()
@@ -347,7 +394,8 @@ impl Trainer {
                     ));
                 }
                 let state = base_state.clone().to_device(&device.clone().inner());
-                replicas.push(all_float.load(fresh, state));
+                let loaded = all_float.load(fresh, state);
+                replicas.push(trainable.with_ids(loaded, &base_ids));
             }
             let probe_items = (0..cfg.effective_minibatch().min(2))
                 .map(|i| get_item(&*views[0].train, i))
@@ -359,7 +407,7 @@ impl Trainer {
             (replicas, init_fingerprint.finish())
         };
 
-        let mut plan = cfg.plan(steps_per_epoch, replicas[0].flops_per_example());
+        let mut plan = cfg.plan(steps_per_epoch, replicas[0].flops_per_example())?;
 
         // A resumed run: the same configuration, then every replica as it was saved, its
         // parameters under their saved ids (which key the optimizers' saved states).
@@ -451,11 +499,19 @@ impl Trainer {
                     "model": { "type": std::any::type_name::<M>(), "trainable_parameters": num_params },
                     "devices": devices.iter().map(|d| format!("{d:?}")).collect::<Vec<_>>(),
                 });
-                Some(CsvLogs::create(
-                    dir,
-                    &config_json,
-                    cfg.correlation_interval.is_some(),
-                )?)
+                let logs = CsvLogs::create(dir, &config_json, cfg.correlation_interval.is_some())?;
+                if let Some(schedule) = &cfg.faults {
+                    // The faults in effect, random ones as drawn: what the run met.
+                    let faults = serde_json::json!({
+                        "schedule": schedule.to_string(),
+                        "events": plan.faults.events(),
+                        "absent_node_steps": plan.faults.absent_node_steps(),
+                    });
+                    let text = serde_json::to_string_pretty(&faults).expect("faults serialise");
+                    let path = dir.join("faults.json");
+                    std::fs::write(&path, text).map_err(|e| GymError::io(path, e))?;
+                }
+                Some(logs)
             }
             None => None,
         };
@@ -503,6 +559,7 @@ impl Trainer {
             );
         }
         let max_steps = plan.max_steps;
+        let faults = plan.faults.clone();
         let shared = NodeShared {
             plan,
             devices: &devices,
@@ -526,6 +583,10 @@ impl Trainer {
                     resume: resume
                         .as_ref()
                         .map(|c| (c.nodes[rank].loader, c.nodes[rank].rng)),
+                    ledger: resume
+                        .as_ref()
+                        .map(|c| c.nodes[rank].ledger)
+                        .unwrap_or_default(),
                 }))
             })
             .collect();
@@ -595,11 +656,16 @@ impl Trainer {
         let records = recorder.finish()?;
         let (mut model, mut master) = (None, None);
         let mut data_fingerprint = Fingerprint::default();
+        let mut elastic = ElasticReport {
+            faults: faults.events().to_vec(),
+            nodes: Vec::with_capacity(k),
+        };
         for r in results {
             let outcome = r?;
             model = model.or(outcome.final_model);
             master = master.or(outcome.master);
             data_fingerprint.write_u64(outcome.data_fingerprint);
+            elastic.nodes.push(outcome.ledger);
         }
         let model = model.expect("one node returns the final model");
         let model = model.fork(&devices[0]);
@@ -623,6 +689,7 @@ impl Trainer {
             checkpoint: checkpoints
                 .as_ref()
                 .and_then(CheckpointWriter::last_written),
+            elastic,
         };
         Ok(FitOutput {
             model,

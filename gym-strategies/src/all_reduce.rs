@@ -5,7 +5,7 @@ use crate::compress::{CompressionConfig, Compressor};
 use burn::config::Config;
 use burn::tensor::Tensor;
 use gym_core::{
-    Group, InnerOptimizer, InnerOptimizerConfig, NodeInfo, Replica, Result, StateDict, StepContext,
+    InnerOptimizer, InnerOptimizerConfig, NodeInfo, Replica, Result, StateDict, StepContext,
     Strategy, StrategyConfig,
 };
 
@@ -55,7 +55,7 @@ impl Strategy for AllReduce {
         grads: Tensor<1>,
         ctx: &mut StepContext<'_>,
     ) -> Result<()> {
-        let world = Group::world(ctx.world_size);
+        let world = ctx.world();
         let grads = self.compressor.mean(&world, grads, ctx)?;
         self.optim.step(replica, grads);
         Ok(())

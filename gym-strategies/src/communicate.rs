@@ -59,6 +59,23 @@ pub trait CommunicationModule: Send {
     /// parameters.
     fn communicate(&mut self, replica: &mut dyn Replica, ctx: &mut StepContext<'_>) -> Result<()>;
 
+    /// Whether all of this node's work is merged into the shared model
+    /// ([`Strategy::committed`]).
+    fn committed(&self) -> bool {
+        true
+    }
+
+    /// Whether the last call dropped this node's unmerged work
+    /// ([`Strategy::take_discarded`]); reading it resets it.
+    fn take_discarded(&mut self) -> bool {
+        false
+    }
+
+    /// The node has just loaded a peer's state ([`Strategy::rejoined`]).
+    fn rejoined(&mut self, _replica: &mut dyn Replica) -> Result<()> {
+        Ok(())
+    }
+
     /// A master copy of the parameters kept by the module (DiLoCo's outer model), if any.
     fn master_params(&self) -> Option<Tensor<1>> {
         None
@@ -171,6 +188,25 @@ impl Strategy for CommunicateOptimize {
 
     fn master_params(&self) -> Option<Tensor<1>> {
         self.modules.iter().find_map(|m| m.master_params())
+    }
+
+    fn committed(&self) -> bool {
+        self.modules.iter().all(|m| m.committed())
+    }
+
+    fn take_discarded(&mut self) -> bool {
+        // Every module's flag is read (and so reset), not just up to the first set one.
+        let mut any = false;
+        for module in &mut self.modules {
+            any |= module.take_discarded();
+        }
+        any
+    }
+
+    fn rejoined(&mut self, replica: &mut dyn Replica) -> Result<()> {
+        self.modules
+            .iter_mut()
+            .try_for_each(|m| m.rejoined(replica))
     }
 
     fn save_state(&self, state: &mut StateDict) -> Result<()> {

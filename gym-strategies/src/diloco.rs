@@ -9,8 +9,8 @@ use crate::outer::{OuterOptimizer, default_outer_optimizer};
 use burn::config::Config;
 use burn::tensor::Tensor;
 use gym_core::{
-    Group, GymError, InnerOptimizerConfig, NodeInfo, OptimizerConfig, Replica, Result, StateDict,
-    StepContext,
+    Group, GymError, InnerOptimizerConfig, NodeInfo, OptimizerConfig, QuorumRule, Replica, Result,
+    StateDict, StepContext,
 };
 
 /// Configuration of the DiLoCo communication module.
@@ -31,6 +31,11 @@ pub struct DiLoCoCommunicatorConfig {
     /// without error feedback (SparseLoCo, MuLoCo's compressed variant).
     #[config(default = "CompressionConfig::None")]
     pub compression: CompressionConfig,
+    /// Who an outer step waits for. `None`: every node present (a synchronous all-reduce).
+    /// A [`QuorumRule`] makes it Decoupled DiLoCo's: the step proceeds with the nodes that
+    /// arrived in time, and a late node catches up by receiving the averaged outer gradient
+    /// from a member (its own inner steps of that round are dropped).
+    pub quorum: Option<QuorumRule>,
 }
 
 /// After every H-th inner step ([`is_sync_step`]): each node's pseudo-gradient
@@ -38,10 +43,25 @@ pub struct DiLoCoCommunicatorConfig {
 /// master `φ ← step(φ, Δ̄)`, and the replica is set to the master. Every node keeps the same
 /// master and outer state (replicated, as OpenDiLoCo), so one mean per synchronisation is
 /// the only traffic. With one node the outer step is still applied, as in the paper.
+///
+/// # Nodes that come and go
+///
+/// The mean is over the nodes present ([`StepContext::world`]). A node that rejoins takes a
+/// present peer's state (master, outer and inner optimizer states) and starts from the
+/// master; the inner steps it had taken since the last synchronisation when it left are
+/// lost. With a [`quorum`](DiLoCoCommunicatorConfig::quorum), the nodes that arrive at a
+/// synchronisation after the quorum closes are left out of the mean; the first member sends
+/// them `Δ̄` (counted, without waiting for it), so they take the same outer step and hold the
+/// same master, and their round's inner steps are lost.
 pub struct DiLoCoCommunicator {
     sync_interval: usize,
     outer: OuterOptimizer,
     compressor: Box<dyn Compressor>,
+    quorum: Option<QuorumRule>,
+    /// Inner steps taken since the last synchronisation.
+    uncommitted: bool,
+    /// The last synchronisation left this node out.
+    discarded: bool,
 }
 
 impl CommunicationModuleConfig for DiLoCoCommunicatorConfig {
@@ -59,7 +79,21 @@ impl CommunicationModuleConfig for DiLoCoCommunicatorConfig {
                 "DiLoCo: `sync_interval` must be at least 1".into(),
             ));
         }
+        if let Some(rule) = &self.quorum {
+            rule.validate()
+                .map_err(|why| GymError::InvalidConfig(format!("DiLoCo: `quorum`: {why}")))?;
+            if matches!(self.compression, CompressionConfig::PowerSgd(_)) {
+                return Err(GymError::InvalidConfig(
+                    "DiLoCo: a quorum with PowerSGD compression is not supported (a late node \
+                     would miss the shared low-rank state)"
+                        .into(),
+                ));
+            }
+        }
         Ok(Box::new(DiLoCoCommunicator {
+            quorum: self.quorum,
+            uncommitted: false,
+            discarded: false,
             sync_interval: self.sync_interval,
             outer: OuterOptimizer::new(
                 "DiLoCo",
@@ -75,12 +109,47 @@ impl CommunicationModuleConfig for DiLoCoCommunicatorConfig {
 impl CommunicationModule for DiLoCoCommunicator {
     fn communicate(&mut self, replica: &mut dyn Replica, ctx: &mut StepContext<'_>) -> Result<()> {
         if !is_sync_step(ctx.step, self.sync_interval) {
+            self.uncommitted = true;
             return Ok(());
         }
-        let world = Group::world(ctx.world_size);
+        let world = ctx.world();
         let delta = self.outer.master() - replica.params();
-        let mean = self.compressor.mean(&world, delta, ctx)?;
+        let mean = match &self.quorum {
+            None => self.compressor.mean(&world, delta, ctx)?,
+            Some(rule) => {
+                let quorum = ctx.collective.quorum_in(&world, rule)?;
+                let late = world.without(&quorum);
+                let root = quorum.members()[0];
+                let catch_up = Group::new(late.members().iter().copied().chain([root]));
+                if quorum.contains(ctx.rank) {
+                    let mean = self.compressor.mean(&quorum, delta, ctx)?;
+                    if ctx.rank == root && late.size() > 0 {
+                        ctx.collective
+                            .broadcast_start_in(&catch_up, mean.clone(), root)?
+                            .detach();
+                    }
+                    mean
+                } else {
+                    self.discarded = true;
+                    ctx.collective.broadcast_in(&catch_up, delta, root)?
+                }
+            }
+        };
         replica.set_params(self.outer.step(mean));
+        self.uncommitted = false;
+        Ok(())
+    }
+
+    fn committed(&self) -> bool {
+        !self.uncommitted
+    }
+
+    fn take_discarded(&mut self) -> bool {
+        std::mem::take(&mut self.discarded)
+    }
+
+    fn rejoined(&mut self, replica: &mut dyn Replica) -> Result<()> {
+        replica.set_params(self.outer.master());
         Ok(())
     }
 

@@ -115,6 +115,8 @@ impl CommunicationModule for AveragingCommunicator {
             }
             _ => Group::world(ctx.world_size),
         };
+        // Under a fault schedule, the island's members that are present.
+        let group = group.intersect(&ctx.world());
         let average = self.compressor.mean(&group, replica.params(), ctx)?;
         replica.set_params(average);
         Ok(())

@@ -181,10 +181,11 @@ impl CommunicationModule for NoLoCoCommunicator {
             return Ok(());
         }
         let groups = NoLoCoGroups::draw(ctx.world_size, self.group_size, self.seed, ctx.step);
-        let group = groups.group_of(ctx.rank);
+        // Under a fault schedule, the group's members that are present.
+        let group = groups.group_of(ctx.rank).intersect(&ctx.world());
         let mean = ctx
             .collective
-            .all_reduce_in(group, replica.params(), ReduceOp::Mean)?;
+            .all_reduce_in(&group, replica.params(), ReduceOp::Mean)?;
         self.momentum = self.momentum.clone().mul_scalar(self.outer_momentum)
             + (mean - self.phi.clone()).mul_scalar(self.outer_lr);
         self.phi = self.phi.clone() + self.momentum.clone();

@@ -10,8 +10,8 @@ use crate::outer::{OuterOptimizer, default_outer_optimizer};
 use burn::config::Config;
 use burn::tensor::Tensor;
 use gym_core::{
-    Group, GymError, InnerOptimizerConfig, NodeInfo, OptimizerConfig, ParamLayout, Pending,
-    Replica, Result, StateDict, StepContext, TransferTiming,
+    GymError, InnerOptimizerConfig, NodeInfo, OptimizerConfig, ParamLayout, Pending, Replica,
+    Result, StateDict, StepContext, TransferTiming,
 };
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
@@ -370,7 +370,7 @@ impl StreamingDiLoCo {
     ) -> Result<()> {
         let fragment = &mut self.fragments[p];
         let delta = fragment.outer.master() - gather(&fragment.ranges, &replica.params());
-        let world = Group::world(ctx.world_size);
+        let world = ctx.world();
         // `map` applies its function at once (it takes a borrowing closure): the value is
         // held from here, the clock's charge stays with `transfer`.
         let mut mean = None;

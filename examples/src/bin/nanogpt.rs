@@ -84,7 +84,10 @@ fn main() -> ExitCode {
     let cli = Cli::parse_with_defaults();
     runner::exit_code(match &cli.sample_from {
         Some(dir) => sample_saved(&cli, dir),
-        None => train(&cli, process_start),
+        None => {
+            cli::exit_on_strategy_flag_error(&cli.common);
+            train(&cli, process_start)
+        }
     })
 }
 

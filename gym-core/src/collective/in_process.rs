@@ -1,6 +1,8 @@
 //! The in-process collective: nodes are threads of one process that meet at rendezvous points.
 
-use super::{Collective, CollectiveOp, CommStats, Group, Pending, ReduceOp, TransferTiming, cost};
+use super::{
+    Collective, CollectiveOp, CommStats, Group, Pending, QuorumRule, ReduceOp, TransferTiming, cost,
+};
 use crate::error::CollectiveError;
 use crate::network::Network;
 use burn::tensor::Tensor;
@@ -59,10 +61,12 @@ struct RvState {
     outcome: Option<Arc<Completed>>,
 }
 
-/// A finished call: its result, and its simulated start and end if time is simulated.
+/// A finished call: its result, its simulated start and end if time is simulated, and the
+/// byte size of one rank's buffer (a broadcast of bytes: the root's).
 struct Completed {
     outcome: Outcome,
     timing: Option<(f64, f64)>,
+    payload_bytes: u64,
 }
 
 /// One node's simulated time, in seconds.
@@ -76,6 +80,9 @@ pub struct SimulatedTime {
     pub comm_s: f64,
     /// Time spent waiting for other nodes to reach a collective.
     pub idle_s: f64,
+    /// Time the node was away (a fault schedule's leave, until it rejoined).
+    #[serde(default)]
+    pub down_s: f64,
 }
 
 /// A node's clock and when its link is next free.
@@ -105,12 +112,15 @@ impl NodeClock {
 enum Payload {
     Tensor(Box<Tensor<1>>),
     Bytes(Vec<u8>),
+    Rule(QuorumRule),
 }
 
 enum Outcome {
     One(Box<Tensor<1>>),
     All(Vec<Tensor<1>>),
     AllBytes(Vec<Vec<u8>>),
+    Bytes(Vec<u8>),
+    Members(Group),
     Done,
 }
 
@@ -335,6 +345,19 @@ impl InProcessCollective {
         lock(&self.shared.stats[self.rank])[Accounting::Training as usize]
     }
 
+    /// Moves this node's simulated clock forward to `time_s`, the time between counted as
+    /// away ([`SimulatedTime::down_s`]): a node that rejoins catches up with the time the
+    /// others have reached.
+    pub fn away_until(&self, time_s: f64) {
+        if self.shared.network.is_some() {
+            let mut clock = lock(&self.shared.clocks[self.rank]);
+            if time_s > clock.time.now_s {
+                clock.time.down_s += time_s - clock.time.now_s;
+                clock.time.now_s = time_s;
+            }
+        }
+    }
+
     /// Advances this node's simulated clock by `seconds` of computation (nothing happens
     /// when the group does not simulate time).
     pub fn compute(&self, seconds: f64) {
@@ -359,7 +382,14 @@ impl InProcessCollective {
         payload: Option<Payload>,
     ) -> Result<Arc<Completed>, CollectiveError> {
         let (done, own_ready) = self.exchange(group, op, payload)?;
-        if let Some((start, end)) = done.timing {
+        // A node left out of a quorum is not held up by it.
+        let waits = match &done.outcome {
+            Outcome::Members(taken) => taken.contains(self.rank),
+            _ => true,
+        };
+        if let Some((start, end)) = done.timing
+            && waits
+        {
             lock(&self.shared.clocks[self.rank]).finish(own_ready, start, end);
         }
         Ok(done)
@@ -410,7 +440,7 @@ impl InProcessCollective {
         payload: Option<Payload>,
     ) -> Result<(Arc<Completed>, f64), CollectiveError> {
         group.validate(self.rank, self.shared.world_size)?;
-        if let CollectiveOp::Broadcast { root } = op
+        if let CollectiveOp::Broadcast { root } | CollectiveOp::BroadcastBytes { root } = op
             && !group.contains(root)
         {
             return Err(CollectiveError::InvalidGroup {
@@ -432,8 +462,10 @@ impl InProcessCollective {
                 let numel = t.shape().num_elements();
                 (numel, (numel * t.dtype().size()) as u64)
             }
+            // Only the root's length counts; the others' buffers are ignored.
+            Some(Payload::Bytes(_)) if matches!(op, CollectiveOp::BroadcastBytes { .. }) => (0, 0),
             Some(Payload::Bytes(b)) => (b.len(), b.len() as u64),
-            None => (0, 0),
+            Some(Payload::Rule(_)) | None => (0, 0),
         };
         let pos = group
             .members()
@@ -472,19 +504,48 @@ impl InProcessCollective {
 
         let outcome = if state.arrived == group.size() {
             let inputs: Vec<Option<Payload>> = state.inputs.iter_mut().map(Option::take).collect();
-            let timing = match &self.shared.network {
-                Some(network) if self.timed() => {
-                    let start = state.ready.iter().copied().fold(0.0, f64::max);
-                    Some((
-                        start,
-                        start + network.collective_time(op, group, payload_bytes),
-                    ))
+            let payload_bytes = match (op, &inputs[..]) {
+                (CollectiveOp::BroadcastBytes { root }, inputs) => {
+                    let root_pos = group.members().iter().position(|&m| m == root);
+                    match root_pos.and_then(|p| inputs[p].as_ref()) {
+                        Some(Payload::Bytes(b)) => b.len() as u64,
+                        _ => 0,
+                    }
                 }
-                _ => None,
+                _ => payload_bytes,
+            };
+            let (outcome, timing) = if op == CollectiveOp::Quorum {
+                // Decided on the clocks each member arrived with (all 0 when untimed).
+                let rule = match inputs.first() {
+                    Some(Some(Payload::Rule(rule))) => *rule,
+                    _ => unreachable!("a quorum call deposits its rule"),
+                };
+                let arrivals: Vec<(usize, f64)> = group
+                    .members()
+                    .iter()
+                    .copied()
+                    .zip(state.ready.iter().copied())
+                    .collect();
+                let (taken, close) = rule.select(&arrivals);
+                let timing = self.timed().then_some((close, close));
+                (Outcome::Members(Group::new(taken)), timing)
+            } else {
+                let timing = match &self.shared.network {
+                    Some(network) if self.timed() => {
+                        let start = state.ready.iter().copied().fold(0.0, f64::max);
+                        Some((
+                            start,
+                            start + network.collective_time(op, group, payload_bytes),
+                        ))
+                    }
+                    _ => None,
+                };
+                (combine(op, group, inputs), timing)
             };
             let outcome = Arc::new(Completed {
-                outcome: combine(op, group, inputs),
+                outcome,
                 timing,
+                payload_bytes,
             });
             state.arrived = 0;
             state.call = None;
@@ -523,6 +584,10 @@ impl InProcessCollective {
             clock.link_free_s = clock.link_free_s.max(end);
         }
 
+        let payload_bytes = match op {
+            CollectiveOp::BroadcastBytes { .. } => outcome.payload_bytes,
+            _ => payload_bytes,
+        };
         let (sent, received) = cost(op, group, self.rank, payload_bytes);
         let mut stats = lock(&self.shared.stats[self.rank]);
         let s = &mut stats[self.accounting as usize];
@@ -530,9 +595,12 @@ impl InProcessCollective {
         s.bytes_received += received;
         match op {
             CollectiveOp::AllReduce(_) => s.all_reduce_calls += 1,
-            CollectiveOp::Broadcast { .. } => s.broadcast_calls += 1,
+            CollectiveOp::Broadcast { .. } | CollectiveOp::BroadcastBytes { .. } => {
+                s.broadcast_calls += 1
+            }
             CollectiveOp::AllGather | CollectiveOp::AllGatherBytes => s.all_gather_calls += 1,
             CollectiveOp::Barrier => s.barrier_calls += 1,
+            CollectiveOp::Quorum => {}
         }
         Ok((outcome, own_ready))
     }
@@ -543,19 +611,26 @@ fn combine(op: CollectiveOp, group: &Group, inputs: Vec<Option<Payload>>) -> Out
     if op == CollectiveOp::Barrier {
         return Outcome::Done;
     }
+    if let CollectiveOp::BroadcastBytes { root } = op {
+        let root_pos = group.members().iter().position(|&m| m == root);
+        return match inputs.into_iter().nth(root_pos.expect("root is a member")) {
+            Some(Some(Payload::Bytes(b))) => Outcome::Bytes(b),
+            _ => unreachable!("the root deposits bytes"),
+        };
+    }
     let inputs = inputs
         .into_iter()
         .map(|p| p.expect("every member deposited"));
     if op == CollectiveOp::AllGatherBytes {
         let bytes = inputs.map(|p| match p {
             Payload::Bytes(b) => b,
-            Payload::Tensor(_) => unreachable!("the op check keeps payload kinds apart"),
+            _ => unreachable!("the op check keeps payload kinds apart"),
         });
         return Outcome::AllBytes(bytes.collect());
     }
     let mut inputs = inputs.map(|p| match p {
         Payload::Tensor(t) => *t,
-        Payload::Bytes(_) => unreachable!("the op check keeps payload kinds apart"),
+        _ => unreachable!("the op check keeps payload kinds apart"),
     });
     match op {
         CollectiveOp::AllReduce(reduce) => {
@@ -573,7 +648,10 @@ fn combine(op: CollectiveOp, group: &Group, inputs: Vec<Option<Payload>>) -> Out
             Outcome::One(Box::new(root_input.expect("root input")))
         }
         CollectiveOp::AllGather => Outcome::All(inputs.collect()),
-        CollectiveOp::AllGatherBytes | CollectiveOp::Barrier => Outcome::Done,
+        CollectiveOp::AllGatherBytes
+        | CollectiveOp::Barrier
+        | CollectiveOp::BroadcastBytes { .. }
+        | CollectiveOp::Quorum => Outcome::Done,
     }
 }
 
@@ -665,6 +743,53 @@ impl Collective for InProcessCollective {
 
     fn barrier_in(&self, group: &Group) -> Result<(), CollectiveError> {
         self.call(group, CollectiveOp::Barrier, None).map(|_| ())
+    }
+
+    fn broadcast_bytes_in(
+        &self,
+        group: &Group,
+        bytes: Vec<u8>,
+        root: usize,
+    ) -> Result<Vec<u8>, CollectiveError> {
+        match &self
+            .call(
+                group,
+                CollectiveOp::BroadcastBytes { root },
+                Some(Payload::Bytes(bytes)),
+            )?
+            .outcome
+        {
+            Outcome::Bytes(b) => Ok(b.clone()),
+            _ => unreachable!("a byte broadcast yields the root's buffer"),
+        }
+    }
+
+    fn quorum_in(&self, group: &Group, rule: &QuorumRule) -> Result<Group, CollectiveError> {
+        match &self
+            .call(group, CollectiveOp::Quorum, Some(Payload::Rule(*rule)))?
+            .outcome
+        {
+            Outcome::Members(taken) => Ok(taken.clone()),
+            _ => unreachable!("a quorum yields its members"),
+        }
+    }
+
+    fn broadcast_start_in(
+        &self,
+        group: &Group,
+        tensor: Tensor<1>,
+        root: usize,
+    ) -> Result<Pending<Tensor<1>>, CollectiveError> {
+        let device = tensor.device().inner();
+        self.start(
+            group,
+            CollectiveOp::Broadcast { root },
+            Payload::Tensor(Box::new(tensor)),
+            |outcome| match outcome {
+                Outcome::One(t) => (**t).clone().to_device(&device),
+                _ => unreachable!("broadcast yields one tensor"),
+            },
+        )
     }
 
     fn all_reduce_start_in(

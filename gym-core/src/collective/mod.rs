@@ -16,6 +16,8 @@
 //! | [`broadcast`](Collective::broadcast) | `n`, except the last rank of the chain: 0 | `n`, except the root: 0 | pipelined chain from the root through the group in rank order | `(k−2+s)·(α + n/(s·β))`, best `s` |
 //! | [`all_gather`](Collective::all_gather), [`all_gather_bytes`](Collective::all_gather_bytes) | (k−1)·n | (k−1)·n | ring | `(k−1)·α + (k−1)·n/β` |
 //! | [`barrier`](Collective::barrier) | 0 | 0 | dissemination | `⌈log₂ k⌉·α` |
+//! | [`broadcast_bytes_in`](Collective::broadcast_bytes_in) | as broadcast, `n` the root's length | as broadcast | as broadcast | as broadcast |
+//! | [`quorum_in`](Collective::quorum_in) | 0 | 0 | a decision on the arrival times | 0 (members wait until it closes) |
 //!
 //! The time column applies when the run simulates time (below); asymmetric links, islands
 //! and relays are in [`crate::network`], with the sources.
@@ -36,10 +38,20 @@
 //! started without waiting ([`Collective::all_reduce_start`]) occupies the link but not the
 //! node: its [`Pending`] result, taken later with [`Pending::wait`], costs only the part of
 //! the transfer the node's compute did not hide.
+//!
+//! # Nodes that come and go
+//!
+//! Under a fault schedule ([`crate::faults`]) a node sees the collective through a
+//! [`MembershipView`]: [`Collective::world`] is the nodes present that it can reach, every
+//! group is cut down to them, and a mean divides by the members present.
 
 mod in_process;
+mod membership;
+mod quorum;
 
 pub use in_process::{InProcessCollective, InProcessGroup, SimulatedTime};
+pub use membership::MembershipView;
+pub use quorum::QuorumRule;
 
 /// The result of a collective started without waiting for it
 /// ([`Collective::all_reduce_start`], [`Collective::all_gather_start`]). Take it with
@@ -100,6 +112,11 @@ impl<T> Pending<T> {
         }
     }
 
+    /// Lets the transfer finish without this node waiting for it: the node's clock is not
+    /// charged, its link stays busy until the transfer ends. For a node that serves data it
+    /// does not need back (a peer sending the current state to a late node).
+    pub fn detach(self) {}
+
     /// Waits for the collective and returns its result.
     pub fn wait(self) -> Result<T, CollectiveError> {
         if let Some(finish) = self.finish {
@@ -159,6 +176,30 @@ impl Group {
     /// Whether `rank` belongs to the group.
     pub fn contains(&self, rank: usize) -> bool {
         self.members.binary_search(&rank).is_ok()
+    }
+
+    /// The members that are also members of `other`.
+    pub fn intersect(&self, other: &Group) -> Group {
+        Group {
+            members: self
+                .members
+                .iter()
+                .copied()
+                .filter(|&m| other.contains(m))
+                .collect(),
+        }
+    }
+
+    /// The members that are not members of `other`.
+    pub fn without(&self, other: &Group) -> Group {
+        Group {
+            members: self
+                .members
+                .iter()
+                .copied()
+                .filter(|&m| !other.contains(m))
+                .collect(),
+        }
     }
 
     /// Checks that the group is usable by `rank` in a world of `world_size`.
@@ -229,6 +270,13 @@ pub enum CollectiveOp {
     AllGatherBytes,
     /// [`Collective::barrier`].
     Barrier,
+    /// [`Collective::broadcast_bytes_in`] from a root rank.
+    BroadcastBytes {
+        /// The rank whose bytes are sent.
+        root: usize,
+    },
+    /// [`Collective::quorum_in`]: no payload, no transfer.
+    Quorum,
 }
 
 /// Bytes `(sent, received)` that `rank` moves for one call of `op` in `group`, where
@@ -243,7 +291,7 @@ pub fn cost(op: CollectiveOp, group: &Group, rank: usize, payload: u64) -> (u64,
             let b = (2 * (k - 1) as u128 * payload as u128 / k as u128) as u64;
             (b, b)
         }
-        CollectiveOp::Broadcast { root } => {
+        CollectiveOp::Broadcast { root } | CollectiveOp::BroadcastBytes { root } => {
             let members = group.members();
             let root_pos = members.iter().position(|&m| m == root).unwrap_or(0);
             let pos = members.iter().position(|&m| m == rank).unwrap_or(0);
@@ -256,7 +304,7 @@ pub fn cost(op: CollectiveOp, group: &Group, rank: usize, payload: u64) -> (u64,
         CollectiveOp::AllGather | CollectiveOp::AllGatherBytes => {
             ((k - 1) * payload, (k - 1) * payload)
         }
-        CollectiveOp::Barrier => (0, 0),
+        CollectiveOp::Barrier | CollectiveOp::Quorum => (0, 0),
     }
 }
 
@@ -311,29 +359,67 @@ pub trait Collective: Send + Sync {
     /// Returns once every member of `group` has called it.
     fn barrier_in(&self, group: &Group) -> Result<(), CollectiveError>;
 
-    /// [`all_reduce_in`](Self::all_reduce_in) over the whole world.
+    /// Every member of `group` gets `root`'s byte buffer (the others pass anything, e.g. an
+    /// empty buffer): a node's whole state, sent to a node that rejoins.
+    fn broadcast_bytes_in(
+        &self,
+        group: &Group,
+        bytes: Vec<u8>,
+        root: usize,
+    ) -> Result<Vec<u8>, CollectiveError>;
+
+    /// The nodes taking part in the run now: every rank, or under a fault schedule the
+    /// present nodes this one can reach ([`MembershipView`]). The plain (world) methods
+    /// below run over this group.
+    fn world(&self) -> Group {
+        Group::world(self.world_size())
+    }
+
+    /// The members of `group` that arrive in time for a round under `rule`, by their
+    /// simulated clocks (the decision Decoupled DiLoCo's syncer takes): every member calls
+    /// it and gets the same answer. A member in the quorum waits, idle, until the quorum
+    /// closes; a member left out is not charged. Nothing is sent. The default, for a
+    /// collective without simulated time, treats every member as on time.
+    fn quorum_in(&self, group: &Group, rule: &QuorumRule) -> Result<Group, CollectiveError> {
+        let arrivals: Vec<(usize, f64)> = group.members().iter().map(|&m| (m, 0.0)).collect();
+        Ok(Group::new(rule.select(&arrivals).0))
+    }
+
+    /// [`all_reduce_in`](Self::all_reduce_in) over [`world`](Self::world).
     fn all_reduce(&self, tensor: Tensor<1>, op: ReduceOp) -> Result<Tensor<1>, CollectiveError> {
-        self.all_reduce_in(&Group::world(self.world_size()), tensor, op)
+        self.all_reduce_in(&self.world(), tensor, op)
     }
 
-    /// [`broadcast_in`](Self::broadcast_in) over the whole world.
+    /// [`broadcast_in`](Self::broadcast_in) over [`world`](Self::world).
     fn broadcast(&self, tensor: Tensor<1>, root: usize) -> Result<Tensor<1>, CollectiveError> {
-        self.broadcast_in(&Group::world(self.world_size()), tensor, root)
+        self.broadcast_in(&self.world(), tensor, root)
     }
 
-    /// [`all_gather_in`](Self::all_gather_in) over the whole world.
+    /// [`all_gather_in`](Self::all_gather_in) over [`world`](Self::world).
     fn all_gather(&self, tensor: Tensor<1>) -> Result<Vec<Tensor<1>>, CollectiveError> {
-        self.all_gather_in(&Group::world(self.world_size()), tensor)
+        self.all_gather_in(&self.world(), tensor)
     }
 
-    /// [`all_gather_bytes_in`](Self::all_gather_bytes_in) over the whole world.
+    /// [`all_gather_bytes_in`](Self::all_gather_bytes_in) over [`world`](Self::world).
     fn all_gather_bytes(&self, bytes: Vec<u8>) -> Result<Vec<Vec<u8>>, CollectiveError> {
-        self.all_gather_bytes_in(&Group::world(self.world_size()), bytes)
+        self.all_gather_bytes_in(&self.world(), bytes)
     }
 
-    /// [`barrier_in`](Self::barrier_in) over the whole world.
+    /// [`barrier_in`](Self::barrier_in) over [`world`](Self::world).
     fn barrier(&self) -> Result<(), CollectiveError> {
-        self.barrier_in(&Group::world(self.world_size()))
+        self.barrier_in(&self.world())
+    }
+
+    /// Starts [`broadcast_in`](Self::broadcast_in) without waiting for it (see
+    /// [`all_reduce_start_in`](Self::all_reduce_start_in)); the root may
+    /// [`detach`](Pending::detach) it.
+    fn broadcast_start_in(
+        &self,
+        group: &Group,
+        tensor: Tensor<1>,
+        root: usize,
+    ) -> Result<Pending<Tensor<1>>, CollectiveError> {
+        self.broadcast_in(group, tensor, root).map(Pending::ready)
     }
 
     /// Starts [`all_reduce_in`](Self::all_reduce_in) without waiting for it: the node may
@@ -354,7 +440,7 @@ pub trait Collective: Send + Sync {
         tensor: Tensor<1>,
         op: ReduceOp,
     ) -> Result<Pending<Tensor<1>>, CollectiveError> {
-        self.all_reduce_start_in(&Group::world(self.world_size()), tensor, op)
+        self.all_reduce_start_in(&self.world(), tensor, op)
     }
 
     /// Starts [`all_gather_in`](Self::all_gather_in) without waiting for it (see
@@ -372,7 +458,7 @@ pub trait Collective: Send + Sync {
         &self,
         tensor: Tensor<1>,
     ) -> Result<Pending<Vec<Tensor<1>>>, CollectiveError> {
-        self.all_gather_start_in(&Group::world(self.world_size()), tensor)
+        self.all_gather_start_in(&self.world(), tensor)
     }
 
     /// Starts [`all_gather_bytes_in`](Self::all_gather_bytes_in) without waiting for it

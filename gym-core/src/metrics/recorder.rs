@@ -190,6 +190,7 @@ impl Recorder {
                 compute_s: now.compute_s - before.compute_s,
                 comm_s: now.comm_s - before.comm_s,
                 idle_s: now.idle_s - before.idle_s,
+                down_s: now.down_s - before.down_s,
             });
         }
         // Emit every completed step in order.

@@ -2,6 +2,7 @@
 //! run's report that holds them all.
 
 use crate::collective::{CommStats, SimulatedTime};
+use crate::elastic::ElasticReport;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
@@ -181,6 +182,9 @@ pub struct RunReport {
     /// The last checkpoint written, if any.
     #[serde(default)]
     pub checkpoint: Option<PathBuf>,
+    /// The faults in effect and the work they cost each node.
+    #[serde(default)]
+    pub elastic: ElasticReport,
 }
 
 impl RunReport {
@@ -266,6 +270,22 @@ impl RunReport {
             .iter()
             .find(|v| v.global_loss <= target)
             .and_then(|v| v.sim_time_s)
+    }
+
+    /// Goodput: simulated compute that went into the model (every node's compute, less the
+    /// work dropped by faults) ÷ the node-time the run held (nodes × the run's simulated
+    /// time). Without faults it is the compute utilisation; `None` without simulated time.
+    pub fn goodput(&self) -> Option<f64> {
+        let makespan = self.simulated_time_s()?;
+        let compute: f64 = self.simulated.iter().map(|t| t.compute_s).sum();
+        let useful = compute - self.elastic.total().discarded_compute_s;
+        Some(useful / (self.num_nodes as f64 * makespan).max(f64::MIN_POSITIVE))
+    }
+
+    /// Node-steps that did not go into the model
+    /// ([`ElasticReport::node_steps_lost`]).
+    pub fn node_steps_lost(&self) -> u64 {
+        self.elastic.node_steps_lost()
     }
 
     fn simulated_mean(&self, f: impl Fn(&SimulatedTime) -> f64) -> Option<f64> {
