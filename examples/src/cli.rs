@@ -963,11 +963,10 @@ impl ConfigFile {
         })
     }
 
-    /// The flags of `strategy`'s overrides table (none if it has no table).
-    pub fn overrides_for(&self, strategy: StrategyName) -> &[String] {
-        self.overrides
-            .get(strategy.as_str())
-            .map_or(&[], Vec::as_slice)
+    /// The flags of the overrides table of `label` (a strategy's name, or a `compare`
+    /// variant's label; none if it has no table).
+    pub fn overrides_for(&self, label: &str) -> &[String] {
+        self.overrides.get(label).map_or(&[], Vec::as_slice)
     }
 }
 

@@ -50,17 +50,17 @@ pub struct CompareArgs {
     #[command(flatten)]
     #[serde(flatten)]
     pub task: TaskArgs,
-    /// Strategies to compare, comma-separated. Per-strategy flags go in a `--config` file's
-    /// `[overrides.<strategy>]` table. Every run meets the same --faults; the quorum flags
-    /// (--min-quorum, --grace, --fastest) apply to the strategies that have a quorum and
-    /// are skipped for the others.
+    /// Strategies to compare, comma-separated: a strategy's name, or `LABEL=STRATEGY` for a
+    /// variant with flags of its own (`allreduce,diloco,diloco-quorum=diloco`). Per-run flags
+    /// go in a `--config` file's `[overrides.<label>]` table. Every run meets the same
+    /// --faults; the quorum flags (--min-quorum, --grace, --fastest) apply to the
+    /// strategies that have a quorum and are skipped for the others.
     #[arg(
         long,
-        value_enum,
         value_delimiter = ',',
         default_value = "allreduce,diloco,sparta,fedavg,demo"
     )]
-    pub strategies: Vec<StrategyName>,
+    pub strategies: Vec<CompareEntry>,
     /// Output folder.
     #[arg(long, default_value = "compare")]
     pub out_dir: PathBuf,
@@ -69,9 +69,63 @@ pub struct CompareArgs {
     pub x_axis: XAxis,
 }
 
+/// One run of a comparison: a strategy under a label (its name, or a variant's).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CompareEntry {
+    /// The run's name in tables, plots and `[overrides.<label>]`.
+    pub label: String,
+    /// The strategy it runs.
+    pub strategy: StrategyName,
+}
+
+impl std::str::FromStr for CompareEntry {
+    type Err = String;
+
+    /// `STRATEGY` or `LABEL=STRATEGY`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (label, name) = match s.split_once('=') {
+            Some((label, name)) => (label.trim(), name.trim()),
+            None => (s.trim(), s.trim()),
+        };
+        let strategy = <StrategyName as clap::ValueEnum>::from_str(name, false)
+            .map_err(|_| format!("`{name}` is not a strategy"))?;
+        let ok = !label.is_empty()
+            && label
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+        if !ok {
+            return Err(format!(
+                "`{label}`: a label is letters, digits, `-` and `_` (it names a run folder)"
+            ));
+        }
+        Ok(CompareEntry {
+            label: label.to_string(),
+            strategy,
+        })
+    }
+}
+
+impl std::fmt::Display for CompareEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.label == self.strategy.as_str() {
+            write!(f, "{}", self.label)
+        } else {
+            write!(f, "{}={}", self.label, self.strategy.as_str())
+        }
+    }
+}
+
+impl Serialize for CompareEntry {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
 /// One strategy's run.
 #[derive(Debug, Clone)]
 pub struct Outcome {
+    /// The run's label (the strategy's name, or a variant's label).
+    pub label: String,
     /// The strategy, as named on the command line.
     pub strategy: StrategyName,
     /// The arguments it ran with (overrides applied).
@@ -95,7 +149,7 @@ pub struct Comparison {
 
 /// One strategy of a comparison: its value, and the flags it runs with.
 struct Planned {
-    name: StrategyName,
+    entry: CompareEntry,
     args: CompareArgs,
     strategy: Box<dyn StrategyConfig>,
 }
@@ -108,10 +162,10 @@ pub fn run(argv: &[OsString]) -> Result<Comparison, BoxError> {
     if args.strategies.is_empty() {
         return Err("--strategies names no strategy".into());
     }
-    let mut seen = args.strategies.clone();
+    let mut seen: Vec<&str> = args.strategies.iter().map(|e| e.label.as_str()).collect();
     seen.sort();
     if seen.windows(2).any(|w| w[0] == w[1]) {
-        return Err("--strategies names a strategy twice".into());
+        return Err("--strategies names a strategy twice (label variants `LABEL=STRATEGY`)".into());
     }
     // Every strategy as a value, with its overrides and the fixed places of its logs,
     // before anything is loaded or trained.
@@ -119,13 +173,14 @@ pub fn run(argv: &[OsString]) -> Result<Comparison, BoxError> {
     let plan = args
         .strategies
         .iter()
-        .map(|&name| {
-            let mut extra = file.overrides_for(name).to_vec();
+        .map(|entry| {
+            let (label, name) = (entry.label.as_str(), entry.strategy);
+            let mut extra = file.overrides_for(label).to_vec();
             extra.extend([
                 "--strategy".into(),
                 name.as_str().into(),
                 "--run-name".into(),
-                name.as_str().into(),
+                label.into(),
                 "--log-dir".into(),
                 runs_dir.to_string_lossy().into_owned(),
             ]);
@@ -135,10 +190,10 @@ pub fn run(argv: &[OsString]) -> Result<Comparison, BoxError> {
             // one trains.
             args.common
                 .trainer_config()
-                .map_err(|e| format!("{}: {e}", name.as_str()))?;
+                .map_err(|e| format!("{label}: {e}"))?;
             let strategy = args.common.strategy_config();
             Ok(Planned {
-                name,
+                entry: entry.clone(),
                 args,
                 strategy,
             })
@@ -149,11 +204,12 @@ pub fn run(argv: &[OsString]) -> Result<Comparison, BoxError> {
     let task = args.task.build(args.common.data_dir.as_deref())?;
     let mut outcomes = Vec::new();
     for run in plan {
-        eprintln!("── {} ──", run.name.as_str());
+        eprintln!("── {} ──", run.entry.label);
         let config = serde_json::to_value(&run.args)?;
         let result = task.train(&runner, &run.args.common, run.strategy.as_ref(), &config)?;
         outcomes.push(Outcome {
-            strategy: run.name,
+            label: run.entry.label,
+            strategy: run.entry.strategy,
             args: run.args,
             report: result.report,
             summary: result.summary,
@@ -191,7 +247,7 @@ fn write_outputs(
         outcomes
             .iter()
             .map(|o| Series {
-                label: o.strategy.as_str().into(),
+                label: o.label.clone(),
                 points: o
                     .report
                     .validation
@@ -258,7 +314,7 @@ fn write_outputs(
             series: outcomes
                 .iter()
                 .map(|o| Series {
-                    label: o.strategy.as_str().into(),
+                    label: o.label.clone(),
                     points: o
                         .report
                         .correlation
@@ -341,7 +397,7 @@ pub fn results_table(
         let _ = write!(
             t,
             "| **{}** | {} | {} | {} | {} | {:.2} | {:.6} | {} | {} | {} | {} |",
-            o.strategy.as_str(),
+            o.label,
             opt(s.final_train_loss),
             opt(s.final_val_loss),
             s.val_accuracy
@@ -411,7 +467,7 @@ fn write_metrics(dir: &Path, outcomes: &[Outcome]) -> Result<Vec<PathBuf>, BoxEr
     );
     let opt = |x: Option<f64>| x.map_or(String::new(), |v| v.to_string());
     for o in outcomes {
-        let name = o.strategy.as_str();
+        let name = o.label.as_str();
         let mut line = |kind: &str, record: serde_json::Value| {
             let mut obj = serde_json::json!({ "strategy": name, "kind": kind });
             if let (Some(o), serde_json::Value::Object(r)) = (obj.as_object_mut(), record) {

@@ -155,7 +155,7 @@ pub fn run(argv: &[OsString]) -> Result<Sweep, BoxError> {
             for network in &args.networks {
                 for &k in &args.nodes {
                     let name = cell_name(strategy, h, k, network);
-                    let mut extra = file.overrides_for(strategy).to_vec();
+                    let mut extra = file.overrides_for(strategy.as_str()).to_vec();
                     extra.extend(
                         [
                             ["--strategy", strategy.as_str()],

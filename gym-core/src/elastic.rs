@@ -32,10 +32,11 @@ pub struct NodeLedger {
 }
 
 impl NodeLedger {
-    /// After a step the node computed in `compute_s` simulated seconds (0 if untimed).
-    pub fn computed(&mut self, strategy: &mut dyn Strategy, compute_s: f64) {
+    /// After a step the node computed in `compute_s` simulated seconds (0 if untimed), of
+    /// which its strategy's step took `undone_s` back (a round closed without it).
+    pub fn computed(&mut self, strategy: &mut dyn Strategy, compute_s: f64, undone_s: f64) {
         self.pending_steps += 1;
-        self.pending_compute_s += compute_s;
+        self.pending_compute_s += compute_s - undone_s;
         if strategy.take_discarded() {
             self.discard();
         } else if strategy.committed() {

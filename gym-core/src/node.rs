@@ -201,8 +201,11 @@ where
         let (loss, compute_s) = match computed {
             Some(work) if skip => (Some(work.loss), work.compute_s),
             Some(work) => {
+                let compute_before = comm.simulated_time().map_or(0.0, |t| t.compute_s);
                 strategy.step(&mut replica, work.grads, &mut ctx)?;
-                ledger.computed(&mut *strategy, work.simulated_s);
+                let compute_after = comm.simulated_time().map_or(0.0, |t| t.compute_s);
+                let undone = (compute_before - compute_after).max(0.0);
+                ledger.computed(&mut *strategy, work.simulated_s, undone);
                 (Some(work.loss), work.compute_s)
             }
             None if skip || !present => (None, 0.0),

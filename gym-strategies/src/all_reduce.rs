@@ -26,6 +26,13 @@ pub struct AllReduceConfig {
 ///
 /// Traffic per step: one all-reduce of the gradient (ring: 2(K−1)/K × 4 bytes per
 /// parameter, per node), or what its [`CompressionConfig`] sends instead.
+///
+/// Under a fault schedule the mean is over the nodes present ([`StepContext::world`]): a
+/// step with K′ nodes is a step of a K′-node world. A node that comes back takes a present
+/// peer's parameters and optimizer state (the default [`RejoinPolicy::FromPeer`]), so the
+/// replicas are identical again; no work is lost but the steps it was away.
+///
+/// [`RejoinPolicy::FromPeer`]: gym_core::RejoinPolicy::FromPeer
 pub struct AllReduce {
     optim: InnerOptimizer,
     compressor: Box<dyn Compressor>,

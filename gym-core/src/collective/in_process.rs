@@ -93,6 +93,16 @@ struct NodeClock {
 }
 
 impl NodeClock {
+    /// Takes back the compute after `time_s`: a node told at `time_s` that the round it
+    /// computes for has closed without it stops there.
+    fn abort_to(&mut self, time_s: f64) {
+        let undone = self.time.now_s - time_s;
+        if undone > 0.0 {
+            self.time.compute_s = (self.time.compute_s - undone).max(0.0);
+            self.time.now_s = time_s;
+        }
+    }
+
     /// Waits, at the node's current time, for a collective that was ready on this node's
     /// side at `own_ready` and ran from `start` to `end`: the part of the wait before
     /// `start` that the node spent ready is idle, the rest communication.
@@ -382,15 +392,14 @@ impl InProcessCollective {
         payload: Option<Payload>,
     ) -> Result<Arc<Completed>, CollectiveError> {
         let (done, own_ready) = self.exchange(group, op, payload)?;
-        // A node left out of a quorum is not held up by it.
-        let waits = match &done.outcome {
-            Outcome::Members(taken) => taken.contains(self.rank),
-            _ => true,
-        };
-        if let Some((start, end)) = done.timing
-            && waits
-        {
-            lock(&self.shared.clocks[self.rank]).finish(own_ready, start, end);
+        if let Some((start, end)) = done.timing {
+            let mut clock = lock(&self.shared.clocks[self.rank]);
+            match &done.outcome {
+                // Left out of a quorum: the round is closed without this node, which stops
+                // the work it is late with; the time past the close never happened.
+                Outcome::Members(taken) if !taken.contains(self.rank) => clock.abort_to(start),
+                _ => clock.finish(own_ready, start, end),
+            }
         }
         Ok(done)
     }

@@ -378,8 +378,10 @@ pub trait Collective: Send + Sync {
     /// The members of `group` that arrive in time for a round under `rule`, by their
     /// simulated clocks (the decision Decoupled DiLoCo's syncer takes): every member calls
     /// it and gets the same answer. A member in the quorum waits, idle, until the quorum
-    /// closes; a member left out is not charged. Nothing is sent. The default, for a
-    /// collective without simulated time, treats every member as on time.
+    /// closes. A member left out is told when it closes and stops there: its clock goes
+    /// back to the close, and the compute it would have done after it is not charged.
+    /// Nothing is sent. The default, for a collective without simulated time, treats every
+    /// member as on time.
     fn quorum_in(&self, group: &Group, rule: &QuorumRule) -> Result<Group, CollectiveError> {
         let arrivals: Vec<(usize, f64)> = group.members().iter().map(|&m| (m, 0.0)).collect();
         Ok(Group::new(rule.select(&arrivals).0))
