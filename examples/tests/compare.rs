@@ -314,3 +314,70 @@ fn zoo_the_2026_algorithms_reach_88_percent_on_mnist_and_send_what_they_promise(
     );
     std::fs::remove_dir_all(&out).ok();
 }
+
+/// A variant runs under its own label with its own flags (`LABEL=STRATEGY`,
+/// `[overrides.LABEL]`): DiLoCo with and without a quorum under the same faults. The quorum
+/// run leaves the half-speed node out of both rounds, so it drops more work and takes less
+/// simulated time; both met the same faults.
+#[test]
+fn elastic_compare_runs_labelled_variants_under_the_same_faults() {
+    let out = std::env::temp_dir().join(format!("gym-compare-elastic-{}", std::process::id()));
+    std::fs::create_dir_all(&out).unwrap();
+    let config = out.join("run.toml");
+    std::fs::write(
+        &config,
+        "strategies = [\"diloco\", \"diloco-quorum=diloco\"]\n\
+         [overrides.diloco-quorum]\nmin_quorum = 3\ngrace = 0.0\n",
+    )
+    .unwrap();
+    let data = mnist_dir();
+    let args = argv(&[
+        "--config",
+        config.to_str().unwrap(),
+        "-H",
+        "4",
+        "--num-nodes",
+        "4",
+        "--max-steps",
+        "8",
+        "--batch-size",
+        "16",
+        "--val-size",
+        "0",
+        "--network",
+        "1gbit:10ms",
+        "--node-speed",
+        "1,1,1,0.5",
+        "--faults",
+        "leave:1@1+2",
+        "--no-progress",
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--out-dir",
+        out.join("result").to_str().unwrap(),
+    ]);
+    let result = compare::run(&args).unwrap();
+    let labels: Vec<&str> = result.outcomes.iter().map(|o| o.label.as_str()).collect();
+    assert_eq!(labels, ["diloco", "diloco-quorum"]);
+    assert!(
+        result
+            .outcomes
+            .iter()
+            .all(|o| o.strategy == StrategyName::Diloco)
+    );
+    let (plain, quorum) = (&result.outcomes[0], &result.outcomes[1]);
+    assert_eq!(plain.report.elastic.faults, quorum.report.elastic.faults);
+    assert!(quorum.args.common.min_quorum == Some(3) && plain.args.common.min_quorum.is_none());
+    assert!(quorum.report.node_steps_lost() > plain.report.node_steps_lost());
+    let time = |o: &compare::Outcome| o.report.simulated_time_s().unwrap();
+    assert!(
+        time(quorum) < time(plain),
+        "{} vs {}",
+        time(quorum),
+        time(plain)
+    );
+    let table = std::fs::read_to_string(out.join("result").join("results.md")).unwrap();
+    assert!(table.contains("| **diloco-quorum** |"), "{table}");
+    assert!(out.join("result/runs/diloco-quorum/faults.json").exists());
+    std::fs::remove_dir_all(&out).ok();
+}
