@@ -71,6 +71,8 @@ pub struct AveragingCommunicator {
     island_size: Option<usize>,
     seed: u64,
     compressor: Box<dyn Compressor>,
+    /// Local steps taken since the last averaging (lost if the node leaves now).
+    uncommitted: bool,
 }
 
 impl CommunicationModuleConfig for AveragingCommunicatorConfig {
@@ -94,6 +96,7 @@ impl CommunicationModuleConfig for AveragingCommunicatorConfig {
             ));
         }
         Ok(Box::new(AveragingCommunicator {
+            uncommitted: false,
             sync_interval: self.sync_interval,
             island_size: self.island_size,
             seed: node.seed,
@@ -105,8 +108,10 @@ impl CommunicationModuleConfig for AveragingCommunicatorConfig {
 impl CommunicationModule for AveragingCommunicator {
     fn communicate(&mut self, replica: &mut dyn Replica, ctx: &mut StepContext<'_>) -> Result<()> {
         if !is_sync_step(ctx.step, self.sync_interval) || ctx.world_size == 1 {
+            self.uncommitted = ctx.world_size > 1;
             return Ok(());
         }
+        self.uncommitted = false;
         let group = match self.island_size {
             Some(size) if size < ctx.world_size => {
                 IslandPartition::draw(ctx.world_size, size, self.seed, ctx.step)
@@ -120,6 +125,10 @@ impl CommunicationModule for AveragingCommunicator {
         let average = self.compressor.mean(&group, replica.params(), ctx)?;
         replica.set_params(average);
         Ok(())
+    }
+
+    fn committed(&self) -> bool {
+        !self.uncommitted
     }
 
     // The islands are a function of (seed, step): only the compressor carries state.

@@ -149,6 +149,8 @@ pub struct NoLoCoCommunicator {
     phi: Tensor<1>,
     /// m_i, the heavy-ball momentum.
     momentum: Tensor<1>,
+    /// Local steps taken since the last synchronisation (lost if the node leaves now).
+    uncommitted: bool,
 }
 
 impl CommunicationModuleConfig for NoLoCoCommunicatorConfig {
@@ -164,6 +166,7 @@ impl CommunicationModuleConfig for NoLoCoCommunicatorConfig {
         self.validate(node.world_size)?;
         let phi = node.initial_params.clone();
         Ok(Box::new(NoLoCoCommunicator {
+            uncommitted: false,
             sync_interval: self.sync_interval,
             group_size: self.group_size,
             seed: node.seed,
@@ -178,8 +181,10 @@ impl CommunicationModuleConfig for NoLoCoCommunicatorConfig {
 impl CommunicationModule for NoLoCoCommunicator {
     fn communicate(&mut self, replica: &mut dyn Replica, ctx: &mut StepContext<'_>) -> Result<()> {
         if !is_sync_step(ctx.step, self.sync_interval) {
+            self.uncommitted = true;
             return Ok(());
         }
+        self.uncommitted = false;
         let groups = NoLoCoGroups::draw(ctx.world_size, self.group_size, self.seed, ctx.step);
         // Under a fault schedule, the group's members that are present.
         let group = groups.group_of(ctx.rank).intersect(&ctx.world());
@@ -195,6 +200,10 @@ impl CommunicationModule for NoLoCoCommunicator {
 
     fn master_params(&self) -> Option<Tensor<1>> {
         Some(self.phi.clone())
+    }
+
+    fn committed(&self) -> bool {
+        !self.uncommitted
     }
 
     // The groups are a function of (seed, step): φ_i and m_i are the whole state.
