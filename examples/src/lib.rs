@@ -6,6 +6,7 @@
 #![warn(missing_docs)]
 
 pub mod backend;
+pub mod bench_suite;
 pub mod cli;
 pub mod compare;
 pub mod plot;

@@ -10,8 +10,18 @@
 //! target/release/bench --data-dir ../shared/data/mnist
 //! target/release/bench --task nanogpt --data-dir ../shared/data/shakespeare
 //! ```
+//!
+//! `--suite` runs the benchmark suite instead ([`examples::bench_suite`]): the overhead of
+//! K nodes in one process against the compute limit (MLP, CNN, GPT), the collectives'
+//! bandwidth against a memcpy, the peak memory of up to 1,024 nodes and the start-up, as
+//! Markdown tables; `--json FILE` also writes every figure as one flat JSON object.
+//!
+//! ```text
+//! target/release/bench --suite --json logs/bench/suite.json
+//! ```
 
 use clap::{Parser, ValueEnum};
+use examples::bench_suite::{self, SuiteConfig, SuiteModel};
 use examples::summary::RunSummary;
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
@@ -54,6 +64,134 @@ struct Cli {
     /// mnist: steps per CNN run.
     #[arg(long, default_value_t = 10)]
     cnn_steps: usize,
+    /// Run the benchmark suite (overhead ratio, collective bandwidth, peak memory,
+    /// start-up) instead of the per-strategy table; --task and the flags above are ignored
+    /// except --data-dir (MNIST, default ../shared/data/mnist).
+    #[arg(long)]
+    suite: bool,
+    /// With --suite: also write every figure to FILE as one flat JSON object.
+    #[arg(long, value_name = "FILE", requires = "suite")]
+    json: Option<PathBuf>,
+    #[command(flatten)]
+    suite_args: SuiteArgs,
+}
+
+/// The sizes of the benchmark suite (`--suite`); the defaults take about 5 minutes on a
+/// 2-core machine.
+#[derive(Debug, clap::Args)]
+struct SuiteArgs {
+    /// Suite: tiny-shakespeare's folder, for the GPT.
+    #[arg(long, default_value = "../shared/data/shakespeare")]
+    gpt_data_dir: PathBuf,
+    /// Suite: models of the overhead part, comma-separated (mlp, cnn, gpt; '' skips the
+    /// part).
+    #[arg(long, value_delimiter = ',', default_value = "mlp,cnn,gpt")]
+    suite_models: Vec<String>,
+    /// Suite: node counts of the overhead part (K = 1, the baseline, is always run).
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16")]
+    suite_ks: Vec<usize>,
+    /// Suite: the largest K of the overhead part, for every model.
+    #[arg(long, default_value_t = 16)]
+    suite_max_k: usize,
+    /// Suite: the largest K of the CNN's overhead runs (its steps are the slow ones: K = 16
+    /// adds over a minute on 2 cores).
+    #[arg(long, default_value_t = 8)]
+    suite_cnn_max_k: usize,
+    /// Suite: warm-up steps discarded before timing (a run of this many steps is timed
+    /// too, and subtracted).
+    #[arg(long, default_value_t = 1)]
+    suite_warmup: usize,
+    /// Suite: timed steps of the MLP.
+    #[arg(long, default_value_t = 50)]
+    suite_mlp_steps: usize,
+    /// Suite: timed steps of the CNN.
+    #[arg(long, default_value_t = 3)]
+    suite_cnn_steps: usize,
+    /// Suite: timed steps of the GPT.
+    #[arg(long, default_value_t = 15)]
+    suite_gpt_steps: usize,
+    /// Suite: tensor sizes of the bandwidth part in MiB (0: skip the part).
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16,64,256")]
+    suite_mb: Vec<usize>,
+    /// Suite: group sizes of the bandwidth part.
+    #[arg(long, value_delimiter = ',', default_value = "2,4,8,16")]
+    suite_collective_ks: Vec<usize>,
+    /// Suite: timed calls per collective figure (their median).
+    #[arg(long, default_value_t = 3)]
+    suite_reps: usize,
+    /// Suite: node counts of the peak-memory runs of `mnist` (0: skip the part).
+    #[arg(long, value_delimiter = ',', default_value = "1,64,256,1024")]
+    suite_rss_ks: Vec<usize>,
+    /// Suite: node count of the start-up run of `mnist` (0: skip).
+    #[arg(long, default_value_t = 16)]
+    suite_startup_k: usize,
+}
+
+/// The command line as typed, quoted where a shell would need it, for the tables' captions.
+fn command_line() -> String {
+    std::env::args()
+        .map(|a| {
+            if !a.is_empty()
+                && a.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_./=,:+@%".contains(c))
+            {
+                a
+            } else {
+                format!("'{}'", a.replace('\'', "'\\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// `bench --suite`: runs the suite, prints its tables, writes `--json`.
+fn suite_main(cli: &Cli, mnist: Option<PathBuf>) -> ExitCode {
+    let a = &cli.suite_args;
+    let mut models = Vec::new();
+    for name in a.suite_models.iter().filter(|s| !s.is_empty()) {
+        match name.parse::<SuiteModel>() {
+            Ok(m) => models.push(m),
+            Err(e) => {
+                eprintln!("error: --suite-models: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    let mnist_dir = cli
+        .data_dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("../shared/data/mnist"));
+    let mut config = SuiteConfig::new(mnist_dir, a.gpt_data_dir.clone(), mnist);
+    config.models = models;
+    config.ks = a.suite_ks.clone();
+    config.max_k = a.suite_max_k;
+    config.cnn_max_k = a.suite_cnn_max_k;
+    config.warmup_steps = a.suite_warmup;
+    config.mlp_steps = a.suite_mlp_steps;
+    config.cnn_steps = a.suite_cnn_steps;
+    config.gpt_steps = a.suite_gpt_steps;
+    config.collective_mb = a.suite_mb.clone();
+    config.collective_ks = a.suite_collective_ks.clone();
+    config.collective_reps = a.suite_reps;
+    config.rss_ks = a.suite_rss_ks.clone();
+    config.startup_k = (a.suite_startup_k > 0).then_some(a.suite_startup_k);
+    config.command = command_line();
+    let result = match bench_suite::run_suite(&config) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    print!("{}", result.markdown());
+    if let Some(path) = &cli.json {
+        if let Err(e) = result.write_json(path) {
+            eprintln!("error: cannot write {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
+        eprintln!("figures written to {}", path.display());
+    }
+    ExitCode::SUCCESS
 }
 
 /// Sequences per node per step and their length in the nanoGPT set-up.
@@ -108,15 +246,20 @@ const ORIGINAL: &[Reference] = &[
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let sibling = |name: &str| {
+        std::env::current_exe()
+            .ok()
+            .and_then(|p| p.parent().map(|d| d.join(name)))
+            .filter(|p| p.is_file())
+    };
+    if cli.suite {
+        return suite_main(&cli, sibling("mnist"));
+    }
     let binary = match cli.task {
         Task::Mnist => "mnist",
         Task::Nanogpt => "nanogpt",
     };
-    let exe = std::env::current_exe()
-        .ok()
-        .and_then(|p| p.parent().map(|d| d.join(binary)))
-        .filter(|p| p.is_file());
-    let Some(exe) = exe else {
+    let Some(exe) = sibling(binary) else {
         eprintln!(
             "error: the `{binary}` binary is not next to `bench`; run `cargo build --release -p examples` first"
         );

@@ -1,0 +1,88 @@
+//! The benchmark suite of `bench --suite`, in a tiny configuration: every figure it names is
+//! in its JSON, finite and positive.
+
+use examples::bench_suite::{self, SuiteConfig};
+use std::path::PathBuf;
+
+#[test]
+fn bench_suite_writes_every_named_figure() {
+    let scratch = std::env::temp_dir().join(format!("gym-bench-test-{}", std::process::id()));
+    let mut config = SuiteConfig::new(
+        tests::shared_data("mnist"),
+        tests::shared_data("shakespeare"),
+        Some(PathBuf::from(env!("CARGO_BIN_EXE_mnist"))),
+    );
+    // Everything at its smallest: K ≤ 2, 1 MiB, one timed step after one warm-up.
+    config.ks = vec![1, 2];
+    config.warmup_steps = 1;
+    config.mlp_steps = 1;
+    config.cnn_steps = 1;
+    config.gpt_steps = 1;
+    config.collective_mb = vec![1];
+    config.collective_ks = vec![2];
+    config.collective_reps = 1;
+    config.rss_ks = vec![1, 2];
+    config.startup_k = Some(2);
+    config.scratch_dir = scratch.join("runs");
+    config.command = "cargo test --test bench".into();
+
+    let result = bench_suite::run_suite(&config).expect("the suite runs");
+    let path = scratch.join("suite.json");
+    result.write_json(&path).expect("the JSON is written");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let map = json.as_object().expect("a flat JSON object");
+
+    for key in ["machine", "date", "load_average"] {
+        assert!(
+            map.get(key)
+                .and_then(|v| v.as_str())
+                .is_some_and(|s| !s.is_empty()),
+            "{key}: {:?}",
+            map.get(key)
+        );
+    }
+    let mut names = vec![
+        "cnn_step_ms_flex".to_string(),
+        "gpt_step_ms_flex".to_string(),
+        "peak_rss_mlp_k1_bytes".to_string(),
+        "peak_rss_mlp_k2_bytes".to_string(),
+        "startup_s_k2".to_string(),
+    ];
+    for model in ["mlp", "cnn", "gpt"] {
+        for k in [1, 2] {
+            names.push(format!("step_ms_{model}_k{k}"));
+            names.push(format!("overhead_ratio_{model}_k{k}"));
+        }
+    }
+    for op in ["allreduce", "allgather", "broadcast"] {
+        names.push(format!("{op}_vs_memcpy_1mb_k2"));
+    }
+    for name in &names {
+        let v = map
+            .get(name)
+            .and_then(|v| v.as_f64())
+            .unwrap_or_else(|| panic!("{name} missing from {json:#}"));
+        assert!(v.is_finite() && v > 0.0, "{name} = {v}");
+    }
+    // Every value other than the three strings is a number: the object is flat.
+    for (name, v) in map {
+        assert!(
+            v.is_number() || ["machine", "date", "load_average"].contains(&name.as_str()),
+            "{name}: {v}"
+        );
+    }
+    // One node is its own compute limit.
+    for model in ["mlp", "cnn", "gpt"] {
+        let ratio = map[&format!("overhead_ratio_{model}_k1")].as_f64().unwrap();
+        assert!((ratio - 1.0).abs() < 1e-9, "{model}: {ratio}");
+    }
+    // One table per part, each captioned with the machine and the command.
+    assert_eq!(result.tables.len(), 4);
+    for table in &result.tables {
+        assert!(table.caption.contains(&result.machine.machine));
+        assert!(table.caption.contains("cargo test --test bench"));
+        assert!(!table.rows.is_empty());
+    }
+    std::fs::remove_dir_all(&scratch).ok();
+}
