@@ -86,3 +86,72 @@ fn bench_suite_writes_every_named_figure() {
     }
     std::fs::remove_dir_all(&scratch).ok();
 }
+
+/// `bench --peer-results FILE` puts the peer's runs in the table and each of ours gets its
+/// speed ratio; without the file no peer figure is shown, and a bad line is an error naming
+/// it.
+#[test]
+fn bench_shows_the_peer_results_it_is_given_and_no_other() {
+    let bench = env!("CARGO_BIN_EXE_bench");
+    let scratch = std::env::temp_dir().join(format!("gym-bench-peer-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch).unwrap();
+    let peers = scratch.join("peers.jsonl");
+    std::fs::write(
+        &peers,
+        "# a comment\n{\"task\": \"nanogpt\", \"strategy\": \"diloco\", \"its_per_s\": 0.5, \"val_loss\": 2.7}\n",
+    )
+    .unwrap();
+    let run = |extra: &[&str]| {
+        let data = tests::shared_data("shakespeare");
+        std::process::Command::new(bench)
+            .args([
+                "--task",
+                "nanogpt",
+                "--strategies",
+                "diloco",
+                "--max-steps",
+                "2",
+            ])
+            .args(["--data-dir", data.to_str().unwrap()])
+            .args(["--log-dir", scratch.join("logs").to_str().unwrap()])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let with = run(&["--peer-results", peers.to_str().unwrap()]);
+    let table = String::from_utf8_lossy(&with.stdout);
+    assert!(with.status.success(), "{table}");
+    assert!(
+        table.contains("| original (Python) diloco | 0.50 |"),
+        "{table}"
+    );
+    let ours = table
+        .lines()
+        .find(|l| l.starts_with("| diloco ("))
+        .unwrap_or_else(|| panic!("{table}"));
+    assert!(
+        ours.trim_end().ends_with("× |") && !ours.ends_with("| - |"),
+        "{ours}"
+    );
+
+    let without = run(&[]);
+    let table = String::from_utf8_lossy(&without.stdout);
+    assert!(
+        without.status.success() && !table.contains("original (Python)"),
+        "{table}"
+    );
+    let ours = table.lines().find(|l| l.starts_with("| diloco (")).unwrap();
+    assert!(
+        ours.trim_end().ends_with("| - |"),
+        "no ratio without a peer: {ours}"
+    );
+
+    std::fs::write(&peers, "{\"task\": \"nanogpt\"}\n").unwrap();
+    let bad = run(&["--peer-results", peers.to_str().unwrap()]);
+    let message = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        !bad.status.success() && message.contains("line 1"),
+        "{message}"
+    );
+    std::fs::remove_dir_all(&scratch).ok();
+}

@@ -1,14 +1,15 @@
 //! Benchmark of the MNIST set-up (`--task mnist`, the default) or the nanoGPT set-up
-//! (`--task nanogpt`), printed as a Markdown table next to the original's numbers measured
-//! on this 2-core machine.
+//! (`--task nanogpt`), printed as a Markdown table, next to a run of the original of the same
+//! set-up when `--peer-results FILE` gives its figures (`docs/original-results.jsonl`: the
+//! original measured on this 2-core machine).
 //!
 //! Each row is a separate `mnist` or `nanogpt` process, so start-up time and peak memory are
 //! the process's own. Build the binaries first:
 //!
 //! ```text
 //! cargo build --release -p examples
-//! target/release/bench --data-dir ../shared/data/mnist
-//! target/release/bench --task nanogpt --data-dir ../shared/data/shakespeare
+//! target/release/bench --data-dir ../shared/data/mnist --peer-results docs/original-results.jsonl
+//! target/release/bench --task nanogpt --data-dir ../shared/data/shakespeare --peer-results docs/original-results.jsonl
 //! ```
 //!
 //! `--suite` runs the benchmark suite instead ([`examples::bench_suite`]): the overhead of
@@ -45,6 +46,12 @@ struct Cli {
     /// Which set-up to time.
     #[arg(long, value_enum, default_value = "mnist")]
     task: Task,
+    /// The same set-up run by a peer implementation (the original Python EXO Gym): a JSONL
+    /// file, one run per line (`{"task": "nanogpt", "strategy": "diloco", "its_per_s": 12.1,
+    /// "val_loss": 2.70}`; see `docs/original-results.jsonl`). Its rows go in the table and
+    /// each of our rows gets its speed ratio; without it, no peer figures are shown.
+    #[arg(long, value_name = "FILE")]
+    peer_results: Option<PathBuf>,
     /// Folder holding the data (the MNIST IDX files, or tiny-shakespeare's input.txt).
     #[arg(long)]
     data_dir: Option<PathBuf>,
@@ -199,53 +206,61 @@ const GPT_BATCH: usize = 16;
 const GPT_BLOCK: usize = 64;
 const GPT_NODES: usize = 4;
 
-/// The original on this machine with the nanoGPT set-up: strategy, it/s, val loss.
-const ORIGINAL_GPT: &[(&str, f64, f64)] = &[("allreduce", 3.46, 2.62), ("diloco", 12.1, 2.70)];
-
-/// The original Python implementation, measured on this machine with the same set-up.
-struct Reference {
-    strategy: &'static str,
+/// One run of a peer implementation (the original Python EXO Gym) on the same set-up, a
+/// line of the `--peer-results` JSONL file.
+#[derive(Debug, Clone, serde::Deserialize)]
+struct PeerResult {
+    /// `mnist` or `nanogpt`.
+    task: String,
+    /// The model, for `mnist` (`mlp`, `cnn`; default `mlp`).
+    #[serde(default)]
+    model: Option<String>,
+    /// The strategy's name, as this project names it.
+    strategy: String,
+    /// Loop iterations per second.
     its_per_s: f64,
-    /// Wall time, start-up and memory (MiB), where measured.
-    process: Option<(f64, f64, f64)>,
-    accuracy: f64,
+    /// Wall seconds of the whole process, where measured.
+    #[serde(default)]
+    wall_s: Option<f64>,
+    /// Seconds before the first step, where measured.
+    #[serde(default)]
+    startup_s: Option<f64>,
+    /// Peak resident memory in MiB, where measured.
+    #[serde(default)]
+    peak_rss_mib: Option<f64>,
+    /// Final validation accuracy (0–1), for `mnist`.
+    #[serde(default)]
+    val_accuracy: Option<f64>,
+    /// Final validation loss, for `nanogpt`.
+    #[serde(default)]
+    val_loss: Option<f64>,
 }
 
-const ORIGINAL: &[Reference] = &[
-    Reference {
-        strategy: "allreduce",
-        its_per_s: 20.9,
-        process: Some((26.0, 17.0, 2.8 * 1024.0)),
-        accuracy: 0.918,
-    },
-    Reference {
-        strategy: "diloco",
-        its_per_s: 64.0,
-        process: None,
-        accuracy: 0.907,
-    },
-    Reference {
-        strategy: "sparta",
-        its_per_s: 23.5,
-        process: None,
-        accuracy: 0.911,
-    },
-    Reference {
-        strategy: "fedavg",
-        its_per_s: 70.0,
-        process: None,
-        accuracy: 0.911,
-    },
-    Reference {
-        strategy: "demo",
-        its_per_s: 14.5,
-        process: None,
-        accuracy: 0.947,
-    },
-];
+/// The peer's runs from a JSONL file (one JSON object per line; blank lines and lines
+/// starting with `#` are skipped). An unreadable file or line is an error naming it.
+fn read_peer_results(path: &std::path::Path) -> Result<Vec<PeerResult>, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("--peer-results {}: {e}", path.display()))?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
+        .map(|(i, line)| {
+            serde_json::from_str(line)
+                .map_err(|e| format!("--peer-results {}, line {}: {e}", path.display(), i + 1))
+        })
+        .collect()
+}
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let peers = match cli.peer_results.as_deref().map(read_peer_results) {
+        None => Vec::new(),
+        Some(Ok(peers)) => peers,
+        Some(Err(e)) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let sibling = |name: &str| {
         std::env::current_exe()
             .ok()
@@ -353,23 +368,31 @@ fn main() -> ExitCode {
         rows.push(summary);
     }
     match cli.task {
-        Task::Mnist => print_table(&rows),
-        Task::Nanogpt => print_gpt_table(&rows),
+        Task::Mnist => print_table(&rows, &peers),
+        Task::Nanogpt => print_gpt_table(&rows, &peers),
     }
     ExitCode::SUCCESS
 }
 
 /// The nanoGPT table: tokens/s counts every node's tokens (4 × 16 × 64 per step).
-fn print_gpt_table(rows: &[RunSummary]) {
+fn print_gpt_table(rows: &[RunSummary], peers: &[PeerResult]) {
+    let peers: Vec<&PeerResult> = peers.iter().filter(|p| p.task == "nanogpt").collect();
     let tokens_per_step = (GPT_NODES * GPT_BATCH * GPT_BLOCK) as f64;
     println!(
         "| run | loop it/s | tokens/s | wall (s) | start-up (s) | peak RSS (MiB) | val loss | sent/node (MiB) | vs AllReduce bytes | it/s vs original |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|");
-    for (strategy, its, loss) in ORIGINAL_GPT {
+    let opt = |x: Option<f64>, digits: usize| x.map_or("-".into(), |v| format!("{v:.digits$}"));
+    for p in &peers {
         println!(
-            "| original (Python) {strategy} | {its:.2} | {:.0} | - | - | - | {loss:.2} | - | - | 1.0× |",
-            its * tokens_per_step
+            "| original (Python) {} | {:.2} | {:.0} | {} | {} | {} | {} | - | - | 1.0× |",
+            p.strategy,
+            p.its_per_s,
+            p.its_per_s * tokens_per_step,
+            opt(p.wall_s, 2),
+            opt(p.startup_s, 2),
+            opt(p.peak_rss_mib, 0),
+            opt(p.val_loss, 2),
         );
     }
     let allreduce_bytes = rows
@@ -377,7 +400,10 @@ fn print_gpt_table(rows: &[RunSummary]) {
         .find(|s| s.strategy == "allreduce")
         .map(|s| s.bytes_sent_per_node);
     for s in rows {
-        let original = ORIGINAL_GPT.iter().find(|o| o.0 == s.strategy).map(|o| o.1);
+        let original = peers
+            .iter()
+            .find(|p| p.strategy == s.strategy)
+            .map(|p| p.its_per_s);
         println!(
             "| {} ({}) | {:.2} | {:.0} | {:.2} | {:.2} | {} | {} | {:.2} | {} | {} |",
             s.strategy,
@@ -399,22 +425,25 @@ fn print_gpt_table(rows: &[RunSummary]) {
     }
 }
 
-fn print_table(rows: &[RunSummary]) {
+fn print_table(rows: &[RunSummary], peers: &[PeerResult]) {
+    let model_of = |p: &PeerResult| p.model.clone().unwrap_or_else(|| "mlp".into());
+    let peers: Vec<&PeerResult> = peers.iter().filter(|p| p.task == "mnist").collect();
     println!(
         "| run | loop it/s | fwd/bwd ms/step | strategy ms/step | wall (s) | start-up (s) | peak RSS (MiB) | val acc | sent/node/step (KiB) | vs AllReduce bytes | it/s vs original |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
-    for r in ORIGINAL {
-        let (wall, startup, rss) = r
-            .process
-            .map_or(("-".into(), "-".into(), "-".into()), |(w, s, m)| {
-                (format!("{w:.1}"), format!("{s:.1}"), format!("{m:.0}"))
-            });
+    let opt = |x: Option<f64>, digits: usize| x.map_or("-".into(), |v| format!("{v:.digits$}"));
+    for p in &peers {
         println!(
-            "| original (Python) mlp {} | {:.1} | - | - | {wall} | {startup} | {rss} | {:.1}% | - | - | 1.0× |",
-            r.strategy,
-            r.its_per_s,
-            r.accuracy * 100.0
+            "| original (Python) {} {} | {:.1} | - | - | {} | {} | {} | {} | - | - | 1.0× |",
+            model_of(p),
+            p.strategy,
+            p.its_per_s,
+            opt(p.wall_s, 1),
+            opt(p.startup_s, 1),
+            opt(p.peak_rss_mib, 0),
+            p.val_accuracy
+                .map_or("-".into(), |a| format!("{:.1}%", a * 100.0)),
         );
     }
     let per_step = |s: &RunSummary| s.bytes_sent_per_node / s.steps.max(1) as f64;
@@ -423,10 +452,10 @@ fn print_table(rows: &[RunSummary]) {
             .iter()
             .find(|a| a.strategy == "allreduce" && a.model == s.model)
             .map(per_step);
-        let original = ORIGINAL
+        let original = peers
             .iter()
-            .find(|o| o.strategy == s.strategy && s.model == "mlp")
-            .map(|o| o.its_per_s);
+            .find(|p| p.strategy == s.strategy && model_of(p) == s.model)
+            .map(|p| p.its_per_s);
         println!(
             "| {} {} ({}) | {:.1} | {:.1} | {:.1} | {:.2} | {:.2} | {} | {} | {:.1} | {} | {} |",
             s.model,
