@@ -140,6 +140,9 @@ pub struct SuiteConfig {
     /// initialisation): each K also runs alone for this many steps, and its loop time is
     /// subtracted.
     pub warmup_steps: usize,
+    /// Timings of each model and node count: the overhead figures are their median, so one
+    /// disturbed run does not decide a ratio.
+    pub repeats: usize,
     /// Overhead part: timed steps of the MLP.
     pub mlp_steps: usize,
     /// Overhead part: timed steps of the CNN.
@@ -181,6 +184,7 @@ impl SuiteConfig {
             // K = 16 of the CNN alone would take over a minute on 2 cores.
             cnn_max_k: 8,
             warmup_steps: 1,
+            repeats: 3,
             mlp_steps: 50,
             cnn_steps: 3,
             gpt_steps: 15,
@@ -505,52 +509,59 @@ fn overhead(config: &SuiteConfig, out: &mut SuiteResult) -> Result<(), BoxError>
                 model.name()
             );
             let w = config.warmup_steps;
-            let seconds = match (model, &data) {
-                (
-                    SuiteModel::Mlp,
-                    OverheadData {
-                        mnist: Some(mnist), ..
-                    },
-                ) => time_steps(
-                    k,
-                    MNIST_BATCH,
-                    w,
-                    steps,
-                    |d| MlpConfig::new().init(d),
-                    mnist,
-                    &MnistBatcher,
-                )?,
-                (
-                    SuiteModel::Cnn,
-                    OverheadData {
-                        mnist: Some(mnist), ..
-                    },
-                ) => time_steps(
-                    k,
-                    MNIST_BATCH,
-                    w,
-                    steps,
-                    |d| MnistCnnConfig::new().init(d),
-                    mnist,
-                    &MnistBatcher,
-                )?,
-                (
-                    SuiteModel::Gpt,
-                    OverheadData {
-                        gpt: Some((tokens, gpt)),
-                        ..
-                    },
-                ) => time_steps(
-                    k,
-                    GPT_BATCH,
-                    w,
-                    steps,
-                    |d| gpt.init(d).expect("validated configuration"),
-                    tokens,
-                    &TokenBatcher,
-                )?,
-                _ => unreachable!("the data of every configured model is loaded"),
+            let time_once = || -> Result<f64, BoxError> {
+                Ok(match (model, &data) {
+                    (
+                        SuiteModel::Mlp,
+                        OverheadData {
+                            mnist: Some(mnist), ..
+                        },
+                    ) => time_steps(
+                        k,
+                        MNIST_BATCH,
+                        w,
+                        steps,
+                        |d| MlpConfig::new().init(d),
+                        mnist,
+                        &MnistBatcher,
+                    )?,
+                    (
+                        SuiteModel::Cnn,
+                        OverheadData {
+                            mnist: Some(mnist), ..
+                        },
+                    ) => time_steps(
+                        k,
+                        MNIST_BATCH,
+                        w,
+                        steps,
+                        |d| MnistCnnConfig::new().init(d),
+                        mnist,
+                        &MnistBatcher,
+                    )?,
+                    (
+                        SuiteModel::Gpt,
+                        OverheadData {
+                            gpt: Some((tokens, gpt)),
+                            ..
+                        },
+                    ) => time_steps(
+                        k,
+                        GPT_BATCH,
+                        w,
+                        steps,
+                        |d| gpt.init(d).expect("validated configuration"),
+                        tokens,
+                        &TokenBatcher,
+                    )?,
+                    _ => unreachable!("the data of every configured model is loaded"),
+                })
             };
+            let mut times = (0..config.repeats.max(1))
+                .map(|_| time_once())
+                .collect::<Result<Vec<f64>, BoxError>>()?;
+            times.sort_by(f64::total_cmp);
+            let seconds = times[times.len() / 2];
             // K = 1 comes first (ks_for), so the baseline is known for every K after it.
             let one = *base.get_or_insert(seconds);
             let limit = one * k as f64 / k.min(cores) as f64;
@@ -580,13 +591,14 @@ fn overhead(config: &SuiteConfig, out: &mut SuiteResult) -> Result<(), BoxError>
          between node threads. Seconds per step = (loop time of a run of W + N steps − \
          loop time of a run of W steps) ÷ N, N = {} (CNN {}, GPT {}), W = {} warm-up \
          step(s): both runs start every node together and end when the last finishes, so \
-         node threads drifting apart do not bias it; CNN up to K = {}; MLP and CNN batch {MNIST_BATCH} per node, GPT 2 layers × 2 heads × 64 dims, \
+         node threads drifting apart do not bias it; the median of {} such timings; CNN up to K = {}; MLP and CNN batch {MNIST_BATCH} per node, GPT 2 layers × 2 heads × 64 dims, \
          context {GPT_BLOCK}, {GPT_BATCH} sequences per node; backend {tag}, one kernel \
          thread per node.",
         config.mlp_steps,
         config.cnn_steps,
         config.gpt_steps,
         config.warmup_steps,
+        config.repeats.max(1),
         config.max_k.min(config.cnn_max_k)
     );
     out.tables.push(SuiteTable {

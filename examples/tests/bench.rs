@@ -15,6 +15,7 @@ fn bench_suite_writes_every_named_figure() {
     // Everything at its smallest: K ≤ 2, 1 MiB, one timed step after one warm-up.
     config.ks = vec![1, 2];
     config.warmup_steps = 1;
+    config.repeats = 1;
     config.mlp_steps = 1;
     config.cnn_steps = 1;
     config.gpt_steps = 1;

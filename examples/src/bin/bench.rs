@@ -108,6 +108,9 @@ struct SuiteArgs {
     /// too, and subtracted).
     #[arg(long, default_value_t = 1)]
     suite_warmup: usize,
+    /// Suite: timings of each model and node count; the overhead figures are their median.
+    #[arg(long, default_value_t = 3)]
+    suite_repeats: usize,
     /// Suite: timed steps of the MLP.
     #[arg(long, default_value_t = 50)]
     suite_mlp_steps: usize,
@@ -174,6 +177,7 @@ fn suite_main(cli: &Cli, mnist: Option<PathBuf>) -> ExitCode {
     config.max_k = a.suite_max_k;
     config.cnn_max_k = a.suite_cnn_max_k;
     config.warmup_steps = a.suite_warmup;
+    config.repeats = a.suite_repeats;
     config.mlp_steps = a.suite_mlp_steps;
     config.cnn_steps = a.suite_cnn_steps;
     config.gpt_steps = a.suite_gpt_steps;
