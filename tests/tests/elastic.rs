@@ -394,3 +394,37 @@ fn elastic_a_run_with_faults_resumes_bit_for_bit() {
     assert!(alone.report.elastic.nodes[1].rejoins == 1 && alone.report.node_steps_lost() > 10);
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A quorum with compressed outer gradients (int8 with error feedback): the members'
+/// compressed mean goes to the late node as it is, so the late node still holds the
+/// members' master after each round, and it sends nothing of its own.
+#[test]
+fn elastic_a_quorum_with_compression_keeps_the_late_node_in_step() {
+    use gym_strategies::{Codec, CompressionConfig, Quantizer};
+    let strategy = DiLoCoConfig::new().with_communicator(
+        DiLoCoCommunicatorConfig::new()
+            .with_sync_interval(4)
+            .with_compression(CompressionConfig::with_error_feedback(Codec::Dense(
+                Quantizer::Int8 { chunk: 64 },
+            )))
+            .with_quorum(Some(QuorumRule::Fastest { count: 3 })),
+    );
+    let out = fit_on(
+        config(4, 8)
+            .with_correlation_interval(Some(4))
+            .with_simulation(Some(
+                simulation().with_node_speed(vec![1.0, 1.0, 1.0, 0.25]),
+            )),
+        &strategy,
+        &per_node_data(),
+    );
+    assert!(correlation_after(&out, 8) > 1.0 - 1e-9);
+    let d = max_abs_diff(
+        &flat_params(&out.model),
+        &flat_params(out.master.as_ref().unwrap()),
+    );
+    assert!(d < 1e-6, "{d:e}");
+    assert_eq!(out.report.elastic.nodes[3].discarded_steps, 8);
+    // Node 3 only received: the members' codes and the catch-up means.
+    assert!(out.report.comm[3].bytes_sent < out.report.comm[0].bytes_sent / 4);
+}
