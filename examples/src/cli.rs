@@ -645,10 +645,7 @@ impl CommonArgs {
         };
         let schedule = FaultSchedule::from_arg(arg).map_err(flag_error)?;
         if let Some(max_steps) = self.max_steps {
-            let island_size = simulation.and_then(|s| match s.network.topology {
-                Topology::Islands { size, .. } => Some(size),
-                _ => None,
-            });
+            let island_size = simulation.and_then(SimulationConfig::island_size);
             // Zero compute seconds draw no random fault, but a random entry without
             // simulated time is still refused.
             let no_time = |_: usize, _: usize| 0.0;
@@ -695,12 +692,7 @@ impl CommonArgs {
         let Some(flag) = self.quorum_flags() else {
             return Ok(());
         };
-        if self.grace.is_some() && self.min_quorum.is_none() {
-            return Err("--grace needs --min-quorum".into());
-        }
-        if self.min_quorum.is_some() && self.fastest.is_some() {
-            return Err("--min-quorum and --fastest cannot be used together".into());
-        }
+        // `--grace` without `--min-quorum`, or with `--fastest`, clap refuses itself.
         if !self.strategy.has_quorum() {
             return Err(format!(
                 "{flag}: {} has no quorum (only {QUORUM_STRATEGIES} wait for one)",

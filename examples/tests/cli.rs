@@ -348,9 +348,11 @@ fn elastic_cli_faults_and_quorum_reach_the_summary() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let summary: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(logs.join("run/summary.json")).unwrap())
-            .unwrap();
+    let read_json = |file: &str| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(logs.join("run").join(file)).unwrap())
+            .unwrap()
+    };
+    let summary = read_json("summary.json");
     let lost = summary["node_steps_lost"].as_u64().unwrap();
     assert!(lost >= 4, "rank 1 is away for steps 2..6: {summary}");
     let goodput = summary["goodput"].as_f64().unwrap();
@@ -360,14 +362,10 @@ fn elastic_cli_faults_and_quorum_reach_the_summary() {
     assert_eq!(elastic["rejoins"], 1, "{elastic}");
     let leave = serde_json::json!({ "kind": "leave", "rank": 1, "at": 2, "steps": 4 });
     assert_eq!(elastic["faults"], serde_json::json!([leave]), "{elastic}");
-    let faults: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(logs.join("run/faults.json")).unwrap())
-            .unwrap();
+    let faults = read_json("faults.json");
     assert_eq!(faults["events"], serde_json::json!([leave]), "{faults}");
     // The quorum reached DiLoCo's configuration.
-    let config: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(logs.join("run/config.json")).unwrap())
-            .unwrap();
+    let config = read_json("config.json");
     let quorum = config["strategy"]["config"].to_string();
     assert!(
         quorum.contains("Grace") && quorum.contains("\"min\":3"),

@@ -152,6 +152,15 @@ impl SimulationConfig {
         Ok(())
     }
 
+    /// Ranks per island when the network has islands (what a link cut between islands
+    /// refers to); `None` otherwise.
+    pub fn island_size(&self) -> Option<usize> {
+        match self.network.topology {
+            crate::network::Topology::Islands { size, .. } => Some(size),
+            _ => None,
+        }
+    }
+
     /// Simulated seconds of node `rank`'s forward and backward passes at `step`, for a step
     /// of `flops` FLOPs that took `measured_s` seconds on this machine.
     pub fn step_compute_s(

@@ -9,7 +9,6 @@ use crate::error::{GymError, Result};
 use crate::faults::{FaultSchedule, FaultTimeline};
 use crate::metrics::{CsvLogs, Fingerprint, Recorder, Records, RunReport, default_run_name};
 use crate::model::TrainModel;
-use crate::network::Topology;
 use crate::node::{NodeOutcome, NodeShared, NodeStart, run_node};
 use crate::params::ParamLayout;
 use crate::plan::RunPlan;
@@ -201,10 +200,7 @@ impl TrainerConfig {
                 let step_seconds = |rank: usize, step: usize| {
                     modelled.map_or(0.0, |s| s.step_compute_s(rank, step, self.seed, flops, 0.0))
                 };
-                let island_size = sim.and_then(|s| match s.network.topology {
-                    Topology::Islands { size, .. } => Some(size),
-                    _ => None,
-                });
+                let island_size = sim.and_then(SimulationConfig::island_size);
                 FaultTimeline::resolve(
                     schedule,
                     self.num_nodes,
@@ -559,7 +555,6 @@ impl Trainer {
             );
         }
         let max_steps = plan.max_steps;
-        let faults = plan.faults.clone();
         let shared = NodeShared {
             plan,
             devices: &devices,
@@ -657,7 +652,7 @@ impl Trainer {
         let (mut model, mut master) = (None, None);
         let mut data_fingerprint = Fingerprint::default();
         let mut elastic = ElasticReport {
-            faults: faults.events().to_vec(),
+            faults: shared.plan.faults.events().to_vec(),
             nodes: Vec::with_capacity(k),
         };
         for r in results {

@@ -7,28 +7,61 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
+/// A UTC date and time, to the second (no time-zone database needed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UtcTime {
+    /// Year.
+    pub year: i64,
+    /// Month, 1–12.
+    pub month: i64,
+    /// Day of the month, 1–31.
+    pub day: i64,
+    /// Hour, 0–23.
+    pub hour: u64,
+    /// Minute, 0–59.
+    pub minute: u64,
+    /// Second, 0–59.
+    pub second: u64,
+}
+
+impl UtcTime {
+    /// The current time.
+    pub fn now() -> Self {
+        let secs = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        Self::from_unix(secs)
+    }
+
+    /// The time `secs` seconds after 1970-01-01 00:00 UTC.
+    pub fn from_unix(secs: u64) -> Self {
+        let (days, rem) = (secs / 86_400, secs % 86_400);
+        // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
+        let z = days as i64 + 719_468;
+        let era = z.div_euclid(146_097);
+        let doe = z - era * 146_097;
+        let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+        let mp = (5 * doy + 2) / 153;
+        let day = doy - (153 * mp + 2) / 5 + 1;
+        let month = if mp < 10 { mp + 3 } else { mp - 9 };
+        UtcTime {
+            year: yoe + era * 400 + i64::from(month <= 2),
+            month,
+            day,
+            hour: rem / 3600,
+            minute: rem % 3600 / 60,
+            second: rem % 60,
+        }
+    }
+}
+
 /// A run name from the strategy, node count and the current UTC time.
 pub fn default_run_name(strategy: &str, num_nodes: usize) -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
+    let t = UtcTime::now();
     format!(
-        "{strategy}-n{num_nodes}-{y:04}{m:02}{d:02}-{:02}{:02}{:02}",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
+        "{strategy}-n{num_nodes}-{:04}{:02}{:02}-{:02}{:02}{:02}",
+        t.year, t.month, t.day, t.hour, t.minute, t.second
     )
 }
 
@@ -92,6 +125,19 @@ impl CsvLogs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Against Python's `datetime.fromtimestamp(s, timezone.utc)`: the epoch, a leap day,
+    /// and a century year that is not a leap year.
+    #[test]
+    fn utc_times_match_a_calendar() {
+        let t = |s| {
+            let u = UtcTime::from_unix(s);
+            (u.year, u.month, u.day, u.hour, u.minute, u.second)
+        };
+        assert_eq!(t(0), (1970, 1, 1, 0, 0, 0));
+        assert_eq!(t(951_786_123), (2000, 2, 29, 1, 2, 3));
+        assert_eq!(t(4_107_542_399), (2100, 2, 28, 23, 59, 59));
+    }
 
     #[test]
     fn default_run_name_has_strategy_nodes_and_a_timestamp() {

@@ -11,6 +11,6 @@ mod records;
 pub use correlation::mean_pairwise_correlation;
 pub(crate) use fingerprint::Fingerprint;
 pub(crate) use logs::CsvLogs;
-pub use logs::default_run_name;
+pub use logs::{UtcTime, default_run_name};
 pub(crate) use recorder::{EvalKind, NodeStep, Recorder, Records};
 pub use records::{CorrelationRecord, RunReport, TrainRecord, ValRecord};
