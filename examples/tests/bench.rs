@@ -59,6 +59,7 @@ fn bench_suite_writes_every_named_figure() {
     for op in ["allreduce", "allgather", "broadcast"] {
         names.push(format!("{op}_vs_memcpy_1mb_k2"));
     }
+    names.push("allreduce_vs_memcpy_all_1mb_k2".to_string());
     for name in &names {
         let v = map
             .get(name)

@@ -45,31 +45,50 @@ fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'st
 
 #[test]
 fn all_reduce_equals_sequential_sum_and_mean_in_rank_order() {
-    for k in [1, 3, 4] {
-        let n = 257;
-        let sums = on_ranks(k, |c| {
-            host(
-                c.all_reduce(tensor(values(c.rank(), n)), ReduceOp::Sum)
-                    .unwrap(),
-            )
-        });
-        let means = on_ranks(k, |c| {
-            host(
-                c.all_reduce(tensor(values(c.rank(), n)), ReduceOp::Mean)
-                    .unwrap(),
-            )
-        });
-        let mut reference = values(0, n);
-        for r in 1..k {
-            for (a, b) in reference.iter_mut().zip(values(r, n)) {
-                *a += b;
+    // 257 elements take the tensor path; 100,003 the host path, whose chunks are summed by
+    // every rank's thread (and end mid-chunk).
+    for n in [257, 100_003] {
+        for k in [1, 3, 4] {
+            let sums = on_ranks(k, |c| {
+                host(
+                    c.all_reduce(tensor(values(c.rank(), n)), ReduceOp::Sum)
+                        .unwrap(),
+                )
+            });
+            let means = on_ranks(k, |c| {
+                host(
+                    c.all_reduce(tensor(values(c.rank(), n)), ReduceOp::Mean)
+                        .unwrap(),
+                )
+            });
+            let mut reference = values(0, n);
+            for r in 1..k {
+                for (a, b) in reference.iter_mut().zip(values(r, n)) {
+                    *a += b;
+                }
+            }
+            let reference_mean: Vec<f32> = reference.iter().map(|x| x / k as f32).collect();
+            for r in 0..k {
+                assert_eq!(sums[r], reference, "sum of {n} on rank {r} of {k}");
+                assert_eq!(means[r], reference_mean, "mean of {n} on rank {r} of {k}");
             }
         }
-        let reference_mean: Vec<f32> = reference.iter().map(|x| x / k as f32).collect();
-        for r in 0..k {
-            assert_eq!(sums[r], reference, "sum on rank {r} of {k}");
-            assert_eq!(means[r], reference_mean, "mean on rank {r} of {k}");
-        }
+    }
+}
+
+#[test]
+fn all_reduce_leaves_a_tensor_the_caller_kept_unchanged() {
+    // The host path sums into a rank's own buffer: one the caller still holds must be
+    // copied first, not overwritten.
+    let n = 100_003;
+    let kept = on_ranks(3, |c| {
+        let mine = tensor(values(c.rank(), n));
+        let keep = mine.clone();
+        c.all_reduce(mine, ReduceOp::Sum).unwrap();
+        host(keep)
+    });
+    for (r, k) in kept.into_iter().enumerate() {
+        assert_eq!(k, values(r, n), "rank {r}'s kept tensor");
     }
 }
 

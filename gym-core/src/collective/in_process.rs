@@ -1,11 +1,12 @@
 //! The in-process collective: nodes are threads of one process that meet at rendezvous points.
 
+use super::host_reduce::{self, HostReduction};
 use super::{
     Collective, CollectiveOp, CommStats, Group, Pending, QuorumRule, ReduceOp, TransferTiming, cost,
 };
 use crate::error::CollectiveError;
 use crate::network::Network;
-use burn::tensor::Tensor;
+use burn::tensor::{Device, Tensor, TensorData};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -121,12 +122,17 @@ impl NodeClock {
 /// What one rank deposits at a rendezvous.
 enum Payload {
     Tensor(Box<Tensor<1>>),
+    /// A host tensor's buffer, handed over for an all-reduce shared out over the members
+    /// ([`host_reduce`]).
+    Host(TensorData, Device),
     Bytes(Vec<u8>),
     Rule(QuorumRule),
 }
 
 enum Outcome {
     One(Box<Tensor<1>>),
+    /// An all-reduce every member helps to finish ([`HostReduction::join`]).
+    Reducing(Arc<HostReduction>),
     All(Vec<Tensor<1>>),
     AllBytes(Vec<Vec<u8>>),
     Bytes(Vec<u8>),
@@ -471,6 +477,10 @@ impl InProcessCollective {
                 let numel = t.shape().num_elements();
                 (numel, (numel * t.dtype().size()) as u64)
             }
+            Some(Payload::Host(data, _)) => {
+                let numel = data.num_elements();
+                (numel, (numel * data.dtype().size()) as u64)
+            }
             // Only the root's length counts; the others' buffers are ignored.
             Some(Payload::Bytes(_)) if matches!(op, CollectiveOp::BroadcastBytes { .. }) => (0, 0),
             Some(Payload::Bytes(b)) => (b.len(), b.len() as u64),
@@ -637,8 +647,17 @@ fn combine(op: CollectiveOp, group: &Group, inputs: Vec<Option<Payload>>) -> Out
         });
         return Outcome::AllBytes(bytes.collect());
     }
-    let mut inputs = inputs.map(|p| match p {
+    let mut inputs: Vec<Payload> = inputs.collect();
+    if let CollectiveOp::AllReduce(reduce) = op {
+        match host_reduction(inputs, reduce) {
+            Ok(job) => return job,
+            Err(back) => inputs = back,
+        }
+    }
+    let mut inputs = inputs.into_iter().map(|p| match p {
         Payload::Tensor(t) => *t,
+        // A host buffer among tensors (members on different devices): back to a tensor.
+        Payload::Host(data, device) => Tensor::from_data(data, &device),
         _ => unreachable!("the op check keeps payload kinds apart"),
     });
     match op {
@@ -664,6 +683,50 @@ fn combine(op: CollectiveOp, group: &Group, inputs: Vec<Option<Payload>>) -> Out
     }
 }
 
+/// The all-reduce of every member's host buffer, if every member handed one over (it is
+/// finished by the members themselves, each in [`HostReduction::join`]); else the inputs
+/// back.
+fn host_reduction(inputs: Vec<Payload>, op: ReduceOp) -> Result<Outcome, Vec<Payload>> {
+    if !inputs.iter().all(|p| matches!(p, Payload::Host(..))) {
+        return Err(inputs);
+    }
+    let mut device = None;
+    let buffers = inputs
+        .into_iter()
+        .map(|p| match p {
+            Payload::Host(data, d) => {
+                device.get_or_insert(d);
+                data
+            }
+            _ => unreachable!("checked above"),
+        })
+        .collect();
+    let device = device.expect("a non-empty group");
+    Ok(Outcome::Reducing(Arc::new(HostReduction::new(
+        buffers, op, device,
+    ))))
+}
+
+/// What a rank hands over for an all-reduce: its buffer, if the shared-out host path
+/// takes the tensor ([`host_reduce::takes`]), else the tensor.
+fn all_reduce_payload(tensor: Tensor<1>) -> Payload {
+    if host_reduce::takes(&tensor) {
+        let device = tensor.device().inner();
+        Payload::Host(tensor.inner().into_data(), device)
+    } else {
+        Payload::Tensor(Box::new(tensor))
+    }
+}
+
+/// An all-reduce's result on `device`.
+fn all_reduce_result(outcome: &Outcome, device: &Device) -> Tensor<1> {
+    match outcome {
+        Outcome::One(t) => (**t).clone().to_device(device),
+        Outcome::Reducing(job) => job.join().to_device(device),
+        _ => unreachable!("all-reduce yields one tensor"),
+    }
+}
+
 impl Collective for InProcessCollective {
     fn rank(&self) -> usize {
         self.rank
@@ -679,18 +742,13 @@ impl Collective for InProcessCollective {
         tensor: Tensor<1>,
         op: ReduceOp,
     ) -> Result<Tensor<1>, CollectiveError> {
-        let device = tensor.device();
-        match &self
-            .call(
-                group,
-                CollectiveOp::AllReduce(op),
-                Some(Payload::Tensor(Box::new(tensor))),
-            )?
-            .outcome
-        {
-            Outcome::One(t) => Ok((**t).clone().to_device(&device.inner())),
-            _ => unreachable!("all-reduce yields one tensor"),
-        }
+        let device = tensor.device().inner();
+        let done = self.call(
+            group,
+            CollectiveOp::AllReduce(op),
+            Some(all_reduce_payload(tensor)),
+        )?;
+        Ok(all_reduce_result(&done.outcome, &device))
     }
 
     fn broadcast_in(
@@ -811,11 +869,8 @@ impl Collective for InProcessCollective {
         self.start(
             group,
             CollectiveOp::AllReduce(op),
-            Payload::Tensor(Box::new(tensor)),
-            |outcome| match outcome {
-                Outcome::One(t) => (**t).clone().to_device(&device),
-                _ => unreachable!("all-reduce yields one tensor"),
-            },
+            all_reduce_payload(tensor),
+            |outcome| all_reduce_result(outcome, &device),
         )
     }
 

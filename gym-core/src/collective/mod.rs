@@ -45,6 +45,7 @@
 //! [`MembershipView`]: [`Collective::world`] is the nodes present that it can reach, every
 //! group is cut down to them, and a mean divides by the members present.
 
+mod host_reduce;
 mod in_process;
 mod membership;
 mod quorum;
