@@ -475,6 +475,12 @@ def parse_args(argv):
     p.add_argument("--n-head", type=int, default=2)
     p.add_argument("--n-embd", type=int, default=64)
     p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--threads", type=int,
+                   help="torch threads per node process, through OMP_NUM_THREADS (default: "
+                        "$OMP_NUM_THREADS if set, else 1, as this project's nodes use one "
+                        "kernel thread each; 0: torch's default, one per core in each of the "
+                        "K processes, the original's own behaviour, which oversubscribes the "
+                        "cores K-fold)")
     p.add_argument("--auto-minibatch", action="store_true",
                    help="let the original probe for a minibatch size (a spawned probe run "
                         "before training) instead of minibatch = batch")
@@ -501,6 +507,15 @@ def main(argv=None):
     timing_dir = tempfile.mkdtemp(prefix="exogym-harness-")
     os.environ[ENV_TIMING_DIR] = timing_dir
     loadavg = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    if a.threads is None:
+        a.threads = int(os.environ.get("OMP_NUM_THREADS") or 1)
+    if a.threads > 0:
+        # Read by torch when it starts in each spawned node process.
+        os.environ["OMP_NUM_THREADS"] = str(a.threads)
+        os.environ["MKL_NUM_THREADS"] = str(a.threads)
+    else:
+        os.environ.pop("OMP_NUM_THREADS", None)
+        os.environ.pop("MKL_NUM_THREADS", None)
 
     sampler = TreeMemorySampler().start()
     install(gym_dir)
@@ -575,8 +590,7 @@ def main(argv=None):
                                   for r in sorted(ranks)],
         "processes": sampler.max_procs,
         "torch": torch.__version__,
-        "torch_threads_per_node": int(os.environ.get("OMP_NUM_THREADS", "0")) or
-        torch.get_num_threads(),
+        "torch_threads_per_node": a.threads if a.threads > 0 else "torch default",
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
         "loadavg_1m_at_start": round(loadavg, 2) if loadavg is not None else None,
@@ -594,7 +608,9 @@ def main(argv=None):
     result = {k: v for k, v in result.items() if v is not None}
 
     line = json.dumps(result)
-    print(line)
+    sys.stderr.write("\n")  # past the end of the progress bar
+    sys.stderr.flush()
+    print(line, flush=True)
     if a.out:
         os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
         with open(a.out, "a") as f:

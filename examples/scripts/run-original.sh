@@ -27,8 +27,10 @@
 #                                  -- --logs none --num-nodes 2
 #
 # Environment: PYTHON (default python3) is the interpreter, with torch, numpy, tqdm, psutil
-# and einops installed. OMP_NUM_THREADS, if set, reaches the node processes (by default each
-# of the original's node processes uses torch's default thread count, as the original does).
+# and einops installed. Each of the original's node processes runs torch with
+# OMP_NUM_THREADS threads (default 1, as this project's nodes use one kernel thread each;
+# `-- --threads 0` gives torch's default, one per core in every process, which is what the
+# original does by itself and oversubscribes the cores: several times slower on 2 cores).
 #
 # Each run is a process of its own; the JSON line of a run is also printed. Timings are only
 # meaningful on an otherwise quiet machine: the original runs one process per node.

@@ -45,6 +45,14 @@ pub enum CollectiveError {
         /// What is wrong with it.
         why: &'static str,
     },
+    /// The transport between processes failed or cannot carry the call (MPI).
+    #[error("transport failure on rank {rank}: {reason}")]
+    Transport {
+        /// The rank that saw it.
+        rank: usize,
+        /// What went wrong.
+        reason: String,
+    },
 }
 
 /// Every error the simulator can return.

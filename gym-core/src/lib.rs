@@ -45,6 +45,8 @@ mod strategy;
 mod trainer;
 
 pub use batch::{ImageBatch, TokenBatch};
+#[cfg(feature = "mpi")]
+pub use collective::MpiCollective;
 pub use collective::{
     Collective, CommStats, Group, InProcessCollective, InProcessGroup, MembershipView, Pending,
     QuorumRule, ReduceOp, SimulatedTime, TransferTiming,

@@ -48,10 +48,14 @@
 mod host_reduce;
 mod in_process;
 mod membership;
+#[cfg(feature = "mpi")]
+mod mpi_collective;
 mod quorum;
 
 pub use in_process::{InProcessCollective, InProcessGroup, SimulatedTime};
 pub use membership::MembershipView;
+#[cfg(feature = "mpi")]
+pub use mpi_collective::MpiCollective;
 pub use quorum::QuorumRule;
 
 /// The result of a collective started without waiting for it

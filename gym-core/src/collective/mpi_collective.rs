@@ -1,0 +1,442 @@
+//! The collective over MPI: one process per node, on one host or several (Open MPI, MPICH).
+//!
+//! The same [`Collective`] trait as the in-process group, so every strategy runs on it
+//! unchanged. Results are the in-process group's, bit for bit: an all-reduce is a
+//! reduce-scatter by hand (each member receives one slice of every member's tensor and
+//! adds the slices in rank order, as the in-process group adds whole tensors) followed by
+//! an all-gather of the summed slices. MPI's own `MPI_Allreduce` is not used, since its
+//! order of additions is the library's choice.
+//!
+//! Every call first gathers a small header from each member (the operation, its size and
+//! root), so members that disagree get [`CollectiveError::Mismatch`] instead of exchanging
+//! buffers of different sizes. Byte counters follow the module's cost model ([`cost`]), as
+//! in the in-process group, not what the MPI library puts on the wire.
+//!
+//! A process that dies ends the job: `mpirun` notices and stops the others, naming it.
+//!
+//! Built with the `mpi` feature (it needs an MPI library and `libclang` to build).
+
+use super::{Collective, CollectiveOp, CommStats, Group, ReduceOp, cost};
+use crate::error::CollectiveError;
+use burn::tensor::{DType, Tensor, TensorData};
+use mpi::Threading;
+use mpi::datatype::PartitionMut;
+use mpi::environment::Universe;
+use mpi::topology::{Group as _, SimpleCommunicator};
+use mpi::traits::*;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// This process's MPI communicators. The library is initialised for serialized use: every
+/// call is made under the lock that holds them.
+struct Communicators {
+    world: SimpleCommunicator,
+    /// Sub-groups (islands), created by their members on first use.
+    groups: HashMap<Vec<usize>, SimpleCommunicator>,
+}
+
+// SAFETY: MPI runs at `Threading::Serialized` (checked at start-up): calls may come from
+// any thread as long as no two run at once, which the `Mutex` around this ensures.
+unsafe impl Send for Communicators {}
+
+struct Shared {
+    comms: Mutex<Communicators>,
+    rank: usize,
+    size: usize,
+    /// `[training, observer]` counters.
+    stats: Mutex<[CommStats; 2]>,
+    /// Declared last, so dropped last: finalises MPI after the communicators are freed.
+    _universe: Universe,
+}
+
+/// This process's node in an MPI job; implements [`Collective`]. Create it once per
+/// process with [`init`](Self::init), under `mpirun`.
+#[derive(Clone)]
+pub struct MpiCollective {
+    shared: Arc<Shared>,
+    observer: bool,
+}
+
+impl std::fmt::Debug for MpiCollective {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MpiCollective")
+            .field("rank", &self.shared.rank)
+            .field("size", &self.shared.size)
+            .field("observer", &self.observer)
+            .finish()
+    }
+}
+
+impl MpiCollective {
+    /// Initialises MPI (once per process) and returns this process's node: rank and world
+    /// size are the MPI job's.
+    pub fn init() -> Result<Self, CollectiveError> {
+        let (universe, threading) = mpi::initialize_with_threading(Threading::Serialized)
+            .ok_or_else(|| transport(0, "MPI was initialised already in this process"))?;
+        if !matches!(threading, Threading::Serialized | Threading::Multiple) {
+            return Err(transport(
+                0,
+                format!("the MPI library offers {threading:?} threading, not Serialized"),
+            ));
+        }
+        let world = universe.world();
+        let rank = world.rank() as usize;
+        let size = world.size() as usize;
+        Ok(MpiCollective {
+            shared: Arc::new(Shared {
+                comms: Mutex::new(Communicators {
+                    world,
+                    groups: HashMap::new(),
+                }),
+                rank,
+                size,
+                stats: Mutex::new([CommStats::default(); 2]),
+                _universe: universe,
+            }),
+            observer: false,
+        })
+    }
+
+    /// A handle for the same node whose traffic is counted apart from the training metric
+    /// (see [`InProcessCollective::observer`](super::InProcessCollective::observer)).
+    pub fn observer(&self) -> Self {
+        MpiCollective {
+            observer: true,
+            ..self.clone()
+        }
+    }
+
+    /// This node's training counters so far.
+    pub fn stats(&self) -> CommStats {
+        lock(&self.shared.stats)[0]
+    }
+
+    /// This node's observer counters so far.
+    pub fn observer_stats(&self) -> CommStats {
+        lock(&self.shared.stats)[1]
+    }
+
+    /// Checks `group`, agrees on the call with the other members, runs `body` on the
+    /// group's communicator, and counts the call. `body` returns its result and the byte
+    /// size of one member's payload (for a byte broadcast, known only once received).
+    fn call<T>(
+        &self,
+        group: &Group,
+        op: CollectiveOp,
+        numel: usize,
+        body: impl FnOnce(&SimpleCommunicator) -> (T, u64),
+    ) -> Result<T, CollectiveError> {
+        let rank = self.shared.rank;
+        group.validate(rank, self.shared.size)?;
+        if let CollectiveOp::Broadcast { root } | CollectiveOp::BroadcastBytes { root } = op
+            && !group.contains(root)
+        {
+            return Err(CollectiveError::InvalidGroup {
+                members: group.members().to_vec(),
+                rank,
+                world_size: self.shared.size,
+                why: "the broadcast root is not a member",
+            });
+        }
+        let mut comms = lock(&self.shared.comms);
+        let comm = communicator(&mut comms, group, self.shared.size)?;
+        agree(comm, group, op, numel)?;
+        let (out, payload_bytes) = body(comm);
+        drop(comms);
+        let (sent, received) = cost(op, group, rank, payload_bytes);
+        let mut stats = lock(&self.shared.stats);
+        let s = &mut stats[usize::from(self.observer)];
+        s.bytes_sent += sent;
+        s.bytes_received += received;
+        match op {
+            CollectiveOp::AllReduce(_) => s.all_reduce_calls += 1,
+            CollectiveOp::Broadcast { .. } | CollectiveOp::BroadcastBytes { .. } => {
+                s.broadcast_calls += 1
+            }
+            CollectiveOp::AllGather | CollectiveOp::AllGatherBytes => s.all_gather_calls += 1,
+            CollectiveOp::Barrier => s.barrier_calls += 1,
+            CollectiveOp::Quorum => {}
+        }
+        Ok(out)
+    }
+}
+
+/// The communicator of `group`: the world's, or one created with the group's members (in
+/// rank order, so communicator rank `i` is `group.members()[i]`).
+fn communicator<'a>(
+    comms: &'a mut Communicators,
+    group: &Group,
+    world_size: usize,
+) -> Result<&'a SimpleCommunicator, CollectiveError> {
+    if group.size() == world_size {
+        return Ok(&comms.world);
+    }
+    let key = group.members().to_vec();
+    if !comms.groups.contains_key(&key) {
+        let ranks: Vec<i32> = key.iter().map(|&r| r as i32).collect();
+        let sub = comms.world.group().include(&ranks);
+        // MPI_Comm_create_group: only the members take part, as only they call.
+        let created = comms.world.split_by_subgroup(&sub).ok_or_else(|| {
+            transport(
+                comms.world.rank() as usize,
+                format!("no communicator for group {key:?}"),
+            )
+        })?;
+        comms.groups.insert(key.clone(), created);
+    }
+    Ok(&comms.groups[&key])
+}
+
+/// Every member's `(operation, size, root)`, gathered: members that disagree all return
+/// the same error rather than exchanging mismatched buffers.
+fn agree(
+    comm: &SimpleCommunicator,
+    group: &Group,
+    op: CollectiveOp,
+    numel: usize,
+) -> Result<(), CollectiveError> {
+    let (code, root) = match op {
+        CollectiveOp::AllReduce(ReduceOp::Sum) => (1, 0),
+        CollectiveOp::AllReduce(ReduceOp::Mean) => (2, 0),
+        CollectiveOp::Broadcast { root } => (3, root),
+        CollectiveOp::AllGather => (4, 0),
+        CollectiveOp::AllGatherBytes => (5, 0),
+        CollectiveOp::Barrier => (6, 0),
+        CollectiveOp::BroadcastBytes { root } => (7, root),
+        CollectiveOp::Quorum => (8, 0),
+    };
+    let mine = [code as u64, numel as u64, root as u64];
+    let mut all = vec![0u64; 3 * group.size()];
+    comm.all_gather_into(&mine[..], &mut all[..]);
+    let first = &all[..3];
+    if let Some(pos) = (1..group.size()).find(|&p| &all[3 * p..3 * p + 3] != first) {
+        let describe =
+            |h: &[u64]| format!("operation {} of {} elements (root {})", h[0], h[1], h[2]);
+        return Err(CollectiveError::Mismatch {
+            rank: group.members()[pos],
+            expected: describe(first),
+            got: describe(&all[3 * pos..3 * pos + 3]),
+        });
+    }
+    Ok(())
+}
+
+/// Element ranges of the slices a reduce-scatter hands out: `k` contiguous parts of `n`,
+/// the first `n % k` one longer.
+fn slices(n: usize, k: usize) -> Vec<(usize, usize)> {
+    let (base, extra) = (n / k, n % k);
+    let mut start = 0;
+    (0..k)
+        .map(|i| {
+            let len = base + usize::from(i < extra);
+            let range = (start, len);
+            start += len;
+            range
+        })
+        .collect()
+}
+
+/// The all-reduce of `mine` over `comm`, each element added in member order and then, for
+/// a mean, divided by the member count: the in-process group's arithmetic.
+fn all_reduce_f32(comm: &SimpleCommunicator, mine: &[f32], op: ReduceOp) -> Vec<f32> {
+    let k = comm.size() as usize;
+    let me = comm.rank() as usize;
+    let parts = slices(mine.len(), k);
+    let counts: Vec<i32> = parts.iter().map(|&(_, len)| len as i32).collect();
+    let displs: Vec<i32> = parts.iter().map(|&(start, _)| start as i32).collect();
+    // Reduce-scatter: member j receives slice j of every member's tensor, in member order.
+    let own = parts[me].1;
+    let mut received = vec![0f32; own * k];
+    let recv_counts = vec![own as i32; k];
+    let recv_displs: Vec<i32> = (0..k).map(|j| (j * own) as i32).collect();
+    {
+        let send = mpi::datatype::Partition::new(mine, &counts[..], &displs[..]);
+        let mut recv = PartitionMut::new(&mut received[..], &recv_counts[..], &recv_displs[..]);
+        comm.all_to_all_varcount_into(&send, &mut recv);
+    }
+    let mut sum: Vec<f32> = received[..own].to_vec();
+    for j in 1..k {
+        for (s, &x) in sum.iter_mut().zip(&received[j * own..(j + 1) * own]) {
+            *s += x;
+        }
+    }
+    if op == ReduceOp::Mean {
+        let divisor = k as f32;
+        for s in &mut sum {
+            *s /= divisor;
+        }
+    }
+    // All-gather of the summed slices.
+    let mut out = vec![0f32; mine.len()];
+    {
+        let mut recv = PartitionMut::new(&mut out[..], &counts[..], &displs[..]);
+        comm.all_gather_varcount_into(&sum[..], &mut recv);
+    }
+    out
+}
+
+/// A tensor's values on the host, if it is `f32` (what this collective carries).
+fn host_f32(rank: usize, tensor: Tensor<1>) -> Result<Vec<f32>, CollectiveError> {
+    let data = tensor.inner().into_data();
+    if data.dtype() != DType::F32 {
+        return Err(transport(
+            rank,
+            format!(
+                "the MPI collective carries f32 tensors, not {:?}",
+                data.dtype()
+            ),
+        ));
+    }
+    data.try_into_vec::<f32>()
+        .map_err(|e| transport(rank, format!("reading a tensor: {e:?}")))
+}
+
+fn tensor_on(values: Vec<f32>, device: &burn::tensor::Device) -> Tensor<1> {
+    let n = values.len();
+    Tensor::from_data(TensorData::new(values, [n]), device)
+}
+
+impl Collective for MpiCollective {
+    fn rank(&self) -> usize {
+        self.shared.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.shared.size
+    }
+
+    fn all_reduce_in(
+        &self,
+        group: &Group,
+        tensor: Tensor<1>,
+        op: ReduceOp,
+    ) -> Result<Tensor<1>, CollectiveError> {
+        let device = tensor.device().inner();
+        let mine = host_f32(self.shared.rank, tensor)?;
+        let n = mine.len();
+        let out = self.call(group, CollectiveOp::AllReduce(op), n, |comm| {
+            (all_reduce_f32(comm, &mine, op), 4 * n as u64)
+        })?;
+        Ok(tensor_on(out, &device))
+    }
+
+    fn broadcast_in(
+        &self,
+        group: &Group,
+        tensor: Tensor<1>,
+        root: usize,
+    ) -> Result<Tensor<1>, CollectiveError> {
+        let device = tensor.device().inner();
+        let mut values = host_f32(self.shared.rank, tensor)?;
+        let n = values.len();
+        let op = CollectiveOp::Broadcast { root };
+        self.call(group, op, n, |comm| {
+            comm.process_at_rank(root_position(group, root))
+                .broadcast_into(&mut values[..]);
+            ((), 4 * n as u64)
+        })?;
+        Ok(tensor_on(values, &device))
+    }
+
+    fn all_gather_in(
+        &self,
+        group: &Group,
+        tensor: Tensor<1>,
+    ) -> Result<Vec<Tensor<1>>, CollectiveError> {
+        let device = tensor.device().inner();
+        let mine = host_f32(self.shared.rank, tensor)?;
+        let n = mine.len();
+        let all = self.call(group, CollectiveOp::AllGather, n, |comm| {
+            let mut all = vec![0f32; n * group.size()];
+            comm.all_gather_into(&mine[..], &mut all[..]);
+            (all, 4 * n as u64)
+        })?;
+        Ok(all
+            .chunks(n.max(1))
+            .take(group.size())
+            .map(|c| tensor_on(c.to_vec(), &device))
+            .collect())
+    }
+
+    fn all_gather_bytes_in(
+        &self,
+        group: &Group,
+        bytes: Vec<u8>,
+    ) -> Result<Vec<Vec<u8>>, CollectiveError> {
+        let n = bytes.len();
+        let all = self.call(group, CollectiveOp::AllGatherBytes, n, |comm| {
+            let mut all = vec![0u8; n * group.size()];
+            comm.all_gather_into(&bytes[..], &mut all[..]);
+            (all, n as u64)
+        })?;
+        Ok((0..group.size())
+            .map(|p| all[p * n..(p + 1) * n].to_vec())
+            .collect())
+    }
+
+    fn barrier_in(&self, group: &Group) -> Result<(), CollectiveError> {
+        // The header exchange is itself a barrier.
+        self.call(group, CollectiveOp::Barrier, 0, |_| ((), 0))
+    }
+
+    fn broadcast_bytes_in(
+        &self,
+        group: &Group,
+        bytes: Vec<u8>,
+        root: usize,
+    ) -> Result<Vec<u8>, CollectiveError> {
+        let is_root = self.shared.rank == root;
+        // Only the root's length counts (the others pass anything): it is sent first.
+        self.call(group, CollectiveOp::BroadcastBytes { root }, 0, |comm| {
+            let root_process = comm.process_at_rank(root_position(group, root));
+            let mut length = bytes.len() as u64;
+            root_process.broadcast_into(&mut length);
+            let mut buffer = if is_root {
+                bytes
+            } else {
+                vec![0u8; length as usize]
+            };
+            root_process.broadcast_into(&mut buffer[..]);
+            (buffer, length)
+        })
+    }
+}
+
+/// The communicator rank of `root`, a member of `group` (checked by the caller).
+fn root_position(group: &Group, root: usize) -> i32 {
+    group
+        .members()
+        .iter()
+        .position(|&m| m == root)
+        .expect("checked: the root is a member") as i32
+}
+
+fn transport(rank: usize, reason: impl Into<String>) -> CollectiveError {
+    CollectiveError::Transport {
+        rank,
+        reason: reason.into(),
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poison| poison.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::slices;
+
+    #[test]
+    fn slices_cover_the_tensor_in_order() {
+        for (n, k) in [(10, 3), (2, 4), (0, 2), (1_000_003, 16)] {
+            let parts = slices(n, k);
+            assert_eq!(parts.len(), k);
+            let mut next = 0;
+            for (start, len) in parts {
+                assert_eq!(start, next);
+                next += len;
+            }
+            assert_eq!(next, n);
+        }
+    }
+}

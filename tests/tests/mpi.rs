@@ -1,0 +1,223 @@
+//! The MPI collective against the in-process group: the same calls give the same bits and
+//! the same byte counts; a killed process ends the job with an error naming it.
+//!
+//! `cargo test --release -p tests --features mpi -- mpi`. Each test launches this test
+//! binary under `mpirun` with the `#[ignore]`d worker below selected, so Open MPI's `mpirun`
+//! must be on the `PATH`.
+#![cfg(feature = "mpi")]
+
+use burn::tensor::{Device, Tensor, TensorData};
+use gym_core::{Collective, CollectiveError, Group, InProcessGroup, MpiCollective, ReduceOp};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+const RANKS: usize = 4;
+/// Where a worker writes its results (set by the launching test).
+const OUT_ENV: &str = "GYM_MPI_TEST_OUT";
+/// What a worker does: `calls` or `crash`.
+const MODE_ENV: &str = "GYM_MPI_TEST_MODE";
+
+/// Values of rank `r`: mixed magnitudes, so that the order of additions shows in the bits.
+fn values(rank: usize, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| {
+            let x = ((rank * 7919 + i * 104_729) % 1000) as f32 / 997.0;
+            (x - 0.5) * 10f32.powi(((rank + i) % 7) as i32 - 3)
+        })
+        .collect()
+}
+
+fn tensor(v: Vec<f32>) -> Tensor<1> {
+    let n = v.len();
+    Tensor::from_data(TensorData::new(v, [n]), &Device::default())
+}
+
+fn host(t: Tensor<1>) -> Vec<f32> {
+    t.into_data().try_to_vec::<f32>().unwrap()
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// The calls both collectives make, from rank `c.rank()`: every result as bit patterns,
+/// then the byte counters.
+fn calls(c: &dyn Collective) -> Result<Vec<Vec<u32>>, CollectiveError> {
+    let r = c.rank();
+    let mut out = Vec::new();
+    for n in [257, 100_003] {
+        out.push(bits(&host(
+            c.all_reduce(tensor(values(r, n)), ReduceOp::Sum)?,
+        )));
+        out.push(bits(&host(
+            c.all_reduce(tensor(values(r, n)), ReduceOp::Mean)?,
+        )));
+    }
+    out.push(bits(&host(c.broadcast(tensor(values(r, 33)), 2)?)));
+    for t in c.all_gather(tensor(values(r, 10)))? {
+        out.push(bits(&host(t)));
+    }
+    let mine: Vec<u8> = (0..7).map(|i| (10 * r + i) as u8).collect();
+    for b in c.all_gather_bytes(mine)? {
+        out.push(b.into_iter().map(u32::from).collect());
+    }
+    // Only the root's buffer counts; the others pass buffers of other lengths.
+    let state: Vec<u8> = (0..1000 + r).map(|i| (i * (r + 1)) as u8).collect();
+    let got = c.broadcast_bytes_in(&c.world(), state, 1)?;
+    out.push(got.into_iter().map(u32::from).collect());
+    // Two islands reduce at once, each over its own communicator.
+    let island = if r.is_multiple_of(2) {
+        Group::new([0, 2])
+    } else {
+        Group::new([1, 3])
+    };
+    out.push(bits(&host(c.all_reduce_in(
+        &island,
+        tensor(values(r, 50_000)),
+        ReduceOp::Mean,
+    )?)));
+    c.barrier()?;
+    Ok(out)
+}
+
+/// The worker: run by `mpirun`, one process per rank.
+#[test]
+#[ignore = "run under mpirun by the tests below"]
+fn mpi_worker() {
+    let Some(out) = std::env::var_os(OUT_ENV).map(PathBuf::from) else {
+        return;
+    };
+    let comm = MpiCollective::init().expect("MPI starts");
+    let rank = comm.rank();
+    match std::env::var(MODE_ENV).as_deref() {
+        Ok("crash") => {
+            if rank == 2 {
+                std::thread::sleep(Duration::from_millis(300));
+                // SIGKILL: no unwinding, no MPI_Abort; the process is simply gone.
+                let _ = Command::new("kill")
+                    .args(["-9", &std::process::id().to_string()])
+                    .status();
+                std::thread::sleep(Duration::from_secs(60));
+            }
+            // The others wait for it in a collective; they must not hang.
+            let _ = comm.all_reduce(tensor(values(rank, 1000)), ReduceOp::Sum);
+            std::thread::sleep(Duration::from_secs(120));
+        }
+        _ => {
+            let results = calls(&comm).expect("the calls succeed");
+            let mismatch = comm
+                .all_reduce(
+                    tensor(values(rank, 10 + usize::from(rank == 3))),
+                    ReduceOp::Sum,
+                )
+                .err()
+                .map(|e| e.to_string());
+            let stats = comm.stats();
+            let json = serde_json::json!({
+                "results": results,
+                "mismatch": mismatch,
+                "bytes_sent": stats.bytes_sent,
+                "bytes_received": stats.bytes_received,
+                "all_reduce_calls": stats.all_reduce_calls,
+            });
+            std::fs::write(out.join(format!("rank{rank}.json")), json.to_string()).unwrap();
+        }
+    }
+}
+
+/// Runs the worker on `RANKS` processes under `mpirun`, with `mode`, writing into `out`.
+fn mpirun(mode: &str, out: &Path) -> Output {
+    let exe = std::env::current_exe().expect("the test binary");
+    Command::new("mpirun")
+        .args(["--allow-run-as-root", "--oversubscribe", "-np"])
+        .arg(RANKS.to_string())
+        .args(["-x", OUT_ENV, "-x", MODE_ENV])
+        .arg(exe)
+        .args([
+            "--exact",
+            "mpi_worker",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(OUT_ENV, out)
+        .env(MODE_ENV, mode)
+        .output()
+        .expect("mpirun runs (install Open MPI: apt-get install openmpi-bin libopenmpi-dev)")
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("gym-mpi-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn mpi_collective_gives_the_in_process_groups_bits_and_byte_counts() {
+    let out = scratch("calls");
+    let run = mpirun("calls", &out);
+    assert!(
+        run.status.success(),
+        "mpirun failed: {}\n{}",
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let group = InProcessGroup::new(RANKS);
+    let reference = group
+        .run(|c| {
+            let results = calls(&c).unwrap();
+            (results, c.stats())
+        })
+        .unwrap();
+    for (rank, expected) in reference.into_iter().enumerate() {
+        let (results, stats) = expected.unwrap();
+        let text = std::fs::read_to_string(out.join(format!("rank{rank}.json"))).unwrap();
+        let got: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let got_results: Vec<Vec<u32>> = serde_json::from_value(got["results"].clone()).unwrap();
+        assert_eq!(
+            got_results.len(),
+            results.len(),
+            "rank {rank}: result count"
+        );
+        for (i, (g, e)) in got_results.iter().zip(&results).enumerate() {
+            assert!(
+                g == e,
+                "rank {rank}: result {i} differs from the in-process group's"
+            );
+        }
+        assert_eq!(
+            got["bytes_sent"], stats.bytes_sent,
+            "rank {rank}: bytes sent"
+        );
+        assert_eq!(got["bytes_received"], stats.bytes_received, "rank {rank}");
+        assert_eq!(
+            got["all_reduce_calls"], stats.all_reduce_calls,
+            "rank {rank}"
+        );
+        // Rank 3 called with another size: every rank gets the mismatch, naming it.
+        let mismatch = got["mismatch"].as_str().unwrap_or_default();
+        assert!(
+            mismatch.contains("rank 3"),
+            "rank {rank}: expected a mismatch naming rank 3, got {mismatch:?}"
+        );
+    }
+    std::fs::remove_dir_all(&out).ok();
+}
+
+#[test]
+fn mpi_a_killed_process_ends_the_job_with_an_error_naming_it() {
+    let out = scratch("crash");
+    let start = Instant::now();
+    let run = mpirun("crash", &out);
+    let took = start.elapsed();
+    let stderr =
+        String::from_utf8_lossy(&run.stderr).to_string() + &String::from_utf8_lossy(&run.stdout);
+    assert!(!run.status.success(), "the job must fail: {stderr}");
+    assert!(took < Duration::from_secs(30), "took {took:?}: {stderr}");
+    assert!(
+        stderr.contains("rank 2"),
+        "mpirun's report names the killed rank: {stderr}"
+    );
+    std::fs::remove_dir_all(&out).ok();
+}
