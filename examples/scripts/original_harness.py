@@ -11,13 +11,21 @@ The original is used as a library, unmodified, from its source tree (--gym-dir):
 logging run as they are. The harness only
 
 * builds the data sets from the local files (no download): MNIST from the four IDX .gz
-  files, tiny-shakespeare from input.txt, tokenised with the original's character vocabulary;
+  files, normalised as the original's example does (mean 0.1307, std 0.3081) but without
+  its RandomAffine augmentation and torchvision's PIL round trip (this project trains
+  without augmentation); tiny-shakespeare from input.txt (the first 90% to train on, the
+  rest to validate), tokenised with the original's character vocabulary;
 * builds the models: the 784-256-10 MLP of this project (the original has no MLP; it is
   wrapped in the original's `ModelWrapper`), the original's MNIST `CNN` and `ModelWrapper`
   (their class definitions read from example/mnist.py, whose torchvision and matplotlib
   imports are not needed), and the original's nanoGPT (example/nanogpt/nanogpt.py);
 * times the run from hooks on rank 0's `TrainNode._evaluate`, which the original calls
   before step 0 and once after the last step: loop it/s = steps / (time between the two);
+* runs each node process with --threads torch threads (default 1, through
+  OMP_NUM_THREADS; the original leaves torch's default, one per core in each of the K
+  processes, which oversubscribes the cores);
+* passes minibatch_size = batch_size, so the original skips its minibatch-size probe (a
+  spawned trial run before training; --auto-minibatch keeps it);
 * samples the RSS of the whole process tree (the parent, the node processes, the
   multiprocessing manager), summed, as the original's own `_PeakMemSampler` does;
 * evaluates the model `Trainer.fit` returns (the average of the nodes' final replicas) on
@@ -37,6 +45,7 @@ import gzip
 import json
 import os
 import platform
+import shutil
 import socket
 import struct
 import subprocess
@@ -196,9 +205,10 @@ def _read_idx(path):
 
 
 class MnistDataset(torch.utils.data.Dataset):
-    """MNIST from the IDX files, items as the original's example serves them:
-    (1×28×28 float tensor normalised with mean 0.1307, std 0.3081, label). Pixels are held
-    as one uint8 tensor, which the original's spawn shares with the node processes."""
+    """MNIST from the IDX files, items shaped as the original's example serves them:
+    (1×28×28 float tensor normalised with mean 0.1307, std 0.3081, label), without its
+    augmentation. Pixels are held as one uint8 tensor, which torch.multiprocessing shares
+    with the node processes instead of copying it."""
 
     def __init__(self, data_dir, split):
         import numpy as np
@@ -446,35 +456,38 @@ def build_task(a):
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--gym-dir", default=os.environ.get("ORIGINAL_GYM_DIR", "../original-gym"),
-                   help="the original's source tree (git clone https://github.com/exo-explore/gym)")
+                   help="the original's source tree (git clone https://github.com/exo-explore/gym); "
+                        "default $ORIGINAL_GYM_DIR, else ../original-gym")
     p.add_argument("--data-dir", default=os.environ.get("GYM_DATA_DIR", "../shared/data"),
-                   help="folder holding mnist/ and shakespeare/ (or the files themselves)")
+                   help="folder holding mnist/ and shakespeare/ (or the files themselves); default "
+                        "$GYM_DATA_DIR, else ../shared/data")
     p.add_argument("--task", choices=["mnist", "cnn", "nanogpt"], default="mnist",
-                   help="mnist: the MLP set-up; cnn: the original's MNIST CNN; nanogpt")
+                   help="mnist: the MLP set-up (default); cnn: the original's MNIST CNN; nanogpt")
     p.add_argument("--strategy", default="allreduce", choices=STRATEGIES)
     p.add_argument("--steps", type=int, help="steps (default: mnist 200, cnn 10, nanogpt 100)")
-    p.add_argument("--num-nodes", type=int, default=4)
-    p.add_argument("--batch-size", type=int, help="examples per node per step")
-    p.add_argument("--lr", type=float)
+    p.add_argument("--num-nodes", type=int, default=4, help="default 4")
+    p.add_argument("--batch-size", type=int,
+                   help="examples per node per step (default: mnist, cnn 64; nanogpt 16)")
+    p.add_argument("--lr", type=float, help="default: mnist, cnn 3e-4; nanogpt 1e-3")
     p.add_argument("--demo-lr", type=float, help="DeMo's lr (default: mnist/cnn 1e-3, else --lr)")
-    p.add_argument("-H", "--sync-interval", dest="H", type=int, default=20)
-    p.add_argument("--p-sparta", type=float, default=0.005)
-    p.add_argument("--warmup-steps", type=int)
-    p.add_argument("--cosine", action="store_true")
-    p.add_argument("--max-norm", type=float)
-    p.add_argument("--val-size", type=int, help="examples per intermediate evaluation (0: none)")
-    p.add_argument("--val-interval", type=int)
+    p.add_argument("-H", "--sync-interval", dest="H", type=int, default=20, help="default 20")
+    p.add_argument("--p-sparta", type=float, default=0.005, help="default 0.005")
+    p.add_argument("--warmup-steps", type=int, help="default: nanogpt 10, else 0")
+    p.add_argument("--cosine", action="store_true", help="cosine decay after the warmup")
+    p.add_argument("--max-norm", type=float, help="gradient clipping (default: nanogpt 1.0)")
+    p.add_argument("--val-size", type=int, help="examples per intermediate evaluation "
+                   "(0: none; default: mnist 512, cnn 0, nanogpt 256)")
+    p.add_argument("--val-interval", type=int,
+                   help="steps between evaluations (default: nanogpt 100, else 50)")
     p.add_argument("--eval-size", type=int, default=0,
                    help="examples (windows) of the final evaluation; 0: the whole validation set")
-    p.add_argument("--block-size", type=int, default=64)
-    p.add_argument("--n-layer", type=int, default=2)
-    p.add_argument("--n-head", type=int, default=2)
-    p.add_argument("--n-embd", type=int, default=64)
-    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--block-size", type=int, default=64, help="nanogpt (default 64)")
+    p.add_argument("--n-layer", type=int, default=2, help="nanogpt (default 2)")
+    p.add_argument("--n-head", type=int, default=2, help="nanogpt (default 2)")
+    p.add_argument("--n-embd", type=int, default=64, help="nanogpt (default 64)")
+    p.add_argument("--seed", type=int, default=42, help="default 42")
     p.add_argument("--threads", type=int,
                    help="torch threads per node process, through OMP_NUM_THREADS (default: "
                         "$OMP_NUM_THREADS if set, else 1, as this project's nodes use one "
@@ -485,8 +498,8 @@ def parse_args(argv):
                    help="let the original probe for a minibatch size (a spawned probe run "
                         "before training) instead of minibatch = batch")
     p.add_argument("--logs", choices=["csv", "none"], default="csv",
-                   help="csv: the original's CSVLogger (./logs/RUN/, tqdm bar on rank 0); "
-                        "none: its no-op Logger")
+                   help="csv (default): the original's CSVLogger (./logs/RUN/, tqdm bar on "
+                        "rank 0); none: its no-op Logger")
     p.add_argument("--run-name", help="default: original-TASK-STRATEGY-TIME")
     p.add_argument("--out", help="append the JSON line to this file too")
     a = p.parse_args(argv)
@@ -506,6 +519,14 @@ def main(argv=None):
     os.environ[ENV_GYM_DIR] = gym_dir
     timing_dir = tempfile.mkdtemp(prefix="exogym-harness-")
     os.environ[ENV_TIMING_DIR] = timing_dir
+    try:
+        run(a, gym_dir, timing_dir, t_process)
+    finally:
+        shutil.rmtree(timing_dir, ignore_errors=True)
+
+
+def run(a, gym_dir, timing_dir, t_process):
+    """One run of the original; prints (and appends to --out) its JSON line."""
     loadavg = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     if a.threads is None:
         a.threads = int(os.environ.get("OMP_NUM_THREADS") or 1)
@@ -615,9 +636,6 @@ def main(argv=None):
         os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
         with open(a.out, "a") as f:
             f.write(line + "\n")
-    for r in ranks:
-        os.remove(os.path.join(timing_dir, f"rank{r}.json"))
-    os.rmdir(timing_dir)
 
 
 if __name__ == "__main__":

@@ -81,17 +81,17 @@ if [ ! -f "$gym_dir/exogym/trainer.py" ]; then
     fi
 fi
 
-if ! "$PYTHON" -c 'import torch, numpy, tqdm, psutil, einops' 2>/dev/null; then
-    echo "run-original.sh: $PYTHON lacks a module the original needs;" >&2
-    echo "  $PYTHON -m pip install torch numpy tqdm psutil einops" >&2
-    exit 1
-fi
-
 case "$task" in
     mnist|cnn|nanogpt) tasks=("$task") ;;
     all) tasks=(mnist nanogpt cnn) ;;
     *) echo "run-original.sh: --task must be mnist, cnn, nanogpt or all" >&2; exit 2 ;;
 esac
+
+if ! "$PYTHON" -c 'import torch, numpy, tqdm, psutil, einops' 2>/dev/null; then
+    echo "run-original.sh: $PYTHON lacks a module the original needs;" >&2
+    echo "  $PYTHON -m pip install torch numpy tqdm psutil einops" >&2
+    exit 1
+fi
 
 mkdir -p "$(dirname "$out")"
 failed=()

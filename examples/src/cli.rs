@@ -264,6 +264,12 @@ pub struct CommonArgs {
     /// Threads each node's tensor kernels may use (0: share all node threads).
     #[arg(long, default_value_t = 1)]
     pub kernel_threads_per_node: usize,
+    /// Devices to spread the nodes over, comma-separated: rank r runs on entry r mod the
+    /// count (the original's rule). Entries: default, flex, ndarray, cuda:N, wgpu:N,
+    /// vulkan:N, metal:N, tch, tch-cuda:N (each needs its backend's feature). Default: the
+    /// backend's default device for every node.
+    #[arg(long, value_name = "LIST")]
+    pub devices: Option<String>,
     /// Simulate time on this network: datacenter, cross-region, wan, internet,
     /// BANDWIDTH:LATENCY (1gbit:10ms) or UP/DOWN:LATENCY (100mbit/1gbit:40ms); several,
     /// comma-separated, give one link per node.

@@ -141,8 +141,11 @@ impl Runner {
         I: Send + 'static,
         B: Batcher<I, M::Batch>,
     {
-        let mut trainer =
-            Trainer::new(args.trainer_config()?).with_devices(vec![self.device.clone()]);
+        let devices = match &args.devices {
+            Some(list) => backend::parse_devices(list)?,
+            None => vec![self.device.clone()],
+        };
+        let mut trainer = Trainer::new(args.trainer_config()?).with_devices(devices);
         if let Some(flag) = &self.interrupt {
             trainer = trainer.with_interrupt(flag.clone());
         }
@@ -152,7 +155,7 @@ impl Runner {
             strategy: &strategy.name(),
             model: &task.model_name,
             dataset: &task.dataset,
-            backend: &self.backend,
+            backend: args.devices.as_deref().unwrap_or(&self.backend),
         };
         let summary = RunSummary::new(
             &out.report,

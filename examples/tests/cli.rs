@@ -392,3 +392,49 @@ fn elastic_cli_faults_and_quorum_reach_the_summary() {
     assert!(!bad.join("run").exists(), "a run folder was made");
     std::fs::remove_dir_all(&logs).ok();
 }
+
+/// `--devices` spreads ranks over the devices listed, round-robin: here the CPU device
+/// twice, which must train exactly as the default (the same bits), with every rank's
+/// device in `config.json`; a device this build lacks is refused before any node starts.
+#[test]
+fn devices_are_spread_round_robin_and_unknown_ones_refused() {
+    let plain = temp_dir("devices-plain");
+    let spread = temp_dir("devices-spread");
+    let a = mnist(&plain, &["--num-nodes", "3"]);
+    let b = mnist(
+        &spread,
+        &["--num-nodes", "3", "--devices", "default,default"],
+    );
+    for out in [&a, &b] {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let read = |dir: &PathBuf, file: &str| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(dir.join("run").join(file)).unwrap()).unwrap()
+    };
+    assert_eq!(
+        read(&plain, "summary.json")["final_train_loss"],
+        read(&spread, "summary.json")["final_train_loss"]
+    );
+    assert_eq!(
+        read(&spread, "config.json")["devices"]
+            .as_array()
+            .unwrap()
+            .len(),
+        3
+    );
+    assert_eq!(read(&spread, "summary.json")["backend"], "default,default");
+
+    let refused = temp_dir("devices-refused");
+    let out = mnist(&refused, &["--devices", "default,gpu7"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("\"gpu7\""), "{stderr}");
+    assert!(!refused.join("run").exists(), "a run folder was made");
+    for dir in [plain, spread, refused] {
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
