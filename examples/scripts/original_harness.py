@@ -618,12 +618,11 @@ def run(a, gym_dir, timing_dir, t_process):
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "run_name": run_name,
     })
-    if a.task in ("mnist", "cnn") and a.strategy in ("diloco", "fedavg", "sparta-diloco"):
+    if a.strategy in ("diloco", "fedavg", "sparta-diloco"):
         result["H"] = a.H
     if a.strategy in ("sparta", "sparta-diloco"):
         result["p_sparta"] = a.p_sparta
     if a.task == "nanogpt":
-        result["H"] = a.H if a.strategy in ("diloco", "fedavg", "sparta-diloco") else None
         result["tokens_per_s"] = round(
             steps / loop_s * a.num_nodes * a.batch_size * a.block_size)
     result = {k: v for k, v in result.items() if v is not None}

@@ -162,6 +162,9 @@ pub struct SuiteConfig {
     /// The `mnist` binary the memory and start-up parts run; `None` makes those parts
     /// report an error row instead of figures.
     pub mnist_bin: Option<PathBuf>,
+    /// The `bench` binary (built with the `mpi` feature) that `mpirun` starts for the
+    /// bandwidth part's MPI rows ([`mpi_worker`]); `None`: no MPI rows.
+    pub mpi_bench: Option<PathBuf>,
     /// The MNIST IDX files.
     pub mnist_dir: PathBuf,
     /// tiny-shakespeare's `input.txt`.
@@ -194,6 +197,7 @@ impl SuiteConfig {
             rss_ks: vec![1, 64, 256, 1024],
             startup_k: Some(16),
             mnist_bin,
+            mpi_bench: None,
             mnist_dir,
             gpt_dir,
             scratch_dir: std::env::temp_dir()
@@ -775,6 +779,40 @@ fn bandwidth(config: &SuiteConfig, out: &mut SuiteResult) -> Result<(), BoxError
     if let Some(h) = headline {
         out.figures.insert("allreduce_vs_memcpy_16mb".into(), h);
     }
+    if let Some(exe) = &config.mpi_bench {
+        for &k in ks.iter().filter(|&&k| k >= 2) {
+            eprintln!("bandwidth: MPI, {k} processes, {sizes:?} MiB …");
+            match mpi_seconds(exe, k, &sizes, reps) {
+                Ok(secs) => {
+                    for (&mb, s) in sizes.iter().zip(secs) {
+                        let one = memcpy[&mb];
+                        let all = memcpy.get(&(mb * k)).copied();
+                        out.figures
+                            .insert(format!("mpi_allreduce_vs_memcpy_{mb}mb_k{k}"), one / s);
+                        let all_cells = match all {
+                            Some(all) => {
+                                out.figures.insert(
+                                    format!("mpi_allreduce_vs_memcpy_all_{mb}mb_k{k}"),
+                                    all / s,
+                                );
+                                format!("{:.3} | {:.3}", all * 1e3, all / s)
+                            }
+                            None => "- | -".to_string(),
+                        };
+                        rows.push(format!(
+                            "| allreduce (MPI, {k} processes) | {mb} | {k} | {:.3} | {:.3} | {:.3} | {all_cells} |",
+                            s * 1e3,
+                            one * 1e3,
+                            one / s
+                        ));
+                    }
+                }
+                Err(e) => rows.push(format!(
+                    "| allreduce (MPI) | - | {k} | error: {e} | | | | |"
+                )),
+            }
+        }
+    }
     let note = format!(
         "Each rank of an in-process group of K holds an f32 tensor of the size given; \
          ms/call is rank 0's median over {reps} call(s) after a warm-up, each starting \
@@ -785,7 +823,9 @@ fn bandwidth(config: &SuiteConfig, out: &mut SuiteResult) -> Result<(), BoxError
          The headline `allreduce_vs_memcpy_16mb` is the smallest \"K buffers ÷ call\" of \
          the 16 MiB all-reduces over K ≥ 2{}. All-gather and broadcast hand every rank the \
          senders' buffers themselves (shared, copy-on-write: no byte is copied), so their \
-         figures measure the rendezvous only.",
+         figures measure the rendezvous only. MPI rows (a `bench` built with the `mpi` \
+         feature): K processes on this host under `mpirun`, shared memory, the same \
+         rank-ordered reduce-scatter and all-gather the MPI collective always uses.",
         if sizes.contains(&16) && ks.iter().any(|&k| k >= 2) {
             ""
         } else {
@@ -796,6 +836,84 @@ fn bandwidth(config: &SuiteConfig, out: &mut SuiteResult) -> Result<(), BoxError
         caption: caption("Collective bandwidth", config, &out.machine, &note),
         rows,
     });
+    Ok(())
+}
+
+/// Seconds (rank 0's median) of an MPI all-reduce of each size over `k` processes started
+/// by `mpirun` on this host, each running `exe --mpi-bandwidth-worker`.
+fn mpi_seconds(exe: &Path, k: usize, sizes: &[usize], reps: usize) -> Result<Vec<f64>, String> {
+    let sizes_arg = sizes
+        .iter()
+        .map(|s| s.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let out = Command::new("mpirun")
+        .args([
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "-np",
+            &k.to_string(),
+        ])
+        .arg(exe)
+        .args(["--mpi-bandwidth-worker", "--suite-mb", &sizes_arg])
+        .args(["--suite-reps", &reps.to_string()])
+        .output()
+        .map_err(|e| format!("mpirun: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "mpirun exited with {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .last()
+                .unwrap_or("")
+        ));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find_map(|l| l.strip_prefix("mpi-allreduce-seconds "))
+        .ok_or("no timings from rank 0")?;
+    let secs: Vec<f64> = line
+        .split(',')
+        .map(|x| x.trim().parse::<f64>().map_err(|e| format!("{x:?}: {e}")))
+        .collect::<Result<_, _>>()?;
+    if secs.len() != sizes.len() {
+        return Err(format!("{} timings for {} sizes", secs.len(), sizes.len()));
+    }
+    Ok(secs)
+}
+
+/// One process of the MPI rows (run by `mpirun`): times the all-reduce (mean) of a fresh
+/// f32 tensor of each size in MiB, `reps` times after a warm-up, each call after a
+/// barrier; rank 0 prints `mpi-allreduce-seconds S1,S2,…` (the medians).
+#[cfg(feature = "mpi")]
+pub fn mpi_worker(sizes: &[usize], reps: usize) -> Result<(), BoxError> {
+    use gym_core::{Collective, MpiCollective, ReduceOp};
+    let comm = MpiCollective::init()?;
+    let device = Device::default();
+    let mut medians = Vec::new();
+    for &mb in sizes {
+        let n = mb * MB / 4;
+        let host = vec![comm.rank() as f32 + 1.0; n];
+        let mut times = Vec::new();
+        for rep in 0..=reps.max(1) {
+            let tensor = Tensor::<1>::from_data(TensorData::new(host.clone(), [n]), &device);
+            comm.barrier()?;
+            let start = Instant::now();
+            let r = comm.all_reduce(tensor, ReduceOp::Mean);
+            let t = start.elapsed().as_secs_f64();
+            r?;
+            if rep > 0 {
+                times.push(t);
+            }
+        }
+        medians.push(median(times));
+    }
+    if comm.rank() == 0 {
+        let line: Vec<String> = medians.iter().map(|s| format!("{s:e}")).collect();
+        println!("mpi-allreduce-seconds {}", line.join(","));
+    }
     Ok(())
 }
 

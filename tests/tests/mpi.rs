@@ -126,10 +126,17 @@ fn mpi_worker() {
     }
 }
 
-/// Runs the worker on `RANKS` processes under `mpirun`, with `mode`, writing into `out`.
-fn mpirun(mode: &str, out: &Path) -> Output {
+/// One `mpirun` job at a time: jobs started together by the test harness's threads can
+/// fail to wire up their TCP connections.
+static ONE_JOB: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Runs the worker on `RANKS` processes under `mpirun`, with `mode`, writing into `out`;
+/// `extra` goes to `mpirun` (a hostfile, transports).
+fn mpirun(mode: &str, out: &Path, extra: &[&str]) -> Output {
     let exe = std::env::current_exe().expect("the test binary");
+    let _one = ONE_JOB.lock().unwrap_or_else(|p| p.into_inner());
     Command::new("mpirun")
+        .args(extra)
         .args(["--allow-run-as-root", "--oversubscribe", "-np"])
         .arg(RANKS.to_string())
         .args(["-x", OUT_ENV, "-x", MODE_ENV])
@@ -153,10 +160,11 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
-#[test]
-fn mpi_collective_gives_the_in_process_groups_bits_and_byte_counts() {
-    let out = scratch("calls");
-    let run = mpirun("calls", &out);
+/// Runs the calls under `mpirun` (with `extra`) and checks every rank's results and
+/// counters against the in-process group's.
+fn same_as_in_process(name: &str, extra: &[&str]) {
+    let out = scratch(name);
+    let run = mpirun("calls", &out, extra);
     assert!(
         run.status.success(),
         "mpirun failed: {}\n{}",
@@ -206,10 +214,82 @@ fn mpi_collective_gives_the_in_process_groups_bits_and_byte_counts() {
 }
 
 #[test]
+fn mpi_collective_gives_the_in_process_groups_bits_and_byte_counts() {
+    same_as_in_process("calls", &[]);
+}
+
+/// Two hosts on one machine: a hostfile naming 127.0.0.2 and 127.0.0.3 (loopback
+/// addresses no interface claims, so Open MPI takes them for other machines), two slots
+/// each, ranks placed across them. `mpirun` starts a daemon on each "host" through its
+/// remote-shell agent (here a stand-in for ssh that runs the command locally, logging each
+/// host it was asked for), and MPI's TCP transport carries every byte between the ranks.
+#[test]
+fn mpi_two_hosts_over_tcp_on_loopback_give_the_same_bits() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = scratch("hosts");
+    let hostfile = dir.join("hostfile");
+    std::fs::write(&hostfile, "127.0.0.2 slots=2\n127.0.0.3 slots=2\n").unwrap();
+    let agent = dir.join("fake-ssh");
+    let log = dir.join("agent.log");
+    std::fs::write(
+        &agent,
+        format!(
+            "#!/bin/sh\n\
+             # Stands in for ssh: runs the command here, whatever the host.\n\
+             while [ $# -gt 0 ]; do case \"$1\" in -*) shift ;; *) break ;; esac; done\n\
+             echo \"$1\" >> '{}'\n\
+             shift\n\
+             exec sh -c \"$*\"\n",
+            log.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (hostfile, agent) = (hostfile.to_string_lossy(), agent.to_string_lossy());
+    same_as_in_process(
+        "tcp",
+        &[
+            "--hostfile",
+            &hostfile,
+            "--mca",
+            "plm_rsh_agent",
+            &agent,
+            "--mca",
+            "btl",
+            "tcp,self",
+            // Loopback only: the "hosts" are addresses on it.
+            "--mca",
+            "btl_tcp_if_include",
+            "lo",
+            "--mca",
+            "oob_tcp_if_include",
+            "lo",
+            // Two daemons on one machine would both write hwloc's shared-memory topology
+            // at one address (a crash in Open MPI 4.1's orted); no binding needs it.
+            "--mca",
+            "rtc",
+            "^hwloc",
+            "--bind-to",
+            "none",
+            "--map-by",
+            "node",
+        ],
+    );
+    let mut hosts: Vec<String> = std::fs::read_to_string(&log)
+        .expect("mpirun launched through the agent")
+        .lines()
+        .map(str::to_string)
+        .collect();
+    hosts.sort();
+    assert_eq!(hosts, ["127.0.0.2", "127.0.0.3"], "one daemon per host");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
 fn mpi_a_killed_process_ends_the_job_with_an_error_naming_it() {
     let out = scratch("crash");
     let start = Instant::now();
-    let run = mpirun("crash", &out);
+    let run = mpirun("crash", &out, &[]);
     let took = start.elapsed();
     let stderr =
         String::from_utf8_lossy(&run.stderr).to_string() + &String::from_utf8_lossy(&run.stdout);

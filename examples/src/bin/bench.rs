@@ -135,6 +135,10 @@ struct SuiteArgs {
     /// Suite: node count of the start-up run of `mnist` (0: skip).
     #[arg(long, default_value_t = 16)]
     suite_startup_k: usize,
+    /// One process of the suite's MPI rows, as `mpirun` starts it.
+    #[cfg(feature = "mpi")]
+    #[arg(long, hide = true)]
+    mpi_bandwidth_worker: bool,
 }
 
 /// The command line as typed, quoted where a shell would need it, for the tables' captions.
@@ -187,6 +191,14 @@ fn suite_main(cli: &Cli, mnist: Option<PathBuf>) -> ExitCode {
     config.rss_ks = a.suite_rss_ks.clone();
     config.startup_k = (a.suite_startup_k > 0).then_some(a.suite_startup_k);
     config.command = command_line();
+    // With the `mpi` feature and `mpirun` at hand, the bandwidth part adds MPI rows.
+    #[cfg(feature = "mpi")]
+    {
+        let mpirun = Command::new("mpirun").arg("--version").output();
+        if mpirun.is_ok_and(|o| o.status.success()) {
+            config.mpi_bench = std::env::current_exe().ok();
+        }
+    }
     let result = match bench_suite::run_suite(&config) {
         Ok(r) => r,
         Err(e) => {
@@ -271,6 +283,17 @@ fn main() -> ExitCode {
             .and_then(|p| p.parent().map(|d| d.join(name)))
             .filter(|p| p.is_file())
     };
+    #[cfg(feature = "mpi")]
+    if cli.suite_args.mpi_bandwidth_worker {
+        let a = &cli.suite_args;
+        return match bench_suite::mpi_worker(&a.suite_mb, a.suite_reps) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     if cli.suite {
         return suite_main(&cli, sibling("mnist"));
     }
@@ -337,6 +360,13 @@ fn main() -> ExitCode {
         };
         cmd.args(["--run-name", &run_name, "--log-dir"])
             .arg(&cli.log_dir);
+        // One kernel thread per node, as the nodes' own pools have: LibTorch (the `tch`
+        // feature) would otherwise give every node a pool of one thread per core, which
+        // oversubscribes the cores (1.5× slower on the nanoGPT set-up here). The original's
+        // harness runs its nodes the same way (examples/scripts/run-original.sh).
+        if std::env::var_os("OMP_NUM_THREADS").is_none() {
+            cmd.env("OMP_NUM_THREADS", "1");
+        }
         if let Some(dir) = &cli.data_dir {
             cmd.arg("--data-dir").arg(dir);
         }
