@@ -163,7 +163,7 @@ pub struct SuiteConfig {
     /// report an error row instead of figures.
     pub mnist_bin: Option<PathBuf>,
     /// The `bench` binary (built with the `mpi` feature) that `mpirun` starts for the
-    /// bandwidth part's MPI rows ([`mpi_worker`]); `None`: no MPI rows.
+    /// bandwidth part's MPI rows (`mpi_worker`, with the `mpi` feature); `None`: no MPI rows.
     pub mpi_bench: Option<PathBuf>,
     /// The MNIST IDX files.
     pub mnist_dir: PathBuf,

@@ -192,3 +192,25 @@ pub fn assert_same_training<M: Module>(a: &FitOutput<M>, b: &FitOutput<M>, toler
     }
     assert_eq!(a.report.comm, b.report.comm, "traffic");
 }
+
+/// Values of rank `rank` for collective tests: mixed magnitudes, so that the order of
+/// additions shows in the bits.
+pub fn rank_values(rank: usize, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| {
+            let x = ((rank * 7919 + i * 104_729) % 1000) as f32 / 997.0;
+            (x - 0.5) * 10f32.powi(((rank + i) % 7) as i32 - 3)
+        })
+        .collect()
+}
+
+/// A 1-D tensor of `values` on the default device.
+pub fn vector(values: Vec<f32>) -> Tensor<1> {
+    let n = values.len();
+    Tensor::from_data(TensorData::new(values, [n]), &Device::default())
+}
+
+/// A 1-D tensor's values on the host.
+pub fn host(t: Tensor<1>) -> Vec<f32> {
+    t.into_data().try_to_vec::<f32>().unwrap()
+}

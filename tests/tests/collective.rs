@@ -1,29 +1,10 @@
 //! The in-process collective against a sequential reference, its determinism, its cost
 //! model and its behaviour when a rank fails.
 
-use burn::tensor::{Device, Tensor, TensorData};
 use gym_core::{Collective, CollectiveError, Group, InProcessCollective, InProcessGroup, ReduceOp};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-
-/// Values of rank `r`: mixed magnitudes, so that the order of additions shows in the bits.
-fn values(rank: usize, n: usize) -> Vec<f32> {
-    (0..n)
-        .map(|i| {
-            let x = ((rank * 7919 + i * 104_729) % 1000) as f32 / 997.0;
-            (x - 0.5) * 10f32.powi(((rank + i) % 7) as i32 - 3)
-        })
-        .collect()
-}
-
-fn tensor(v: Vec<f32>) -> Tensor<1> {
-    let n = v.len();
-    Tensor::from_data(TensorData::new(v, [n]), &Device::default())
-}
-
-fn host(t: Tensor<1>) -> Vec<f32> {
-    t.into_data().try_to_vec::<f32>().unwrap()
-}
+use tests::{host, rank_values, vector};
 
 /// Runs `f` on every rank of a new group and returns each rank's result.
 fn on_ranks<T: Send>(k: usize, f: impl Fn(InProcessCollective) -> T + Sync) -> Vec<T> {
@@ -51,19 +32,19 @@ fn all_reduce_equals_sequential_sum_and_mean_in_rank_order() {
         for k in [1, 3, 4] {
             let sums = on_ranks(k, |c| {
                 host(
-                    c.all_reduce(tensor(values(c.rank(), n)), ReduceOp::Sum)
+                    c.all_reduce(vector(rank_values(c.rank(), n)), ReduceOp::Sum)
                         .unwrap(),
                 )
             });
             let means = on_ranks(k, |c| {
                 host(
-                    c.all_reduce(tensor(values(c.rank(), n)), ReduceOp::Mean)
+                    c.all_reduce(vector(rank_values(c.rank(), n)), ReduceOp::Mean)
                         .unwrap(),
                 )
             });
-            let mut reference = values(0, n);
+            let mut reference = rank_values(0, n);
             for r in 1..k {
-                for (a, b) in reference.iter_mut().zip(values(r, n)) {
+                for (a, b) in reference.iter_mut().zip(rank_values(r, n)) {
                     *a += b;
                 }
             }
@@ -82,13 +63,13 @@ fn all_reduce_leaves_a_tensor_the_caller_kept_unchanged() {
     // copied first, not overwritten.
     let n = 100_003;
     let kept = on_ranks(3, |c| {
-        let mine = tensor(values(c.rank(), n));
+        let mine = vector(rank_values(c.rank(), n));
         let keep = mine.clone();
         c.all_reduce(mine, ReduceOp::Sum).unwrap();
         host(keep)
     });
     for (r, k) in kept.into_iter().enumerate() {
-        assert_eq!(k, values(r, n), "rank {r}'s kept tensor");
+        assert_eq!(k, rank_values(r, n), "rank {r}'s kept tensor");
     }
 }
 
@@ -96,10 +77,13 @@ fn all_reduce_leaves_a_tensor_the_caller_kept_unchanged() {
 fn broadcast_gives_every_rank_the_roots_tensor() {
     for root in 0..4 {
         let got = on_ranks(4, |c| {
-            host(c.broadcast(tensor(values(c.rank(), 33)), root).unwrap())
+            host(
+                c.broadcast(vector(rank_values(c.rank(), 33)), root)
+                    .unwrap(),
+            )
         });
         for g in got {
-            assert_eq!(g, values(root, 33));
+            assert_eq!(g, rank_values(root, 33));
         }
     }
 }
@@ -107,14 +91,17 @@ fn broadcast_gives_every_rank_the_roots_tensor() {
 #[test]
 fn all_gather_returns_every_ranks_tensor_in_rank_order() {
     let got = on_ranks(5, |c| {
-        c.all_gather(tensor(values(c.rank(), 10)))
+        c.all_gather(vector(rank_values(c.rank(), 10)))
             .unwrap()
             .into_iter()
             .map(host)
             .collect::<Vec<_>>()
     });
     for per_rank in got {
-        assert_eq!(per_rank, (0..5).map(|r| values(r, 10)).collect::<Vec<_>>());
+        assert_eq!(
+            per_rank,
+            (0..5).map(|r| rank_values(r, 10)).collect::<Vec<_>>()
+        );
     }
 }
 
@@ -151,7 +138,7 @@ fn a_byte_gather_meeting_a_tensor_gather_is_a_mismatch() {
                 if c.rank() == 0 {
                     c.all_gather_bytes(vec![0; 8]).map(|_| ())
                 } else {
-                    c.all_gather(tensor(vec![0.0; 2])).map(|_| ())
+                    c.all_gather(vector(vec![0.0; 2])).map(|_| ())
                 }
             })
             .unwrap()
@@ -174,31 +161,35 @@ fn sub_groups_reduce_independently_and_concurrently() {
     let got = on_ranks(4, |c| {
         let island = Group::new(if c.rank() % 2 == 0 { [0, 2] } else { [1, 3] });
         let mean = host(
-            c.all_reduce_in(&island, tensor(values(c.rank(), 20)), ReduceOp::Mean)
+            c.all_reduce_in(&island, vector(rank_values(c.rank(), 20)), ReduceOp::Mean)
                 .unwrap(),
         );
         let trio = Group::new([1, 2, 3]);
         let gathered = trio.contains(c.rank()).then(|| {
-            c.all_gather_in(&trio, tensor(values(c.rank(), 4)))
+            c.all_gather_in(&trio, vector(rank_values(c.rank(), 4)))
                 .unwrap()
                 .len()
         });
         let from = host(
-            c.broadcast_in(&island, tensor(values(c.rank(), 5)), island.members()[1])
-                .unwrap(),
+            c.broadcast_in(
+                &island,
+                vector(rank_values(c.rank(), 5)),
+                island.members()[1],
+            )
+            .unwrap(),
         );
         (mean, gathered, from)
     });
     for (r, (mean, gathered, from)) in got.into_iter().enumerate() {
         let (a, b) = if r % 2 == 0 { (0, 2) } else { (1, 3) };
-        let expected: Vec<f32> = values(a, 20)
+        let expected: Vec<f32> = rank_values(a, 20)
             .iter()
-            .zip(values(b, 20))
+            .zip(rank_values(b, 20))
             .map(|(x, y)| (x + y) / 2.0)
             .collect();
         assert_eq!(mean, expected, "island mean on rank {r}");
         assert_eq!(gathered, (r != 0).then_some(3));
-        assert_eq!(from, values(b, 5));
+        assert_eq!(from, rank_values(b, 5));
     }
 }
 
@@ -207,7 +198,7 @@ fn results_are_bit_identical_over_20_runs() {
     let run = || {
         on_ranks(8, |c| {
             host(
-                c.all_reduce(tensor(values(c.rank(), 4096)), ReduceOp::Mean)
+                c.all_reduce(vector(rank_values(c.rank(), 4096)), ReduceOp::Mean)
                     .unwrap(),
             )
         })
@@ -227,7 +218,7 @@ fn results_are_bit_identical_over_20_runs() {
 fn thirty_two_nodes_on_two_cores_do_not_deadlock() {
     let sums = within(Duration::from_secs(60), || {
         on_ranks(32, |c| {
-            let mut t = tensor(vec![c.rank() as f32; 64]);
+            let mut t = vector(vec![c.rank() as f32; 64]);
             for _ in 0..10 {
                 t = c.all_reduce(t, ReduceOp::Mean).unwrap();
                 c.barrier().unwrap();
@@ -245,7 +236,7 @@ fn byte_counters_follow_the_cost_model() {
     let group = InProcessGroup::new(4);
     group
         .run(|c| {
-            let t = tensor(vec![1.0; 1000]);
+            let t = vector(vec![1.0; 1000]);
             c.all_reduce(t.clone(), ReduceOp::Sum).unwrap(); // ring: 2·3/4·4000 = 6000 each way
             c.broadcast(t.clone(), 1).unwrap(); // chain 1→2→3→0
             c.all_gather(t.clone()).unwrap(); // 3·4000 each way
@@ -279,7 +270,7 @@ fn byte_counters_follow_the_cost_model() {
     let g = InProcessGroup::new(2);
     g.run(|c| {
         c.observer()
-            .all_reduce(tensor(vec![0.0; 10]), ReduceOp::Sum)
+            .all_reduce(vector(vec![0.0; 10]), ReduceOp::Sum)
             .unwrap()
     })
     .unwrap();
@@ -296,7 +287,7 @@ fn fault_a_panicking_rank_aborts_the_waiting_ranks() {
                 if c.rank() == 2 {
                     panic!("boom on rank 2");
                 }
-                c.all_reduce(tensor(vec![1.0; 8]), ReduceOp::Sum)
+                c.all_reduce(vector(vec![1.0; 8]), ReduceOp::Sum)
                     .map(|_| ())
             })
             .unwrap()
@@ -347,7 +338,7 @@ fn fault_a_rank_that_leaves_early_does_not_block_the_others() {
 fn fault_mismatched_calls_and_bad_groups_are_errors() {
     let results = InProcessGroup::new(2)
         .run(|c| {
-            c.all_reduce(tensor(vec![0.0; 4 + c.rank()]), ReduceOp::Sum)
+            c.all_reduce(vector(vec![0.0; 4 + c.rank()]), ReduceOp::Sum)
                 .map(|_| ())
         })
         .unwrap();

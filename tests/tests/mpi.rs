@@ -6,36 +6,17 @@
 //! must be on the `PATH`.
 #![cfg(feature = "mpi")]
 
-use burn::tensor::{Device, Tensor, TensorData};
 use gym_core::{Collective, CollectiveError, Group, InProcessGroup, MpiCollective, ReduceOp};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
+use tests::{host, rank_values, vector};
 
 const RANKS: usize = 4;
 /// Where a worker writes its results (set by the launching test).
 const OUT_ENV: &str = "GYM_MPI_TEST_OUT";
 /// What a worker does: `calls` or `crash`.
 const MODE_ENV: &str = "GYM_MPI_TEST_MODE";
-
-/// Values of rank `r`: mixed magnitudes, so that the order of additions shows in the bits.
-fn values(rank: usize, n: usize) -> Vec<f32> {
-    (0..n)
-        .map(|i| {
-            let x = ((rank * 7919 + i * 104_729) % 1000) as f32 / 997.0;
-            (x - 0.5) * 10f32.powi(((rank + i) % 7) as i32 - 3)
-        })
-        .collect()
-}
-
-fn tensor(v: Vec<f32>) -> Tensor<1> {
-    let n = v.len();
-    Tensor::from_data(TensorData::new(v, [n]), &Device::default())
-}
-
-fn host(t: Tensor<1>) -> Vec<f32> {
-    t.into_data().try_to_vec::<f32>().unwrap()
-}
 
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
@@ -48,14 +29,14 @@ fn calls(c: &dyn Collective) -> Result<Vec<Vec<u32>>, CollectiveError> {
     let mut out = Vec::new();
     for n in [257, 100_003] {
         out.push(bits(&host(
-            c.all_reduce(tensor(values(r, n)), ReduceOp::Sum)?,
+            c.all_reduce(vector(rank_values(r, n)), ReduceOp::Sum)?,
         )));
         out.push(bits(&host(
-            c.all_reduce(tensor(values(r, n)), ReduceOp::Mean)?,
+            c.all_reduce(vector(rank_values(r, n)), ReduceOp::Mean)?,
         )));
     }
-    out.push(bits(&host(c.broadcast(tensor(values(r, 33)), 2)?)));
-    for t in c.all_gather(tensor(values(r, 10)))? {
+    out.push(bits(&host(c.broadcast(vector(rank_values(r, 33)), 2)?)));
+    for t in c.all_gather(vector(rank_values(r, 10)))? {
         out.push(bits(&host(t)));
     }
     let mine: Vec<u8> = (0..7).map(|i| (10 * r + i) as u8).collect();
@@ -74,7 +55,7 @@ fn calls(c: &dyn Collective) -> Result<Vec<Vec<u32>>, CollectiveError> {
     };
     out.push(bits(&host(c.all_reduce_in(
         &island,
-        tensor(values(r, 50_000)),
+        vector(rank_values(r, 50_000)),
         ReduceOp::Mean,
     )?)));
     c.barrier()?;
@@ -101,14 +82,14 @@ fn mpi_worker() {
                 std::thread::sleep(Duration::from_secs(60));
             }
             // The others wait for it in a collective; they must not hang.
-            let _ = comm.all_reduce(tensor(values(rank, 1000)), ReduceOp::Sum);
+            let _ = comm.all_reduce(vector(rank_values(rank, 1000)), ReduceOp::Sum);
             std::thread::sleep(Duration::from_secs(120));
         }
         _ => {
             let results = calls(&comm).expect("the calls succeed");
             let mismatch = comm
                 .all_reduce(
-                    tensor(values(rank, 10 + usize::from(rank == 3))),
+                    vector(rank_values(rank, 10 + usize::from(rank == 3))),
                     ReduceOp::Sum,
                 )
                 .err()

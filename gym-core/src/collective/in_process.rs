@@ -2,7 +2,7 @@
 
 use super::host_reduce::{self, HostReduction};
 use super::{
-    Collective, CollectiveOp, CommStats, Group, Pending, QuorumRule, ReduceOp, TransferTiming, cost,
+    Collective, CollectiveOp, CommStats, Group, Pending, QuorumRule, ReduceOp, TransferTiming,
 };
 use crate::error::CollectiveError;
 use crate::network::Network;
@@ -607,20 +607,12 @@ impl InProcessCollective {
             CollectiveOp::BroadcastBytes { .. } => outcome.payload_bytes,
             _ => payload_bytes,
         };
-        let (sent, received) = cost(op, group, self.rank, payload_bytes);
-        let mut stats = lock(&self.shared.stats[self.rank]);
-        let s = &mut stats[self.accounting as usize];
-        s.bytes_sent += sent;
-        s.bytes_received += received;
-        match op {
-            CollectiveOp::AllReduce(_) => s.all_reduce_calls += 1,
-            CollectiveOp::Broadcast { .. } | CollectiveOp::BroadcastBytes { .. } => {
-                s.broadcast_calls += 1
-            }
-            CollectiveOp::AllGather | CollectiveOp::AllGatherBytes => s.all_gather_calls += 1,
-            CollectiveOp::Barrier => s.barrier_calls += 1,
-            CollectiveOp::Quorum => {}
-        }
+        lock(&self.shared.stats[self.rank])[self.accounting as usize].record(
+            op,
+            group,
+            self.rank,
+            payload_bytes,
+        );
         Ok((outcome, own_ready))
     }
 }

@@ -257,6 +257,23 @@ impl CommStats {
         self.all_gather_calls += other.all_gather_calls;
         self.barrier_calls += other.barrier_calls;
     }
+
+    /// Counts one call of `op` by `rank` in `group`, of `payload` bytes per rank, by the
+    /// cost model ([`cost`]): what every collective implementation records.
+    pub(crate) fn record(&mut self, op: CollectiveOp, group: &Group, rank: usize, payload: u64) {
+        let (sent, received) = cost(op, group, rank, payload);
+        self.bytes_sent += sent;
+        self.bytes_received += received;
+        match op {
+            CollectiveOp::AllReduce(_) => self.all_reduce_calls += 1,
+            CollectiveOp::Broadcast { .. } | CollectiveOp::BroadcastBytes { .. } => {
+                self.broadcast_calls += 1
+            }
+            CollectiveOp::AllGather | CollectiveOp::AllGatherBytes => self.all_gather_calls += 1,
+            CollectiveOp::Barrier => self.barrier_calls += 1,
+            CollectiveOp::Quorum => {}
+        }
+    }
 }
 
 /// The kind of a collective call, as recorded and cross-checked between ranks.

@@ -9,14 +9,15 @@
 //!
 //! Every call first gathers a small header from each member (the operation, its size and
 //! root), so members that disagree get [`CollectiveError::Mismatch`] instead of exchanging
-//! buffers of different sizes. Byte counters follow the module's cost model ([`cost`]), as
-//! in the in-process group, not what the MPI library puts on the wire.
+//! buffers of different sizes. Byte counters follow the module's cost model
+//! ([`cost`](super::cost)), as in the in-process group, not what the MPI library puts on
+//! the wire.
 //!
 //! A process that dies ends the job: `mpirun` notices and stops the others, naming it.
 //!
 //! Built with the `mpi` feature (it needs an MPI library and `libclang` to build).
 
-use super::{Collective, CollectiveOp, CommStats, Group, ReduceOp, cost};
+use super::{Collective, CollectiveOp, CommStats, Group, ReduceOp};
 use crate::error::CollectiveError;
 use burn::tensor::{DType, Tensor, TensorData};
 use mpi::Threading;
@@ -143,20 +144,7 @@ impl MpiCollective {
         agree(comm, group, op, numel)?;
         let (out, payload_bytes) = body(comm);
         drop(comms);
-        let (sent, received) = cost(op, group, rank, payload_bytes);
-        let mut stats = lock(&self.shared.stats);
-        let s = &mut stats[usize::from(self.observer)];
-        s.bytes_sent += sent;
-        s.bytes_received += received;
-        match op {
-            CollectiveOp::AllReduce(_) => s.all_reduce_calls += 1,
-            CollectiveOp::Broadcast { .. } | CollectiveOp::BroadcastBytes { .. } => {
-                s.broadcast_calls += 1
-            }
-            CollectiveOp::AllGather | CollectiveOp::AllGatherBytes => s.all_gather_calls += 1,
-            CollectiveOp::Barrier => s.barrier_calls += 1,
-            CollectiveOp::Quorum => {}
-        }
+        lock(&self.shared.stats)[usize::from(self.observer)].record(op, group, rank, payload_bytes);
         Ok(out)
     }
 }
