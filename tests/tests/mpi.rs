@@ -15,7 +15,7 @@ use tests::{host, rank_values, vector};
 const RANKS: usize = 4;
 /// Where a worker writes its results (set by the launching test).
 const OUT_ENV: &str = "GYM_MPI_TEST_OUT";
-/// What a worker does: `calls` or `crash`.
+/// What a worker does: `calls`, `crash` or `hang`.
 const MODE_ENV: &str = "GYM_MPI_TEST_MODE";
 
 fn bits(v: &[f32]) -> Vec<u32> {
@@ -69,9 +69,19 @@ fn mpi_worker() {
     let Some(out) = std::env::var_os(OUT_ENV).map(PathBuf::from) else {
         return;
     };
-    let comm = MpiCollective::init().expect("MPI starts");
+    let comm = MpiCollective::init()
+        .expect("MPI starts")
+        .with_timeout(Duration::from_secs(2));
     let rank = comm.rank();
     match std::env::var(MODE_ENV).as_deref() {
+        Ok("hang") => {
+            // Rank 1 never calls; the others must give up rather than wait for ever.
+            if rank == 1 {
+                std::thread::sleep(Duration::from_secs(120));
+            }
+            let _ = comm.all_reduce(vector(rank_values(rank, 1000)), ReduceOp::Sum);
+            std::thread::sleep(Duration::from_secs(120));
+        }
         Ok("crash") => {
             if rank == 2 {
                 std::thread::sleep(Duration::from_millis(300));
@@ -279,6 +289,23 @@ fn mpi_a_killed_process_ends_the_job_with_an_error_naming_it() {
     assert!(
         stderr.contains("rank 2"),
         "mpirun's report names the killed rank: {stderr}"
+    );
+    std::fs::remove_dir_all(&out).ok();
+}
+
+#[test]
+fn mpi_a_hung_process_makes_the_others_give_up_after_the_timeout() {
+    let out = scratch("hang");
+    let start = Instant::now();
+    let run = mpirun("hang", &out, &[]);
+    let took = start.elapsed();
+    let stderr =
+        String::from_utf8_lossy(&run.stderr).to_string() + &String::from_utf8_lossy(&run.stdout);
+    assert!(!run.status.success(), "the job must fail: {stderr}");
+    assert!(took < Duration::from_secs(30), "took {took:?}: {stderr}");
+    assert!(
+        stderr.contains("waited") && stderr.contains("AllReduce(Sum)"),
+        "a waiting rank says what it waited in: {stderr}"
     );
     std::fs::remove_dir_all(&out).ok();
 }

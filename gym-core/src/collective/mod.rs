@@ -55,7 +55,7 @@ mod quorum;
 pub use in_process::{InProcessCollective, InProcessGroup, SimulatedTime};
 pub use membership::MembershipView;
 #[cfg(feature = "mpi")]
-pub use mpi_collective::MpiCollective;
+pub use mpi_collective::{MpiCollective, TIMEOUT_EXIT_CODE};
 pub use quorum::QuorumRule;
 
 /// The result of a collective started without waiting for it

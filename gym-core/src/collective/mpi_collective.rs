@@ -13,7 +13,10 @@
 //! ([`cost`](super::cost)), as in the in-process group, not what the MPI library puts on
 //! the wire.
 //!
-//! A process that dies ends the job: `mpirun` notices and stops the others, naming it.
+//! A process that dies ends the job: `mpirun` notices and stops the others, naming it. A
+//! process that hangs, or a launcher that does not watch its processes, is caught by the
+//! timeout ([`MpiCollective::with_timeout`]): a rank that has waited that long in one call
+//! says so on stderr and exits with status 70, which ends the job.
 //!
 //! Built with the `mpi` feature (it needs an MPI library and `libclang` to build).
 
@@ -26,7 +29,12 @@ use mpi::environment::Universe;
 use mpi::topology::{Group as _, SimpleCommunicator};
 use mpi::traits::*;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
+
+/// The exit status of a rank that gave up waiting for the others (`EX_SOFTWARE`).
+pub const TIMEOUT_EXIT_CODE: i32 = 70;
 
 /// This process's MPI communicators. The library is initialised for serialized use: every
 /// call is made under the lock that holds them.
@@ -46,6 +54,11 @@ struct Shared {
     size: usize,
     /// `[training, observer]` counters.
     stats: Mutex<[CommStats; 2]>,
+    /// When the call in progress started (milliseconds since `epoch`, plus one; 0: none),
+    /// and what it is: what the timeout watches.
+    call_started_ms: AtomicU64,
+    call_what: Mutex<String>,
+    epoch: Instant,
     /// Declared last, so dropped last: finalises MPI after the communicators are freed.
     _universe: Universe,
 }
@@ -92,10 +105,50 @@ impl MpiCollective {
                 rank,
                 size,
                 stats: Mutex::new([CommStats::default(); 2]),
+                call_started_ms: AtomicU64::new(0),
+                call_what: Mutex::new(String::new()),
+                epoch: Instant::now(),
                 _universe: universe,
             }),
             observer: false,
         })
+    }
+
+    /// Gives up on a call that has waited `timeout` for the other ranks: the rank prints what
+    /// it was waiting in and exits with [`TIMEOUT_EXIT_CODE`], which makes `mpirun` end the
+    /// job. For a peer that hangs rather than dies (a dead one ends the job at once), and for
+    /// launchers that do not stop a job when one of its processes dies. Calls from several
+    /// handles of one process share one watch.
+    pub fn with_timeout(self, timeout: Duration) -> Self {
+        let shared: Weak<Shared> = Arc::downgrade(&self.shared);
+        let tick = (timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
+        std::thread::Builder::new()
+            .name("gym-mpi-timeout".into())
+            .spawn(move || {
+                // Ends with the collective: the thread holds no strong reference.
+                while let Some(shared) = shared.upgrade() {
+                    let started = shared.call_started_ms.load(Ordering::SeqCst);
+                    if started > 0 {
+                        let now = shared.epoch.elapsed().as_millis() as u64 + 1;
+                        let waited = Duration::from_millis(now.saturating_sub(started));
+                        if waited > timeout {
+                            eprintln!(
+                                "rank {}: {} waited {:.1} s for the other ranks (timeout {:.1} \
+                                 s): a peer has hung or died; exiting",
+                                shared.rank,
+                                lock(&shared.call_what),
+                                waited.as_secs_f64(),
+                                timeout.as_secs_f64()
+                            );
+                            std::process::exit(TIMEOUT_EXIT_CODE);
+                        }
+                    }
+                    drop(shared);
+                    std::thread::sleep(tick);
+                }
+            })
+            .expect("a watch thread starts");
+        self
     }
 
     /// A handle for the same node whose traffic is counted apart from the training metric
@@ -140,10 +193,16 @@ impl MpiCollective {
             });
         }
         let mut comms = lock(&self.shared.comms);
-        let comm = communicator(&mut comms, group, self.shared.size)?;
-        agree(comm, group, op, numel)?;
-        let (out, payload_bytes) = body(comm);
+        *lock(&self.shared.call_what) = format!("{op:?} in group {:?}", group.members());
+        let started = self.shared.epoch.elapsed().as_millis() as u64 + 1;
+        self.shared.call_started_ms.store(started, Ordering::SeqCst);
+        let result = communicator(&mut comms, group, self.shared.size).and_then(|comm| {
+            agree(comm, group, op, numel)?;
+            Ok(body(comm))
+        });
+        self.shared.call_started_ms.store(0, Ordering::SeqCst);
         drop(comms);
+        let (out, payload_bytes) = result?;
         lock(&self.shared.stats)[usize::from(self.observer)].record(op, group, rank, payload_bytes);
         Ok(out)
     }
