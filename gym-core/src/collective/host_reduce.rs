@@ -31,7 +31,9 @@ pub(super) fn is_host(device: &Device) -> bool {
     if device == Device::flex() {
         return true;
     }
+    // Burn deprecates its ndarray backend but still ships it; its tensors live on the host.
     #[cfg(feature = "ndarray")]
+    #[allow(deprecated)]
     if device == Device::ndarray() {
         return true;
     }
