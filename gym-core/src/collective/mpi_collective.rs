@@ -42,6 +42,9 @@ struct Communicators {
     world: SimpleCommunicator,
     /// Sub-groups (islands), created by their members on first use.
     groups: HashMap<Vec<usize>, SimpleCommunicator>,
+    /// The all-reduce's receive buffer, kept from call to call: a fresh one of that size
+    /// would be faulted in page by page every time.
+    scratch: Vec<f32>,
 }
 
 // SAFETY: MPI runs at `Threading::Serialized` (checked at start-up): calls may come from
@@ -101,6 +104,7 @@ impl MpiCollective {
                 comms: Mutex::new(Communicators {
                     world,
                     groups: HashMap::new(),
+                    scratch: Vec::new(),
                 }),
                 rank,
                 size,
@@ -178,7 +182,7 @@ impl MpiCollective {
         group: &Group,
         op: CollectiveOp,
         numel: usize,
-        body: impl FnOnce(&SimpleCommunicator) -> (T, u64),
+        body: impl FnOnce(&SimpleCommunicator, &mut Vec<f32>) -> (T, u64),
     ) -> Result<T, CollectiveError> {
         let rank = self.shared.rank;
         group.validate(rank, self.shared.size)?;
@@ -196,9 +200,14 @@ impl MpiCollective {
         *lock(&self.shared.call_what) = format!("{op:?} in group {:?}", group.members());
         let started = self.shared.epoch.elapsed().as_millis() as u64 + 1;
         self.shared.call_started_ms.store(started, Ordering::SeqCst);
-        let result = communicator(&mut comms, group, self.shared.size).and_then(|comm| {
+        let Communicators {
+            world,
+            groups,
+            scratch,
+        } = &mut *comms;
+        let result = communicator(world, groups, group, self.shared.size).and_then(|comm| {
             agree(comm, group, op, numel)?;
-            Ok(body(comm))
+            Ok(body(comm, scratch))
         });
         self.shared.call_started_ms.store(0, Ordering::SeqCst);
         drop(comms);
@@ -211,27 +220,28 @@ impl MpiCollective {
 /// The communicator of `group`: the world's, or one created with the group's members (in
 /// rank order, so communicator rank `i` is `group.members()[i]`).
 fn communicator<'a>(
-    comms: &'a mut Communicators,
+    world: &'a SimpleCommunicator,
+    groups: &'a mut HashMap<Vec<usize>, SimpleCommunicator>,
     group: &Group,
     world_size: usize,
 ) -> Result<&'a SimpleCommunicator, CollectiveError> {
     if group.size() == world_size {
-        return Ok(&comms.world);
+        return Ok(world);
     }
     let key = group.members().to_vec();
-    if !comms.groups.contains_key(&key) {
+    if !groups.contains_key(&key) {
         let ranks: Vec<i32> = key.iter().map(|&r| r as i32).collect();
-        let sub = comms.world.group().include(&ranks);
+        let sub = world.group().include(&ranks);
         // MPI_Comm_create_group: only the members take part, as only they call.
-        let created = comms.world.split_by_subgroup(&sub).ok_or_else(|| {
+        let created = world.split_by_subgroup(&sub).ok_or_else(|| {
             transport(
-                comms.world.rank() as usize,
+                world.rank() as usize,
                 format!("no communicator for group {key:?}"),
             )
         })?;
-        comms.groups.insert(key.clone(), created);
+        groups.insert(key.clone(), created);
     }
-    Ok(&comms.groups[&key])
+    Ok(&groups[&key])
 }
 
 /// Every member's `(operation, size, root)`, gathered: members that disagree all return
@@ -284,8 +294,14 @@ fn slices(n: usize, k: usize) -> Vec<(usize, usize)> {
 }
 
 /// The all-reduce of `mine` over `comm`, each element added in member order and then, for
-/// a mean, divided by the member count: the in-process group's arithmetic.
-fn all_reduce_f32(comm: &SimpleCommunicator, mine: &[f32], op: ReduceOp) -> Vec<f32> {
+/// a mean, divided by the member count: the in-process group's arithmetic. The result is
+/// written over `mine`; `received` is scratch space.
+fn all_reduce_f32(
+    comm: &SimpleCommunicator,
+    mut mine: Vec<f32>,
+    op: ReduceOp,
+    received: &mut Vec<f32>,
+) -> Vec<f32> {
     let k = comm.size() as usize;
     let me = comm.rank() as usize;
     let parts = slices(mine.len(), k);
@@ -293,33 +309,33 @@ fn all_reduce_f32(comm: &SimpleCommunicator, mine: &[f32], op: ReduceOp) -> Vec<
     let displs: Vec<i32> = parts.iter().map(|&(start, _)| start as i32).collect();
     // Reduce-scatter: member j receives slice j of every member's tensor, in member order.
     let own = parts[me].1;
-    let mut received = vec![0f32; own * k];
+    received.resize(own * k, 0.0);
     let recv_counts = vec![own as i32; k];
     let recv_displs: Vec<i32> = (0..k).map(|j| (j * own) as i32).collect();
     {
-        let send = mpi::datatype::Partition::new(mine, &counts[..], &displs[..]);
+        let send = mpi::datatype::Partition::new(&mine[..], &counts[..], &displs[..]);
         let mut recv = PartitionMut::new(&mut received[..], &recv_counts[..], &recv_displs[..]);
         comm.all_to_all_varcount_into(&send, &mut recv);
     }
-    let mut sum: Vec<f32> = received[..own].to_vec();
+    // Summed into the first member's slice, in member order.
+    let (sum, rest) = received.split_at_mut(own);
     for j in 1..k {
-        for (s, &x) in sum.iter_mut().zip(&received[j * own..(j + 1) * own]) {
+        for (s, &x) in sum.iter_mut().zip(&rest[(j - 1) * own..j * own]) {
             *s += x;
         }
     }
     if op == ReduceOp::Mean {
         let divisor = k as f32;
-        for s in &mut sum {
+        for s in sum.iter_mut() {
             *s /= divisor;
         }
     }
-    // All-gather of the summed slices.
-    let mut out = vec![0f32; mine.len()];
+    // All-gather of the summed slices, over this member's own tensor (no longer needed).
     {
-        let mut recv = PartitionMut::new(&mut out[..], &counts[..], &displs[..]);
-        comm.all_gather_varcount_into(&sum[..], &mut recv);
+        let mut recv = PartitionMut::new(&mut mine[..], &counts[..], &displs[..]);
+        comm.all_gather_varcount_into(&*sum, &mut recv);
     }
-    out
+    mine
 }
 
 /// A tensor's values on the host, if it is `f32` (what this collective carries).
@@ -361,8 +377,8 @@ impl Collective for MpiCollective {
         let device = tensor.device().inner();
         let mine = host_f32(self.shared.rank, tensor)?;
         let n = mine.len();
-        let out = self.call(group, CollectiveOp::AllReduce(op), n, |comm| {
-            (all_reduce_f32(comm, &mine, op), 4 * n as u64)
+        let out = self.call(group, CollectiveOp::AllReduce(op), n, |comm, scratch| {
+            (all_reduce_f32(comm, mine, op, scratch), 4 * n as u64)
         })?;
         Ok(tensor_on(out, &device))
     }
@@ -377,7 +393,7 @@ impl Collective for MpiCollective {
         let mut values = host_f32(self.shared.rank, tensor)?;
         let n = values.len();
         let op = CollectiveOp::Broadcast { root };
-        self.call(group, op, n, |comm| {
+        self.call(group, op, n, |comm, _| {
             comm.process_at_rank(root_position(group, root))
                 .broadcast_into(&mut values[..]);
             ((), 4 * n as u64)
@@ -393,7 +409,7 @@ impl Collective for MpiCollective {
         let device = tensor.device().inner();
         let mine = host_f32(self.shared.rank, tensor)?;
         let n = mine.len();
-        let all = self.call(group, CollectiveOp::AllGather, n, |comm| {
+        let all = self.call(group, CollectiveOp::AllGather, n, |comm, _| {
             let mut all = vec![0f32; n * group.size()];
             comm.all_gather_into(&mine[..], &mut all[..]);
             (all, 4 * n as u64)
@@ -411,7 +427,7 @@ impl Collective for MpiCollective {
         bytes: Vec<u8>,
     ) -> Result<Vec<Vec<u8>>, CollectiveError> {
         let n = bytes.len();
-        let all = self.call(group, CollectiveOp::AllGatherBytes, n, |comm| {
+        let all = self.call(group, CollectiveOp::AllGatherBytes, n, |comm, _| {
             let mut all = vec![0u8; n * group.size()];
             comm.all_gather_into(&bytes[..], &mut all[..]);
             (all, n as u64)
@@ -423,7 +439,7 @@ impl Collective for MpiCollective {
 
     fn barrier_in(&self, group: &Group) -> Result<(), CollectiveError> {
         // The header exchange is itself a barrier.
-        self.call(group, CollectiveOp::Barrier, 0, |_| ((), 0))
+        self.call(group, CollectiveOp::Barrier, 0, |_, _| ((), 0))
     }
 
     fn broadcast_bytes_in(
@@ -434,18 +450,23 @@ impl Collective for MpiCollective {
     ) -> Result<Vec<u8>, CollectiveError> {
         let is_root = self.shared.rank == root;
         // Only the root's length counts (the others pass anything): it is sent first.
-        self.call(group, CollectiveOp::BroadcastBytes { root }, 0, |comm| {
-            let root_process = comm.process_at_rank(root_position(group, root));
-            let mut length = bytes.len() as u64;
-            root_process.broadcast_into(&mut length);
-            let mut buffer = if is_root {
-                bytes
-            } else {
-                vec![0u8; length as usize]
-            };
-            root_process.broadcast_into(&mut buffer[..]);
-            (buffer, length)
-        })
+        self.call(
+            group,
+            CollectiveOp::BroadcastBytes { root },
+            0,
+            |comm, _| {
+                let root_process = comm.process_at_rank(root_position(group, root));
+                let mut length = bytes.len() as u64;
+                root_process.broadcast_into(&mut length);
+                let mut buffer = if is_root {
+                    bytes
+                } else {
+                    vec![0u8; length as usize]
+                };
+                root_process.broadcast_into(&mut buffer[..]);
+                (buffer, length)
+            },
+        )
     }
 }
 
