@@ -276,36 +276,35 @@ fn mpi_two_hosts_over_tcp_on_loopback_give_the_same_bits() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// Runs the worker in `mode`, which must make the job fail within 30 s; returns what
+/// `mpirun` and the ranks printed.
+fn failing_job(mode: &str) -> String {
+    let out = scratch(mode);
+    let start = Instant::now();
+    let run = mpirun(mode, &out, &[]);
+    let took = start.elapsed();
+    let printed =
+        String::from_utf8_lossy(&run.stderr).to_string() + &String::from_utf8_lossy(&run.stdout);
+    assert!(!run.status.success(), "the job must fail: {printed}");
+    assert!(took < Duration::from_secs(30), "took {took:?}: {printed}");
+    std::fs::remove_dir_all(&out).ok();
+    printed
+}
+
 #[test]
 fn mpi_a_killed_process_ends_the_job_with_an_error_naming_it() {
-    let out = scratch("crash");
-    let start = Instant::now();
-    let run = mpirun("crash", &out, &[]);
-    let took = start.elapsed();
-    let stderr =
-        String::from_utf8_lossy(&run.stderr).to_string() + &String::from_utf8_lossy(&run.stdout);
-    assert!(!run.status.success(), "the job must fail: {stderr}");
-    assert!(took < Duration::from_secs(30), "took {took:?}: {stderr}");
+    let printed = failing_job("crash");
     assert!(
-        stderr.contains("rank 2"),
-        "mpirun's report names the killed rank: {stderr}"
+        printed.contains("rank 2"),
+        "mpirun's report names the killed rank: {printed}"
     );
-    std::fs::remove_dir_all(&out).ok();
 }
 
 #[test]
 fn mpi_a_hung_process_makes_the_others_give_up_after_the_timeout() {
-    let out = scratch("hang");
-    let start = Instant::now();
-    let run = mpirun("hang", &out, &[]);
-    let took = start.elapsed();
-    let stderr =
-        String::from_utf8_lossy(&run.stderr).to_string() + &String::from_utf8_lossy(&run.stdout);
-    assert!(!run.status.success(), "the job must fail: {stderr}");
-    assert!(took < Duration::from_secs(30), "took {took:?}: {stderr}");
+    let printed = failing_job("hang");
     assert!(
-        stderr.contains("waited") && stderr.contains("AllReduce(Sum)"),
-        "a waiting rank says what it waited in: {stderr}"
+        printed.contains("waited") && printed.contains("AllReduce(Sum)"),
+        "a waiting rank says what it waited in: {printed}"
     );
-    std::fs::remove_dir_all(&out).ok();
 }

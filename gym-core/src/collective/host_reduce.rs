@@ -21,11 +21,11 @@ const CHUNK: usize = 1 << 14;
 
 /// The smallest tensor sent down this path: below it the tensor path's fixed costs are the
 /// smaller ones, and there is nothing to share out.
-pub(super) const MIN_ELEMENTS: usize = CHUNK;
+const MIN_ELEMENTS: usize = CHUNK;
 
 /// Whether `device` keeps tensors in host memory, where [`Tensor::into_data`] hands over
 /// the buffer without copying it.
-pub(super) fn is_host(device: &Device) -> bool {
+fn is_host(device: &Device) -> bool {
     let device = device.clone().inner();
     #[cfg(feature = "flex")]
     if device == Device::flex() {

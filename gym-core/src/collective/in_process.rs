@@ -639,12 +639,11 @@ fn combine(op: CollectiveOp, group: &Group, inputs: Vec<Option<Payload>>) -> Out
         });
         return Outcome::AllBytes(bytes.collect());
     }
-    let mut inputs: Vec<Payload> = inputs.collect();
-    if let CollectiveOp::AllReduce(reduce) = op {
-        match host_reduction(inputs, reduce) {
-            Ok(job) => return job,
-            Err(back) => inputs = back,
-        }
+    let inputs: Vec<Payload> = inputs.collect();
+    if let CollectiveOp::AllReduce(reduce) = op
+        && inputs.iter().all(|p| matches!(p, Payload::Host(..)))
+    {
+        return host_reduction(inputs, reduce);
     }
     let mut inputs = inputs.into_iter().map(|p| match p {
         Payload::Tensor(t) => *t,
@@ -675,13 +674,9 @@ fn combine(op: CollectiveOp, group: &Group, inputs: Vec<Option<Payload>>) -> Out
     }
 }
 
-/// The all-reduce of every member's host buffer, if every member handed one over (it is
-/// finished by the members themselves, each in [`HostReduction::join`]); else the inputs
-/// back.
-fn host_reduction(inputs: Vec<Payload>, op: ReduceOp) -> Result<Outcome, Vec<Payload>> {
-    if !inputs.iter().all(|p| matches!(p, Payload::Host(..))) {
-        return Err(inputs);
-    }
+/// The all-reduce of every member's host buffer (every input is one), finished by the
+/// members themselves, each in [`HostReduction::join`], on the first member's device.
+fn host_reduction(inputs: Vec<Payload>, op: ReduceOp) -> Outcome {
     let mut device = None;
     let buffers = inputs
         .into_iter()
@@ -690,13 +685,11 @@ fn host_reduction(inputs: Vec<Payload>, op: ReduceOp) -> Result<Outcome, Vec<Pay
                 device.get_or_insert(d);
                 data
             }
-            _ => unreachable!("checked above"),
+            _ => unreachable!("the caller checked that every input is a host buffer"),
         })
         .collect();
     let device = device.expect("a non-empty group");
-    Ok(Outcome::Reducing(Arc::new(HostReduction::new(
-        buffers, op, device,
-    ))))
+    Outcome::Reducing(Arc::new(HostReduction::new(buffers, op, device)))
 }
 
 /// What a rank hands over for an all-reduce: its buffer, if the shared-out host path
