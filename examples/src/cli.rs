@@ -105,6 +105,16 @@ impl StrategyName {
 /// The strategies that take the quorum flags, as a user writes them.
 const QUORUM_STRATEGIES: &str = "diloco, sparta-diloco and muloco";
 
+/// How the nodes of a run communicate (`--collective`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CollectiveKind {
+    /// Every node a thread of this process (`gym_core::InProcessGroup`).
+    InProcess,
+    /// One node per process of an MPI job (`gym_core::MpiCollective`).
+    Mpi,
+}
+
 /// SPARTA's index selectors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -270,6 +280,16 @@ pub struct CommonArgs {
     /// backend's default device for every node.
     #[arg(long, value_name = "LIST")]
     pub devices: Option<String>,
+    /// How the nodes communicate: `in-process` (every node a thread of this process) or
+    /// `mpi` (one node per process of an MPI job, started as `mpirun -np K <binary>
+    /// --collective mpi …` with K = --num-nodes; needs the `mpi` feature). Under MPI, rank
+    /// 0 writes the logs and the summary.
+    #[arg(long, value_enum, default_value = "in-process")]
+    pub collective: CollectiveKind,
+    /// With `--collective mpi`: a rank that waits this many seconds in one collective
+    /// (a peer hung) exits with status 70, which ends the job.
+    #[arg(long, default_value_t = 600.0, value_name = "SECONDS")]
+    pub mpi_timeout: f64,
     /// Simulate time on this network: datacenter, cross-region, wan, internet,
     /// BANDWIDTH:LATENCY (1gbit:10ms) or UP/DOWN:LATENCY (100mbit/1gbit:40ms); several,
     /// comma-separated, give one link per node.

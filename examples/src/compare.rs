@@ -215,23 +215,32 @@ pub fn run(argv: &[OsString]) -> Result<Comparison, BoxError> {
             summary: result.summary,
         });
     }
-    write_outputs(&args, task.as_ref(), outcomes)
+    write_outputs(&args, task.as_ref(), outcomes, runner.is_rank_zero())
 }
 
-/// Writes the table, plots and metrics of `outcomes` into `args.out_dir`.
+/// Writes the table, plots and metrics of `outcomes` into `args.out_dir`, and prints the
+/// table, if `writes` (under MPI, rank 0 writes; the others only trained).
 fn write_outputs(
     args: &CompareArgs,
     task: &dyn TrainTask,
     outcomes: Vec<Outcome>,
+    writes: bool,
 ) -> Result<Comparison, BoxError> {
-    let dir = &args.out_dir;
-    std::fs::create_dir_all(dir)?;
-    let mut files = Vec::new();
     let first = &outcomes[0].report;
     let identical_conditions = outcomes.iter().all(|o| {
         o.report.init_fingerprint == first.init_fingerprint
             && o.report.data_fingerprint == first.data_fingerprint
     });
+    let mut files = Vec::new();
+    if !writes {
+        return Ok(Comparison {
+            outcomes,
+            files,
+            identical_conditions,
+        });
+    }
+    let dir = &args.out_dir;
+    std::fs::create_dir_all(dir)?;
 
     let label = task_label(task);
     let table = results_table(args, &label, &outcomes, identical_conditions);

@@ -7,7 +7,7 @@
 //! [`CommonArgs::strategy_config`]).
 
 use crate::backend;
-use crate::cli::{self, CommonArgs};
+use crate::cli::{self, CollectiveKind, CommonArgs};
 use crate::summary::{RunLabels, RunSummary, print_summary};
 use burn::data::dataloader::batcher::Batcher;
 use burn::tensor::Device;
@@ -104,6 +104,8 @@ pub struct Runner {
     backend: String,
     process_start: Instant,
     interrupt: Option<Arc<AtomicBool>>,
+    /// This process's node of an MPI job (`--collective mpi`), once started.
+    mpi: mpi::Node,
 }
 
 impl Runner {
@@ -117,6 +119,7 @@ impl Runner {
             backend,
             process_start,
             interrupt: None,
+            mpi: mpi::Node::new(),
         }
     }
 
@@ -125,6 +128,12 @@ impl Runner {
     pub fn with_interrupt(mut self, flag: Arc<AtomicBool>) -> Self {
         self.interrupt = Some(flag);
         self
+    }
+
+    /// Whether this process writes a run's files and prints its summary: always, except in
+    /// an MPI job (`--collective mpi`), where rank 0 alone does.
+    pub fn is_rank_zero(&self) -> bool {
+        self.mpi.is_rank_zero()
     }
 
     /// Fits `task` with `strategy` as `args` describe, writes the run's `summary.json` and
@@ -145,17 +154,29 @@ impl Runner {
             Some(list) => backend::parse_devices(list)?,
             None => vec![self.device.clone()],
         };
-        let mut trainer = Trainer::new(args.trainer_config()?).with_devices(devices);
-        if let Some(flag) = &self.interrupt {
-            trainer = trainer.with_interrupt(flag.clone());
-        }
+        let trainer = Trainer::new(args.trainer_config()?).with_devices(devices);
         let fit_start = Instant::now();
-        let out = trainer.fit(&task.init, strategy, &task.data, &task.batcher)?;
+        let backend = args.devices.as_deref().unwrap_or(&self.backend);
+        let (out, backend) = match args.collective {
+            CollectiveKind::InProcess => {
+                let trainer = match &self.interrupt {
+                    Some(flag) => trainer.with_interrupt(flag.clone()),
+                    None => trainer,
+                };
+                let out = trainer.fit(&task.init, strategy, &task.data, &task.batcher)?;
+                (out, backend.to_string())
+            }
+            CollectiveKind::Mpi => {
+                let out = self.mpi.fit(&trainer, task, strategy, args.mpi_timeout)?;
+                let processes = out.report.num_nodes;
+                (out, format!("{backend}; MPI, {processes} processes"))
+            }
+        };
         let labels = RunLabels {
             strategy: &strategy.name(),
             model: &task.model_name,
             dataset: &task.dataset,
-            backend: args.devices.as_deref().unwrap_or(&self.backend),
+            backend: &backend,
         };
         let summary = RunSummary::new(
             &out.report,
@@ -165,10 +186,13 @@ impl Runner {
             fit_start,
         );
         let dir = args.run_dir(&out.report.run_name);
-        summary.write(&dir)?;
-        cli::save_run_config(run_config, &dir)?;
-        print_summary(&summary);
-        println!("logs              {}", dir.display());
+        // Under MPI, rank 0 writes the summary and prints it; the others only trained.
+        if self.is_rank_zero() {
+            summary.write(&dir)?;
+            cli::save_run_config(run_config, &dir)?;
+            print_summary(&summary);
+            println!("logs              {}", dir.display());
+        }
         Ok(Finished {
             model: out.model,
             result: RunResult {
@@ -298,5 +322,108 @@ pub fn files_exit_code(result: Result<Vec<PathBuf>, BoxError>) -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+    }
+}
+
+/// `--collective mpi`: one node per process of an MPI job.
+#[cfg(feature = "mpi")]
+mod mpi {
+    use super::{BoxError, Task};
+    use burn::data::dataloader::batcher::Batcher;
+    use gym_core::{Collective, FitOutput, MpiCollective, StrategyConfig, TrainModel, Trainer};
+    use std::sync::OnceLock;
+    use std::time::Duration;
+
+    /// This process's node of the job, started on first use (MPI starts once per process)
+    /// and finalised when dropped.
+    pub struct Node(OnceLock<MpiCollective>);
+
+    impl Node {
+        /// Not started yet.
+        pub fn new() -> Self {
+            Node(OnceLock::new())
+        }
+
+        fn get(&self, timeout_s: f64) -> Result<&MpiCollective, BoxError> {
+            if let Some(node) = self.0.get() {
+                return Ok(node);
+            }
+            let timeout = Duration::try_from_secs_f64(timeout_s)
+                .map_err(|e| format!("--mpi-timeout {timeout_s}: {e}"))?;
+            let node = MpiCollective::init()?.with_timeout(timeout);
+            Ok(self.0.get_or_init(|| node))
+        }
+
+        /// Whether this process writes and prints: rank 0 of the job, or not in a job.
+        pub fn is_rank_zero(&self) -> bool {
+            self.0.get().is_none_or(|n| n.rank() == 0)
+        }
+
+        /// Fits this process's node. A node that fails ends the whole job (`MPI_Abort`),
+        /// since the others are waiting for it in a collective.
+        pub fn fit<M, I, B>(
+            &self,
+            trainer: &Trainer,
+            task: &Task<M, I, B>,
+            strategy: &dyn StrategyConfig,
+            timeout_s: f64,
+        ) -> Result<FitOutput<M>, BoxError>
+        where
+            M: TrainModel,
+            I: Send + 'static,
+            B: Batcher<I, M::Batch>,
+        {
+            let node = self.get(timeout_s)?;
+            let fitted = trainer.fit_node(
+                node.clone(),
+                &task.init,
+                strategy,
+                &task.data,
+                &task.batcher,
+            );
+            fitted.or_else(|e| {
+                eprintln!("error: rank {}: {e}", node.rank());
+                node.abort(1)
+            })
+        }
+    }
+}
+
+/// `--collective mpi` in a build without the `mpi` feature: refused.
+#[cfg(not(feature = "mpi"))]
+mod mpi {
+    use super::{BoxError, Task};
+    use burn::data::dataloader::batcher::Batcher;
+    use gym_core::{FitOutput, StrategyConfig, TrainModel, Trainer};
+
+    /// No MPI job in this build.
+    pub struct Node;
+
+    impl Node {
+        pub fn new() -> Self {
+            Node
+        }
+
+        pub fn is_rank_zero(&self) -> bool {
+            true
+        }
+
+        pub fn fit<M, I, B>(
+            &self,
+            _: &Trainer,
+            _: &Task<M, I, B>,
+            _: &dyn StrategyConfig,
+            _: f64,
+        ) -> Result<FitOutput<M>, BoxError>
+        where
+            M: TrainModel,
+            I: Send + 'static,
+            B: Batcher<I, M::Batch>,
+        {
+            Err("--collective mpi needs a build with the `mpi` feature \
+                 (cargo build --release -p examples --features mpi; Open MPI and libclang \
+                 installed)"
+                .into())
+        }
     }
 }

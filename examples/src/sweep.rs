@@ -12,7 +12,7 @@
 //! With `--global-batch B`, each node trains on `B / K` examples per step, so every cell sees
 //! the same examples per step and in total (equal total tokens).
 
-use crate::cli::{self, CommonArgs, StrategyName};
+use crate::cli::{self, CollectiveKind, CommonArgs, StrategyName};
 use crate::plot::{Chart, Series};
 use crate::runner::{BoxError, Runner};
 use crate::summary::{RunSummary, percent, seconds};
@@ -132,6 +132,14 @@ pub fn run(argv: &[OsString]) -> Result<Sweep, BoxError> {
     }
     if let Some(k) = args.nodes.iter().find(|&&k| k == 0) {
         return Err(format!("--nodes: {k} is not a node count").into());
+    }
+    if args.common.collective == CollectiveKind::Mpi {
+        // An MPI job has one node count, its process count; a sweep varies it.
+        return Err(
+            "sweep runs in-process; under mpirun, use `compare` or a training binary \
+                    with --collective mpi"
+                .into(),
+        );
     }
     if let Some(b) = args.global_batch
         && let Some(k) = args.nodes.iter().find(|&&k| b % k != 0)

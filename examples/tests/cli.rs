@@ -438,3 +438,105 @@ fn devices_are_spread_round_robin_and_unknown_ones_refused() {
         std::fs::remove_dir_all(&dir).ok();
     }
 }
+
+/// The `train_loss` and `sim_time_s` columns of a run's `train.csv`.
+#[cfg(feature = "mpi")]
+fn losses_and_clocks(run: &std::path::Path) -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(run.join("train.csv")).unwrap();
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let col = |name: &str| header.iter().position(|h| *h == name).unwrap();
+    let (loss, clock) = (col("train_loss"), col("sim_time_s"));
+    lines
+        .map(|l| {
+            let cells: Vec<&str> = l.split(',').collect();
+            (cells[loss].to_string(), cells[clock].to_string())
+        })
+        .collect()
+}
+
+#[cfg(not(feature = "mpi"))]
+#[test]
+fn collective_mpi_in_a_build_without_mpi_says_how_to_build_it() {
+    let dir = temp_dir("no-mpi");
+    let out = mnist(&dir, &["--collective", "mpi"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("--features mpi"), "{stderr}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `mpirun -np 4 mnist --collective mpi`: one node per process; rank 0 alone writes the
+/// run folder and prints the summary, whose losses and simulated clock are the in-process
+/// run's, step for step.
+#[cfg(feature = "mpi")]
+#[test]
+fn mpi_mnist_under_mpirun_logs_once_what_the_in_process_run_logs() {
+    let flags = [
+        "--num-nodes",
+        "4",
+        "--max-steps",
+        "6",
+        "--network",
+        "internet",
+        "--strategy",
+        "diloco",
+        "--sync-interval",
+        "4",
+    ];
+    let alone = temp_dir("mpi-alone");
+    let out = mnist(&alone, &flags);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let job = temp_dir("mpi-job");
+    let out = Command::new("mpirun")
+        .args(["--allow-run-as-root", "--oversubscribe", "-np", "4"])
+        .arg(env!("CARGO_BIN_EXE_mnist"))
+        .args([
+            "--collective",
+            "mpi",
+            "--batch-size",
+            "16",
+            "--val-size",
+            "0",
+        ])
+        .args(["--no-progress", "--run-name", "run", "--data-dir"])
+        .arg(mnist_dir())
+        .arg("--log-dir")
+        .arg(&job)
+        .args(flags)
+        .output()
+        .expect("mpirun runs (apt-get install openmpi-bin)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        stdout.matches("strategy ").count(),
+        1,
+        "one summary: {stdout}"
+    );
+    assert!(stdout.contains("MPI, 4 processes"), "{stdout}");
+    assert!(
+        stdout.contains("simulated"),
+        "real and simulated time: {stdout}"
+    );
+    assert_eq!(
+        std::fs::read_dir(&job).unwrap().count(),
+        1,
+        "one run folder"
+    );
+    let expected = losses_and_clocks(&alone.join("run"));
+    assert_eq!(expected.len(), 6);
+    assert!(expected.iter().all(|(_, clock)| !clock.is_empty()));
+    assert_eq!(losses_and_clocks(&job.join("run")), expected);
+    for dir in [alone, job] {
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}

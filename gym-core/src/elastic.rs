@@ -1,7 +1,7 @@
 //! Nodes that come and go (a [`FaultTimeline`](crate::faults::FaultTimeline)): what a node
 //! does when it leaves and rejoins, and the ledger of work lost that the run reports.
 
-use crate::collective::{Collective, Group, InProcessCollective};
+use crate::collective::{Group, NodeCollective};
 use crate::error::{GymError, Result};
 use crate::faults::{Fault, Rejoin};
 use crate::model::TrainModel;
@@ -77,13 +77,13 @@ struct PeerState {
 /// away), then, if the strategy asks for it, receive the source's model and strategy state
 /// through `comm` (counted and timed).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn rejoin<M: TrainModel>(
+pub(crate) fn rejoin<M: TrainModel, C: NodeCollective>(
     rank: usize,
     rejoin: &Rejoin,
     replica: &mut ModelReplica<M>,
     strategy: &mut dyn Strategy,
     ledger: &mut NodeLedger,
-    comm: &InProcessCollective,
+    comm: &C,
     device: &Device,
 ) -> Result<()> {
     let Some(source) = rejoin.source else {

@@ -18,6 +18,11 @@
 //! wide-area link; collectives run over the nodes present ([`MembershipView`]), and the run
 //! reports what the faults cost ([`elastic`], [`RunReport::goodput`]).
 //!
+//! [`Trainer::fit_node`] runs the same loop for one node of a job whose other nodes run in
+//! other processes or on other hosts ([`NodeCollective`]; the `MpiCollective` with the
+//! `mpi` feature), the nodes exchanging their reports so that every one returns the whole
+//! run.
+//!
 //! Library code never names a backend: it takes a Burn [`Device`](burn::tensor::Device).
 
 #![warn(missing_docs)]
@@ -48,8 +53,8 @@ pub use batch::{ImageBatch, TokenBatch};
 #[cfg(feature = "mpi")]
 pub use collective::MpiCollective;
 pub use collective::{
-    Collective, CommStats, Group, InProcessCollective, InProcessGroup, MembershipView, Pending,
-    QuorumRule, ReduceOp, SimulatedTime, TransferTiming,
+    Collective, CommStats, Group, InProcessCollective, InProcessGroup, MembershipView,
+    NodeCollective, Pending, QuorumRule, ReduceOp, SimulatedTime, TransferTiming,
 };
 pub use data::{DistributedSampler, NodeData, SharedDataset, Split};
 pub use dropout::Dropout;

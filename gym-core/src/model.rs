@@ -5,7 +5,7 @@ use burn::module::Module;
 use burn::tensor::Tensor;
 
 /// Metrics of one evaluation batch.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct EvalMetrics {
     /// Mean loss over the batch.
     pub loss: f64,

@@ -2,14 +2,12 @@
 //! the strategy step, report metrics; at the end, evaluate and average the replicas.
 
 use crate::checkpoint::{CheckpointWriter, NodeCheckpoint, StopAgreement};
-use crate::collective::{
-    Collective, InProcessCollective, InProcessGroup, MembershipView, ReduceOp,
-};
+use crate::collective::{Collective, MembershipView, NodeCollective, ReduceOp};
 use crate::data::{NodeLoader, NodeView, get_item, validation_indices};
 use crate::elastic::{self, NodeLedger};
 use crate::error::{GymError, Result};
 use crate::faults::FaultTimeline;
-use crate::metrics::{EvalKind, NodeStep, Recorder, mean_pairwise_correlation};
+use crate::metrics::{EvalKind, NodeStep, Recorder, Report, Reporter, mean_pairwise_correlation};
 use crate::model::{EvalMetrics, TrainModel};
 use crate::params::ParamLayout;
 use crate::plan::RunPlan;
@@ -29,8 +27,11 @@ pub(crate) struct NodeShared<'a, B> {
     pub plan: RunPlan,
     pub devices: &'a [Device],
     pub recorder: &'a Recorder,
+    /// Whether each process runs one node of the run and keeps its own recorder (an MPI
+    /// job): reports are then exchanged between the nodes, and every node returns the
+    /// averaged model and its master.
+    pub one_node_per_process: bool,
     pub batcher: &'a B,
-    pub group: &'a InProcessGroup,
     pub checkpoints: Option<&'a CheckpointWriter>,
     pub stop: &'a StopAgreement,
 }
@@ -62,16 +63,17 @@ pub(crate) struct NodeOutcome<M> {
 }
 
 /// Runs node `rank` to the end. `current_step` tells the trainer where a failure happened.
-pub(crate) fn run_node<M, I, B>(
+pub(crate) fn run_node<M, I, B, C>(
     rank: usize,
     start: NodeStart<M, I>,
     shared: &NodeShared<'_, B>,
-    comm: InProcessCollective,
+    comm: C,
     current_step: &AtomicUsize,
 ) -> Result<NodeOutcome<M>>
 where
     M: TrainModel,
     B: Batcher<I, M::Batch>,
+    C: NodeCollective,
 {
     let NodeStart {
         mut replica,
@@ -84,6 +86,11 @@ where
     let device = &shared.devices[rank];
     rng::seed_node(plan.seed, rank);
     let layout = replica.layout().clone();
+    let reports = if shared.one_node_per_process {
+        Reporter::exchanged(shared.recorder)
+    } else {
+        Reporter::direct(shared.recorder)
+    };
     let eval = Evaluator {
         rank,
         comm: comm.observer(),
@@ -92,7 +99,8 @@ where
         minibatch: plan.minibatch,
         batcher: shared.batcher,
         device: device.clone().inner(),
-        recorder: shared.recorder,
+        reports: &reports,
+        every_rank_keeps_the_average: shared.one_node_per_process,
     };
     let subset = validation_indices(view.val.len(), Some(plan.val_size), plan.seed);
     let mut loader = NodeLoader::new(view.train, view.sampler);
@@ -108,14 +116,7 @@ where
         if let Some(writer) = shared.checkpoints
             && (plan.checkpoints_before(step) || (stopping && step > plan.start_step))
         {
-            let node = snapshot(
-                rank,
-                &mut replica,
-                &*strategy,
-                &loader,
-                shared.group,
-                ledger,
-            )?;
+            let node = snapshot(&mut replica, &*strategy, &loader, &comm, ledger)?;
             writer.deposit(rank, plan.num_nodes, step, node, || {
                 shared.recorder.snapshot(step)
             })?;
@@ -219,10 +220,10 @@ where
         }
         let strategy_s = strategy_start.elapsed().as_secs_f64();
         replica.flush();
-        shared.recorder.train_step(
+        reports.report(Report::Train {
             rank,
             step,
-            NodeStep {
+            node: NodeStep {
                 loss,
                 skipped: skip,
                 lr: strategy.lr(),
@@ -231,9 +232,10 @@ where
                 strategy_s,
                 simulated: comm.simulated_time(),
             },
-        );
+        });
+        reports.flush(&eval.comm)?;
         if plan.correlates_after(step) {
-            correlate(rank, step, replica.model(), &eval.comm, shared)?;
+            correlate(rank, step, replica.model(), &eval.comm, plan, &reports)?;
         }
         step += 1;
     };
@@ -242,8 +244,9 @@ where
     // The master of the first node still present at the end.
     let last = plan.max_steps - 1;
     let first_present = (0..plan.num_nodes).find(|&r| plan.faults.is_present(r, last));
+    let keeps_master = shared.one_node_per_process || Some(rank) == first_present;
     let master = match strategy.master_params() {
-        Some(flat) if Some(rank) == first_present => Some(layout.load(model.clone(), flat)),
+        Some(flat) if keeps_master => Some(layout.load(model.clone(), flat)),
         _ => None,
     };
     // An interrupted run skips the final evaluation: rank 0's replica stands for the model.
@@ -252,6 +255,7 @@ where
     } else {
         eval.finish(plan.max_steps, model)?
     };
+    reports.flush(&eval.comm)?;
     Ok(NodeOutcome {
         final_model,
         master,
@@ -260,13 +264,12 @@ where
     })
 }
 
-/// Everything node `rank` carries into its next step, for a checkpoint.
+/// Everything a node carries into its next step, for a checkpoint.
 fn snapshot<M: TrainModel, I>(
-    rank: usize,
     replica: &mut ModelReplica<M>,
     strategy: &dyn Strategy,
     loader: &NodeLoader<I>,
-    group: &InProcessGroup,
+    comm: &impl NodeCollective,
     ledger: NodeLedger,
 ) -> Result<NodeCheckpoint> {
     let model = replica.model();
@@ -290,8 +293,8 @@ fn snapshot<M: TrainModel, I>(
         strategy: state,
         loader: loader.position(),
         rng: rng::node_rng_state(),
-        comm: group.stats(rank),
-        clock: group.clock_state(rank),
+        comm: comm.stats(),
+        clock: comm.clock_state(),
         ledger,
     })
 }
@@ -374,19 +377,20 @@ where
 /// Gathers every replica's float tensors (through the observer, so the measurement is not
 /// counted as traffic) and lets rank 0 record the mean pairwise correlation of the replicas
 /// present after `step`.
-fn correlate<M: TrainModel, B>(
+fn correlate<M: TrainModel>(
     rank: usize,
     step: usize,
     model: &M,
-    observer: &InProcessCollective,
-    shared: &NodeShared<'_, B>,
+    observer: &impl Collective,
+    plan: &RunPlan,
+    reports: &Reporter<'_>,
 ) -> Result<()> {
     let replicas = observer.all_gather(ParamLayout::all_float(model).flatten(model))?;
     if rank == 0 {
         let host = replicas
             .into_iter()
             .enumerate()
-            .filter(|(r, _)| shared.plan.faults.is_present(*r, step))
+            .filter(|(r, _)| plan.faults.is_present(*r, step))
             .map(|(_, t)| {
                 t.into_data()
                     .try_into_vec_as::<f32>()
@@ -394,9 +398,10 @@ fn correlate<M: TrainModel, B>(
             })
             .collect::<Result<Vec<_>>>()?;
         if host.len() >= 2 {
-            shared
-                .recorder
-                .correlation(step + 1, mean_pairwise_correlation(&host));
+            reports.report(Report::Correlation {
+                steps: step + 1,
+                correlation: mean_pairwise_correlation(&host),
+            });
         }
     }
     Ok(())
@@ -406,18 +411,31 @@ fn correlate<M: TrainModel, B>(
 /// original does: every node takes part in the averaging; rank 0 evaluates its own model
 /// while rank 1 evaluates the average. Traffic goes through an observer handle, so it is
 /// not counted as the strategy's communication.
-struct Evaluator<'a, I, B> {
+struct Evaluator<'a, I, B, C> {
     rank: usize,
-    comm: InProcessCollective,
+    comm: C,
     faults: &'a FaultTimeline,
     val: &'a dyn Dataset<I>,
     minibatch: usize,
     batcher: &'a B,
     device: Device,
-    recorder: &'a Recorder,
+    reports: &'a Reporter<'a>,
+    /// Whether every rank returns the averaged final model (each process runs one node),
+    /// not only the rank that evaluated it.
+    every_rank_keeps_the_average: bool,
 }
 
-impl<I, B> Evaluator<'_, I, B> {
+impl<I, B, C: Collective> Evaluator<'_, I, B, C> {
+    /// Reports an evaluation of `kind` at `step`.
+    fn report(&self, step: usize, kind: EvalKind, metrics: EvalMetrics, examples: usize) {
+        self.reports.report(Report::Eval {
+            step,
+            kind,
+            metrics,
+            examples,
+        });
+    }
+
     fn global_rank(&self) -> usize {
         1 % self.comm.world_size()
     }
@@ -455,19 +473,16 @@ impl<I, B> Evaluator<'_, I, B> {
         };
         if self.rank == 0 {
             let local = self.metrics(&model.valid(), indices)?;
-            self.recorder
-                .eval(step, EvalKind::Local, local, indices.len());
+            self.report(step, EvalKind::Local, local, indices.len());
             if k == 1 {
-                self.recorder
-                    .eval(step, EvalKind::Global, local, indices.len());
+                self.report(step, EvalKind::Global, local, indices.len());
             }
         }
         if let Some(average) = average
             && self.rank == self.global_rank()
         {
             let global = self.metrics(&layout.load(model.valid(), average), indices)?;
-            self.recorder
-                .eval(step, EvalKind::Global, global, indices.len());
+            self.report(step, EvalKind::Global, global, indices.len());
         }
         Ok(())
     }
@@ -490,9 +505,9 @@ impl<I, B> Evaluator<'_, I, B> {
         };
         if self.rank == 0 {
             let local = self.metrics(&model.valid(), &all)?;
-            self.recorder.eval(step, EvalKind::Local, local, all.len());
+            self.report(step, EvalKind::Local, local, all.len());
             if k == 1 {
-                self.recorder.eval(step, EvalKind::Global, local, all.len());
+                self.report(step, EvalKind::Global, local, all.len());
                 return Ok(Some(model));
             }
         }
@@ -500,9 +515,11 @@ impl<I, B> Evaluator<'_, I, B> {
             Some(average) if self.rank == self.global_rank() => {
                 let averaged = state.load(model, average);
                 let global = self.metrics(&averaged.valid(), &all)?;
-                self.recorder
-                    .eval(step, EvalKind::Global, global, all.len());
+                self.report(step, EvalKind::Global, global, all.len());
                 Ok(Some(averaged))
+            }
+            Some(average) if self.every_rank_keeps_the_average => {
+                Ok(Some(state.load(model, average)))
             }
             _ => Ok(None),
         }

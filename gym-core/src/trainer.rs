@@ -2,12 +2,14 @@
 //! collect the final model and the run's metrics.
 
 use crate::checkpoint::{Checkpoint, CheckpointWriter, Identity, StopAgreement};
-use crate::collective::{Collective, InProcessGroup};
+use crate::collective::{Collective, CommStats, InProcessGroup, NodeCollective, SimulatedTime};
 use crate::data::{NodeData, get_item};
-use crate::elastic::ElasticReport;
+use crate::elastic::{ElasticReport, NodeLedger};
 use crate::error::{GymError, Result};
 use crate::faults::{FaultSchedule, FaultTimeline};
-use crate::metrics::{CsvLogs, Fingerprint, Recorder, Records, RunReport, default_run_name};
+use crate::metrics::{
+    CsvLogs, Fingerprint, Recorder, Records, RunReport, default_run_name, exchange_bytes,
+};
 use crate::model::TrainModel;
 use crate::node::{NodeOutcome, NodeShared, NodeStart, run_node};
 use crate::params::ParamLayout;
@@ -20,6 +22,7 @@ use burn::config::Config;
 use burn::data::dataloader::batcher::Batcher;
 use burn::module::ParamId;
 use burn::tensor::{Device, Tensor, TensorData};
+use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -318,199 +321,20 @@ impl Trainer {
     {
         let fit_start = Instant::now();
         let cfg = &self.config;
-        cfg.validate()?;
-        if self.devices.is_empty() {
-            return Err(GymError::InvalidConfig("no device given".into()));
-        }
         let k = cfg.num_nodes;
-        let resume = match &cfg.resume_from {
-            Some(path) => Some(Checkpoint::load(Path::new(path))?.0),
-            None => None,
-        };
-        let devices: Vec<Device> = (0..k)
-            .map(|r| self.devices[r % self.devices.len()].clone().autodiff())
-            .collect();
-
-        // Data: every node's view, checked before anything runs.
-        let views: Vec<_> = (0..k)
-            .map(|r| data.node_view(r, k, cfg.shuffle, cfg.seed))
-            .collect();
-        let mut steps_per_epoch = usize::MAX;
-        for (rank, v) in views.iter().enumerate() {
-            let shard = v.sampler.shard_len();
-            if v.train.is_empty() {
-                return Err(GymError::Data(format!(
-                    "the training dataset of rank {rank} is empty"
-                )));
-            }
-            if shard < cfg.batch_size {
-                return Err(GymError::Data(format!(
-                    "rank {rank} has {shard} training examples, less than one batch of {}",
-                    cfg.batch_size
-                )));
-            }
-            if v.val.is_empty() {
-                return Err(GymError::Data(format!(
-                    "the validation dataset of rank {rank} is empty"
-                )));
-            }
-            steps_per_epoch = steps_per_epoch.min(shard / cfg.batch_size);
-        }
-
-        // Replicas: rank 0 from the seed, the others copied from it. Every `init` draws from
-        // the backend's global generator (lazily: `materialize` forces it), so all of them
-        // run under the lock, and so does the probe of the model's own randomness.
-        let (replicas, init_fingerprint) = {
-            let _guard = rng::lock_backend_rng();
-            let base = rng::init_seeded(&devices[0], cfg.seed, &init);
-            let all_float = ParamLayout::all_float(&base);
-            let base_state = all_float.flatten(&base);
-            // Parameter ids from the seed, the same on every replica: optimizer state, which
-            // Burn keys by id, then means the same on every node (a rejoining node takes a
-            // peer's) and encodes to the same bytes in every run of this seed.
-            let trainable = ParamLayout::trainable(&base);
-            let base_ids: Vec<ParamId> = (0..trainable.entries().len())
-                .map(|i| ParamId::from(rng::derive_seed(cfg.seed, &[0x5041_5241, i as u64])))
-                .collect();
-            let base = trainable.with_ids(base, &base_ids);
-            let mut init_fingerprint = Fingerprint::default();
-            for x in base_state
-                .to_data()
-                .try_into_vec_as::<f32>()
-                .map_err(|e| GymError::InvalidConfig(format!("initial parameters: {e:?}")))?
-            {
-                init_fingerprint.write_u64(u64::from(x.to_bits()));
-            }
-            let mut replicas = vec![base];
-            for device in &devices[1..] {
-                let fresh = init(device);
-                if ParamLayout::all_float(&fresh).num_elements() != all_float.num_elements() {
-                    return Err(GymError::InvalidConfig(
-                        "the model built by `init` differs between calls".into(),
-                    ));
-                }
-                let state = base_state.clone().to_device(&device.clone().inner());
-                let loaded = all_float.load(fresh, state);
-                replicas.push(trainable.with_ids(loaded, &base_ids));
-            }
-            let probe_items = (0..cfg.effective_minibatch().min(2))
-                .map(|i| get_item(&*views[0].train, i))
-                .collect::<Result<Vec<I>>>()?;
-            let probe_batch = batcher.batch(probe_items, &devices[0]);
-            if rng::draws_from_backend_generator(&init(&devices[0]), &probe_batch, &devices[0]) {
-                return Err(GymError::SharedRandomness);
-            }
-            (replicas, init_fingerprint.finish())
-        };
-
-        let mut plan = cfg.plan(steps_per_epoch, replicas[0].flops_per_example())?;
-
-        // A resumed run: the same configuration, then every replica as it was saved, its
-        // parameters under their saved ids (which key the optimizers' saved states).
-        let identity = identity::<M>(cfg, &plan, strategy, &ParamLayout::trainable(&replicas[0]));
-        let mut replicas = replicas;
-        if let Some(saved) = &resume {
-            identity.check(&saved.identity)?;
-            if saved.nodes.len() != k {
-                return Err(GymError::Checkpoint(format!(
-                    "it holds {} nodes where this run has {k}",
-                    saved.nodes.len()
-                )));
-            }
-            replicas = replicas
-                .into_iter()
-                .zip(&saved.nodes)
-                .zip(&devices)
-                .map(|((model, node), device)| {
-                    let state = ParamLayout::all_float(&model);
-                    if node.model.len() != state.num_elements() {
-                        return Err(GymError::Checkpoint(format!(
-                            "a node's model holds {} values where this run's has {}",
-                            node.model.len(),
-                            state.num_elements()
-                        )));
-                    }
-                    let values = Tensor::from_data(
-                        TensorData::new(node.model.clone(), [node.model.len()]),
-                        &device.clone().inner(),
-                    );
-                    let model = state.load(model, values);
-                    let ids: Vec<ParamId> =
-                        node.param_ids.iter().map(|&id| ParamId::from(id)).collect();
-                    Ok(ParamLayout::trainable(&model).with_ids(model, &ids))
-                })
-                .collect::<Result<Vec<_>>>()?;
-            plan.start_step = saved.next_step;
-        }
-
-        // Every node's strategy, built before any node starts.
-        let layouts: Vec<ParamLayout> = replicas.iter().map(ParamLayout::trainable).collect();
-        let num_params = layouts[0].num_elements();
-        let node_speeds: Vec<f64> = (0..k)
-            .map(|rank| {
-                cfg.simulation
-                    .as_ref()
-                    .and_then(|sim| sim.node_speed.get(rank).copied())
-                    .unwrap_or(1.0)
-            })
-            .collect();
-        let strategies = (0..k)
-            .map(|rank| {
-                strategy.init(&NodeInfo {
-                    rank,
-                    world_size: k,
-                    max_steps: plan.max_steps,
-                    seed: cfg.seed,
-                    device: &devices[rank],
-                    layout: &layouts[rank],
-                    initial_params: layouts[rank].flatten(&replicas[rank]),
-                    node_speeds: &node_speeds,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let mut strategies = strategies;
-        if let Some(saved) = &resume {
-            for (s, node) in strategies.iter_mut().zip(&saved.nodes) {
-                s.load_state(&node.strategy)?;
-            }
-        }
-
-        // Logs.
-        let run_name = cfg
-            .run_name
-            .clone()
-            .or_else(|| resume.as_ref().map(|c| c.run_name.clone()))
-            .unwrap_or_else(|| default_run_name(&strategy.name(), k));
-        let log_dir: Option<PathBuf> = cfg
-            .log_dir
-            .as_ref()
-            .map(|d| PathBuf::from(d).join(&run_name));
-        let logs = match &log_dir {
-            Some(dir) => {
-                let config_json = serde_json::json!({
-                    "run_name": run_name,
-                    "trainer": serde_json::to_value(cfg).expect("config serialises"),
-                    "max_steps": plan.max_steps,
-                    "strategy": { "name": strategy.name(), "config": strategy.to_json() },
-                    "model": { "type": std::any::type_name::<M>(), "trainable_parameters": num_params },
-                    "devices": devices.iter().map(|d| format!("{d:?}")).collect::<Vec<_>>(),
-                });
-                let logs = CsvLogs::create(dir, &config_json, cfg.correlation_interval.is_some())?;
-                if let Some(schedule) = &cfg.faults {
-                    // The faults in effect, random ones as drawn: what the run met.
-                    let faults = serde_json::json!({
-                        "schedule": schedule.to_string(),
-                        "events": plan.faults.events(),
-                        "absent_node_steps": plan.faults.absent_node_steps(),
-                    });
-                    let text = serde_json::to_string_pretty(&faults).expect("faults serialise");
-                    let path = dir.join("faults.json");
-                    std::fs::write(&path, text).map_err(|e| GymError::io(path, e))?;
-                }
-                Some(logs)
-            }
-            None => None,
-        };
+        let ranks: Vec<usize> = (0..k).collect();
+        let prepared = self.prepare(&init, strategy, data, batcher, &ranks, None, true)?;
+        let Prepared {
+            resume,
+            devices,
+            plan,
+            starts,
+            init_fingerprint,
+            run_name,
+            log_dir,
+            logs,
+            identity,
+        } = prepared;
 
         let group = match &cfg.simulation {
             Some(sim) => InProcessGroup::simulated(k, sim.network.clone()),
@@ -530,7 +354,14 @@ impl Trainer {
             CheckpointWriter::new(dir, cfg.keep_checkpoints, identity, run_name.clone())
         });
         let stop = StopAgreement::new(self.interrupt.clone());
-        let setup_s = fit_start.elapsed().as_secs_f64();
+        let facts = RunFacts {
+            run_name,
+            log_dir,
+            init_fingerprint,
+            steps: plan.max_steps,
+            setup_s: fit_start.elapsed().as_secs_f64(),
+            fit_start,
+        };
         let recorder = Recorder::new(
             k,
             (cfg.batch_size * k) as u64,
@@ -554,37 +385,17 @@ impl Trainer {
                     .collect(),
             );
         }
-        let max_steps = plan.max_steps;
         let shared = NodeShared {
             plan,
             devices: &devices,
             recorder: &recorder,
+            one_node_per_process: false,
             batcher,
-            group: &group,
             checkpoints: checkpoints.as_ref(),
             stop: &stop,
         };
-        let slots: Vec<Mutex<Option<NodeStart<M, I>>>> = replicas
-            .into_iter()
-            .zip(layouts)
-            .zip(strategies)
-            .zip(views)
-            .enumerate()
-            .map(|(rank, (((model, layout), strategy), view))| {
-                Mutex::new(Some(NodeStart {
-                    replica: ModelReplica::new(model, layout),
-                    strategy,
-                    view,
-                    resume: resume
-                        .as_ref()
-                        .map(|c| (c.nodes[rank].loader, c.nodes[rank].rng)),
-                    ledger: resume
-                        .as_ref()
-                        .map(|c| c.nodes[rank].ledger)
-                        .unwrap_or_default(),
-                }))
-            })
-            .collect();
+        let slots: Vec<Mutex<Option<NodeStart<M, I>>>> =
+            starts.into_iter().map(|s| Mutex::new(Some(s))).collect();
         let current_step: Vec<AtomicUsize> = (0..k).map(|_| AtomicUsize::new(0)).collect();
 
         let results = group
@@ -595,23 +406,9 @@ impl Trainer {
                     .unwrap_or_else(|p| p.into_inner())
                     .take()
                     .expect("each rank runs once");
-                let run = || run_node(rank, start, &shared, comm, &current_step[rank]);
-                // Burn's CPU kernels split work with rayon, in the pool of the calling thread.
-                // A node's own small pool keeps that work from spreading over the other nodes'
-                // threads (see `kernel_threads_per_node`).
-                let outcome = match cfg.kernel_threads_per_node {
-                    0 => run(),
-                    n => match rayon::ThreadPoolBuilder::new()
-                        .num_threads(n)
-                        .thread_name(move |_| format!("gym-node-{rank}"))
-                        .build()
-                    {
-                        Ok(pool) => pool.install(run),
-                        Err(e) => Err(GymError::InvalidConfig(format!(
-                            "cannot start node threads: {e}"
-                        ))),
-                    },
-                };
+                let outcome = on_node_pool(rank, cfg.kernel_threads_per_node, || {
+                    run_node(rank, start, &shared, comm, &current_step[rank])
+                });
                 match outcome {
                     Ok(o) => {
                         group.leave(rank);
@@ -650,47 +447,529 @@ impl Trainer {
         let loop_s = recorder.loop_seconds();
         let records = recorder.finish()?;
         let (mut model, mut master) = (None, None);
-        let mut data_fingerprint = Fingerprint::default();
-        let mut elastic = ElasticReport {
-            faults: shared.plan.faults.events().to_vec(),
-            nodes: Vec::with_capacity(k),
-        };
-        for r in results {
+        let mut ends = Vec::with_capacity(k);
+        for (rank, r) in results.into_iter().enumerate() {
             let outcome = r?;
             model = model.or(outcome.final_model);
             master = master.or(outcome.master);
-            data_fingerprint.write_u64(outcome.data_fingerprint);
-            elastic.nodes.push(outcome.ledger);
+            ends.push(NodeEnd {
+                comm: group.stats(rank),
+                simulated: group.simulated_time(rank),
+                data_fingerprint: outcome.data_fingerprint,
+                ledger: outcome.ledger,
+            });
         }
         let model = model.expect("one node returns the final model");
-        let model = model.fork(&devices[0]);
-        let master = master.map(|m| m.fork(&devices[0]));
-        let report = RunReport {
+        let checkpoint = checkpoints
+            .as_ref()
+            .and_then(CheckpointWriter::last_written);
+        let report = facts.report(
+            records,
+            loop_s,
+            ends,
+            &shared.plan.faults,
+            stop.stopped_at(),
+            checkpoint,
+        );
+        Ok(FitOutput {
+            model: model.fork(&devices[0]),
+            master: master.map(|m| m.fork(&devices[0])),
+            report,
+        })
+    }
+
+    /// Runs one node of a run whose other nodes run elsewhere, each calling `fit_node` with
+    /// its own handle on the same collective: the rank and the world are `collective`'s,
+    /// and `num_nodes` must be its world size. The usual case is an MPI job, one process per
+    /// node (`MpiCollective`, feature `mpi`, started by `mpirun`).
+    ///
+    /// Every node builds the same replicas, draws the same data and steps the same strategy
+    /// as in [`fit`](Self::fit): with the same seed, the two agree, bit for bit where the
+    /// collective reduces in rank order as the in-process group does. After every step the
+    /// nodes exchange their reports (uncounted), so every node's [`RunReport`] holds the
+    /// whole run; only rank 0 writes the log folder and draws the progress bar. Every node
+    /// returns the averaged model, and its own copy of the strategy's master.
+    ///
+    /// Not yet with a fault schedule, checkpoints, resuming or an interrupt flag:
+    /// [`GymError::InvalidConfig`]. A node that fails returns its error
+    /// ([`GymError::NodeFailed`]) and the others wait in their next collective: end the
+    /// process (under `mpirun`, a non-zero exit ends the job), or abort the job.
+    pub fn fit_node<M, I, B, C>(
+        &self,
+        collective: C,
+        init: impl Fn(&Device) -> M + Sync,
+        strategy: &dyn StrategyConfig,
+        data: &NodeData<I>,
+        batcher: &B,
+    ) -> Result<FitOutput<M>>
+    where
+        M: TrainModel,
+        I: Send + 'static,
+        B: Batcher<I, M::Batch>,
+        C: NodeCollective,
+    {
+        let fit_start = Instant::now();
+        let cfg = &self.config;
+        let (rank, k) = (collective.rank(), collective.world_size());
+        if cfg.num_nodes != k {
+            return Err(GymError::InvalidConfig(format!(
+                "`num_nodes` is {} but the collective has {k} ranks",
+                cfg.num_nodes
+            )));
+        }
+        for (asked, what) in [
+            (cfg.faults.is_some(), "a fault schedule"),
+            (cfg.resume_from.is_some(), "resuming"),
+            (cfg.checkpoint_interval.is_some(), "a checkpoint interval"),
+            (self.interrupt.is_some(), "an interrupt flag"),
+        ] {
+            if asked {
+                return Err(GymError::InvalidConfig(format!(
+                    "{what} is not supported with one node per process (`fit_node`) yet"
+                )));
+            }
+        }
+        cfg.validate()?;
+        collective.begin_run(cfg.simulation.as_ref().map(|s| &s.network))?;
+        let observer = collective.observer();
+        // One name for the run, rank 0's (default names carry the time of day).
+        let name = cfg
+            .run_name
+            .clone()
+            .unwrap_or_else(|| default_run_name(&strategy.name(), k));
+        let name = observer.broadcast_bytes_in(&observer.world(), name.into_bytes(), 0)?;
+        let run_name = String::from_utf8(name)
+            .map_err(|_| GymError::InvalidConfig("rank 0's run name is not UTF-8".into()))?;
+        let prepared = self.prepare(
+            &init,
+            strategy,
+            data,
+            batcher,
+            &[rank],
+            Some(run_name),
+            rank == 0,
+        )?;
+        let Prepared {
+            devices,
+            plan,
+            mut starts,
+            init_fingerprint,
             run_name,
             log_dir,
-            num_nodes: k,
-            steps: max_steps,
+            logs,
+            ..
+        } = prepared;
+        let stop = StopAgreement::new(None);
+        let facts = RunFacts {
+            run_name,
+            log_dir,
+            init_fingerprint,
+            steps: plan.max_steps,
+            setup_s: fit_start.elapsed().as_secs_f64(),
+            fit_start,
+        };
+        let recorder = Recorder::new(
+            k,
+            (cfg.batch_size * k) as u64,
+            plan.max_steps,
+            cfg.simulation.is_some(),
+            cfg.progress && rank == 0,
+            logs,
+        );
+        let shared = NodeShared {
+            plan,
+            devices: &devices,
+            recorder: &recorder,
+            one_node_per_process: true,
+            batcher,
+            checkpoints: None,
+            stop: &stop,
+        };
+        let start = starts.pop().expect("this node's start");
+        let current_step = AtomicUsize::new(0);
+        let outcome = on_node_pool(rank, cfg.kernel_threads_per_node, || {
+            run_node(rank, start, &shared, collective.clone(), &current_step)
+        })
+        .map_err(|e| {
+            recorder.abandon();
+            GymError::NodeFailed {
+                rank,
+                step: current_step.load(Ordering::SeqCst),
+                source: Box::new(e),
+            }
+        })?;
+        let loop_s = recorder.loop_seconds();
+        let records = recorder.finish()?;
+        let end = NodeEnd {
+            comm: collective.stats(),
+            simulated: collective.simulated_time(),
+            data_fingerprint: outcome.data_fingerprint,
+            ledger: outcome.ledger,
+        };
+        let ends = NodeEnd::exchange(&observer, end)?;
+        let report = facts.report(records, loop_s, ends, &shared.plan.faults, None, None);
+        let model = outcome
+            .final_model
+            .expect("every node returns the final model");
+        Ok(FitOutput {
+            model: model.fork(&devices[0]),
+            master: outcome.master.map(|m| m.fork(&devices[0])),
+            report,
+        })
+    }
+
+    /// Everything a run needs before its nodes start, for the nodes `ranks` that run here:
+    /// checks, data views, replicas, strategies, the run's name and log folder (created
+    /// when `writes_logs`). `run_name`, when given, overrides the configured and default
+    /// names.
+    #[allow(clippy::too_many_arguments)]
+    fn prepare<M, I, B>(
+        &self,
+        init: &(impl Fn(&Device) -> M + Sync),
+        strategy: &dyn StrategyConfig,
+        data: &NodeData<I>,
+        batcher: &B,
+        ranks: &[usize],
+        run_name: Option<String>,
+        writes_logs: bool,
+    ) -> Result<Prepared<M, I>>
+    where
+        M: TrainModel,
+        I: Send + 'static,
+        B: Batcher<I, M::Batch>,
+    {
+        let cfg = &self.config;
+        cfg.validate()?;
+        if self.devices.is_empty() {
+            return Err(GymError::InvalidConfig("no device given".into()));
+        }
+        let k = cfg.num_nodes;
+        let resume = match &cfg.resume_from {
+            Some(path) => Some(Checkpoint::load(Path::new(path))?.0),
+            None => None,
+        };
+        let devices: Vec<Device> = (0..k)
+            .map(|r| self.devices[r % self.devices.len()].clone().autodiff())
+            .collect();
+
+        // Data: every node's view, checked before anything runs (the shortest shard sets
+        // the epoch, so every node's is needed).
+        let mut views: Vec<_> = (0..k)
+            .map(|r| Some(data.node_view(r, k, cfg.shuffle, cfg.seed)))
+            .collect();
+        let mut steps_per_epoch = usize::MAX;
+        for (rank, v) in views.iter().flatten().enumerate() {
+            let shard = v.sampler.shard_len();
+            if v.train.is_empty() {
+                return Err(GymError::Data(format!(
+                    "the training dataset of rank {rank} is empty"
+                )));
+            }
+            if shard < cfg.batch_size {
+                return Err(GymError::Data(format!(
+                    "rank {rank} has {shard} training examples, less than one batch of {}",
+                    cfg.batch_size
+                )));
+            }
+            if v.val.is_empty() {
+                return Err(GymError::Data(format!(
+                    "the validation dataset of rank {rank} is empty"
+                )));
+            }
+            steps_per_epoch = steps_per_epoch.min(shard / cfg.batch_size);
+        }
+
+        // Replicas: rank 0's from the seed, the others copied from it. Every `init` draws
+        // from the backend's global generator (lazily: `materialize` forces it), so all of
+        // them run under the lock, and so does the probe of the model's own randomness.
+        let (replicas, init_fingerprint) = {
+            let _guard = rng::lock_backend_rng();
+            let base = rng::init_seeded(&devices[0], cfg.seed, init);
+            let all_float = ParamLayout::all_float(&base);
+            let base_state = all_float.flatten(&base);
+            // Parameter ids from the seed, the same on every replica: optimizer state, which
+            // Burn keys by id, then means the same on every node (a rejoining node takes a
+            // peer's) and encodes to the same bytes in every run of this seed.
+            let trainable = ParamLayout::trainable(&base);
+            let base_ids: Vec<ParamId> = (0..trainable.entries().len())
+                .map(|i| ParamId::from(rng::derive_seed(cfg.seed, &[0x5041_5241, i as u64])))
+                .collect();
+            let mut base = Some(trainable.with_ids(base, &base_ids));
+            let mut init_fingerprint = Fingerprint::default();
+            for x in base_state
+                .to_data()
+                .try_into_vec_as::<f32>()
+                .map_err(|e| GymError::InvalidConfig(format!("initial parameters: {e:?}")))?
+            {
+                init_fingerprint.write_u64(u64::from(x.to_bits()));
+            }
+            let mut replicas = Vec::with_capacity(ranks.len());
+            for &rank in ranks {
+                if rank == 0
+                    && let Some(base) = base.take()
+                {
+                    replicas.push(base);
+                    continue;
+                }
+                let device = &devices[rank];
+                let fresh = init(device);
+                if ParamLayout::all_float(&fresh).num_elements() != all_float.num_elements() {
+                    return Err(GymError::InvalidConfig(
+                        "the model built by `init` differs between calls".into(),
+                    ));
+                }
+                let state = base_state.clone().to_device(&device.clone().inner());
+                let loaded = all_float.load(fresh, state);
+                replicas.push(trainable.with_ids(loaded, &base_ids));
+            }
+            let first = views[0].as_ref().expect("rank 0's view");
+            let probe_items = (0..cfg.effective_minibatch().min(2))
+                .map(|i| get_item(&*first.train, i))
+                .collect::<Result<Vec<I>>>()?;
+            let probe_batch = batcher.batch(probe_items, &devices[0]);
+            if rng::draws_from_backend_generator(&init(&devices[0]), &probe_batch, &devices[0]) {
+                return Err(GymError::SharedRandomness);
+            }
+            (replicas, init_fingerprint.finish())
+        };
+
+        let mut plan = cfg.plan(steps_per_epoch, replicas[0].flops_per_example())?;
+
+        // A resumed run: the same configuration, then every replica as it was saved, its
+        // parameters under their saved ids (which key the optimizers' saved states).
+        let identity = identity::<M>(cfg, &plan, strategy, &ParamLayout::trainable(&replicas[0]));
+        let mut replicas = replicas;
+        if let Some(saved) = &resume {
+            identity.check(&saved.identity)?;
+            if saved.nodes.len() != k {
+                return Err(GymError::Checkpoint(format!(
+                    "it holds {} nodes where this run has {k}",
+                    saved.nodes.len()
+                )));
+            }
+            replicas = replicas
+                .into_iter()
+                .zip(ranks)
+                .map(|(model, &rank)| {
+                    let node = &saved.nodes[rank];
+                    let state = ParamLayout::all_float(&model);
+                    if node.model.len() != state.num_elements() {
+                        return Err(GymError::Checkpoint(format!(
+                            "a node's model holds {} values where this run's has {}",
+                            node.model.len(),
+                            state.num_elements()
+                        )));
+                    }
+                    let values = Tensor::from_data(
+                        TensorData::new(node.model.clone(), [node.model.len()]),
+                        &devices[rank].clone().inner(),
+                    );
+                    let model = state.load(model, values);
+                    let ids: Vec<ParamId> =
+                        node.param_ids.iter().map(|&id| ParamId::from(id)).collect();
+                    Ok(ParamLayout::trainable(&model).with_ids(model, &ids))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            plan.start_step = saved.next_step;
+        }
+
+        // Every node's strategy, built before any node starts.
+        let num_params = ParamLayout::trainable(&replicas[0]).num_elements();
+        let node_speeds: Vec<f64> = (0..k)
+            .map(|rank| {
+                cfg.simulation
+                    .as_ref()
+                    .and_then(|sim| sim.node_speed.get(rank).copied())
+                    .unwrap_or(1.0)
+            })
+            .collect();
+        let mut starts = Vec::with_capacity(ranks.len());
+        for (model, &rank) in replicas.into_iter().zip(ranks) {
+            let layout = ParamLayout::trainable(&model);
+            let mut node_strategy = strategy.init(&NodeInfo {
+                rank,
+                world_size: k,
+                max_steps: plan.max_steps,
+                seed: cfg.seed,
+                device: &devices[rank],
+                layout: &layout,
+                initial_params: layout.flatten(&model),
+                node_speeds: &node_speeds,
+            })?;
+            let saved = resume.as_ref().map(|c| &c.nodes[rank]);
+            if let Some(node) = saved {
+                node_strategy.load_state(&node.strategy)?;
+            }
+            starts.push(NodeStart {
+                replica: ModelReplica::new(model, layout),
+                strategy: node_strategy,
+                view: views[rank].take().expect("each rank's view once"),
+                resume: saved.map(|n| (n.loader, n.rng)),
+                ledger: saved.map(|n| n.ledger).unwrap_or_default(),
+            });
+        }
+
+        // Logs.
+        let run_name = run_name
+            .or_else(|| cfg.run_name.clone())
+            .or_else(|| resume.as_ref().map(|c| c.run_name.clone()))
+            .unwrap_or_else(|| default_run_name(&strategy.name(), k));
+        let log_dir: Option<PathBuf> = cfg
+            .log_dir
+            .as_ref()
+            .map(|d| PathBuf::from(d).join(&run_name));
+        let logs = match &log_dir {
+            Some(dir) if writes_logs => {
+                let config_json = serde_json::json!({
+                    "run_name": run_name,
+                    "trainer": serde_json::to_value(cfg).expect("config serialises"),
+                    "max_steps": plan.max_steps,
+                    "strategy": { "name": strategy.name(), "config": strategy.to_json() },
+                    "model": { "type": std::any::type_name::<M>(), "trainable_parameters": num_params },
+                    "devices": devices.iter().map(|d| format!("{d:?}")).collect::<Vec<_>>(),
+                });
+                let logs = CsvLogs::create(dir, &config_json, cfg.correlation_interval.is_some())?;
+                if let Some(schedule) = &cfg.faults {
+                    // The faults in effect, random ones as drawn: what the run met.
+                    let faults = serde_json::json!({
+                        "schedule": schedule.to_string(),
+                        "events": plan.faults.events(),
+                        "absent_node_steps": plan.faults.absent_node_steps(),
+                    });
+                    let text = serde_json::to_string_pretty(&faults).expect("faults serialise");
+                    let path = dir.join("faults.json");
+                    std::fs::write(&path, text).map_err(|e| GymError::io(path, e))?;
+                }
+                Some(logs)
+            }
+            _ => None,
+        };
+        Ok(Prepared {
+            resume,
+            devices,
+            plan,
+            starts,
+            init_fingerprint,
+            run_name,
+            log_dir,
+            logs,
+            identity,
+        })
+    }
+}
+
+/// What [`Trainer::prepare`] builds: everything but the collective and the recorder.
+struct Prepared<M, I> {
+    resume: Option<Checkpoint>,
+    /// Every rank's device (autodiff on).
+    devices: Vec<Device>,
+    plan: RunPlan,
+    /// The nodes that run here, in the order asked for.
+    starts: Vec<NodeStart<M, I>>,
+    init_fingerprint: u64,
+    run_name: String,
+    log_dir: Option<PathBuf>,
+    logs: Option<CsvLogs>,
+    identity: Identity,
+}
+
+/// What a node ends a run with that the report needs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct NodeEnd {
+    comm: CommStats,
+    simulated: Option<SimulatedTime>,
+    data_fingerprint: u64,
+    ledger: NodeLedger,
+}
+
+impl NodeEnd {
+    /// Every node's end, in rank order, exchanged through `observer`.
+    fn exchange(observer: &impl Collective, mine: NodeEnd) -> Result<Vec<NodeEnd>> {
+        let bytes = rmp_serde::to_vec(&mine)
+            .map_err(|e| GymError::Data(format!("encoding a node's end: {e}")))?;
+        exchange_bytes(observer, bytes)?
+            .iter()
+            .enumerate()
+            .map(|(rank, b)| {
+                rmp_serde::from_slice(b)
+                    .map_err(|e| GymError::Data(format!("decoding the end of rank {rank}: {e}")))
+            })
+            .collect()
+    }
+}
+
+/// What the report says of the run as a whole, known before its nodes start.
+struct RunFacts {
+    run_name: String,
+    log_dir: Option<PathBuf>,
+    init_fingerprint: u64,
+    steps: usize,
+    setup_s: f64,
+    fit_start: Instant,
+}
+
+impl RunFacts {
+    /// The run's report, from the recorder's `records`, every node's end (in rank order)
+    /// and how the run ended.
+    fn report(
+        self,
+        records: Records,
+        loop_s: f64,
+        ends: Vec<NodeEnd>,
+        faults: &FaultTimeline,
+        interrupted_at: Option<usize>,
+        checkpoint: Option<PathBuf>,
+    ) -> RunReport {
+        let mut data_fingerprint = Fingerprint::default();
+        for end in &ends {
+            data_fingerprint.write_u64(end.data_fingerprint);
+        }
+        RunReport {
+            run_name: self.run_name,
+            log_dir: self.log_dir,
+            num_nodes: ends.len(),
+            steps: self.steps,
             train: records.train,
             validation: records.validation,
             correlation: records.correlation,
-            init_fingerprint,
+            init_fingerprint: self.init_fingerprint,
             data_fingerprint: data_fingerprint.finish(),
-            comm: (0..k).map(|r| group.stats(r)).collect(),
-            simulated: (0..k).filter_map(|r| group.simulated_time(r)).collect(),
-            setup_s,
+            comm: ends.iter().map(|e| e.comm).collect(),
+            simulated: ends.iter().filter_map(|e| e.simulated).collect(),
+            setup_s: self.setup_s,
             loop_s,
-            wall_s: fit_start.elapsed().as_secs_f64(),
-            interrupted_at: stop.stopped_at(),
-            checkpoint: checkpoints
-                .as_ref()
-                .and_then(CheckpointWriter::last_written),
-            elastic,
-        };
-        Ok(FitOutput {
-            model,
-            master,
-            report,
-        })
+            wall_s: self.fit_start.elapsed().as_secs_f64(),
+            interrupted_at,
+            checkpoint,
+            elastic: ElasticReport {
+                faults: faults.events().to_vec(),
+                nodes: ends.iter().map(|e| e.ledger).collect(),
+            },
+        }
+    }
+}
+
+/// Runs `work`, node `rank`'s loop, on a pool of `threads` threads of its own (0: on the
+/// calling thread's pool). Burn's CPU kernels split work with rayon, in the pool of the
+/// calling thread; a node's own small pool keeps that work from spreading over the other
+/// nodes' threads (see `kernel_threads_per_node`).
+fn on_node_pool<T: Send>(
+    rank: usize,
+    threads: usize,
+    work: impl FnOnce() -> Result<T> + Send,
+) -> Result<T> {
+    match threads {
+        0 => work(),
+        n => match rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .thread_name(move |_| format!("gym-node-{rank}"))
+            .build()
+        {
+            Ok(pool) => pool.install(work),
+            Err(e) => Err(GymError::InvalidConfig(format!(
+                "cannot start node threads: {e}"
+            ))),
+        },
     }
 }
 

@@ -214,3 +214,67 @@ pub fn vector(values: Vec<f32>) -> Tensor<1> {
 pub fn host(t: Tensor<1>) -> Vec<f32> {
     t.into_data().try_to_vec::<f32>().unwrap()
 }
+
+/// The runs that must come out the same whether every node is a thread of one `fit` or
+/// each node its own `fit_node` (another thread, another process): AllReduce, DiLoCo
+/// (H = 3, so the replicas differ at step 20) on a simulated network, and DeMo, by name.
+pub fn one_node_per_process_cases() -> Vec<(&'static str, Box<dyn StrategyConfig>, bool)> {
+    use gym_strategies::{AllReduceConfig, DeMoConfig, DiLoCoCommunicatorConfig, DiLoCoConfig};
+    vec![
+        ("allreduce", Box::new(AllReduceConfig::new()), false),
+        (
+            "diloco",
+            Box::new(
+                DiLoCoConfig::new()
+                    .with_communicator(DiLoCoCommunicatorConfig::new().with_sync_interval(3)),
+            ),
+            true,
+        ),
+        ("demo", Box::new(DeMoConfig::new()), false),
+    ]
+}
+
+/// The configuration of [`one_node_per_process_cases`]: `k` nodes, `steps` steps of
+/// `batch` examples, an evaluation every 10 steps over `val` examples, and when
+/// `simulated` a cluster on the `internet` link preset whose nodes' step times vary by
+/// ±20% (so that they reach each collective at different times).
+pub fn one_node_per_process_config(
+    k: usize,
+    steps: usize,
+    batch: usize,
+    val: usize,
+    simulated: bool,
+) -> TrainerConfig {
+    let network = gym_core::Network::switch(gym_core::Link::preset("internet").expect("preset"));
+    TrainerConfig::new(k)
+        .with_max_steps(Some(steps))
+        .with_batch_size(batch)
+        .with_val_size(Some(val))
+        .with_val_interval(10)
+        .with_seed(11)
+        .with_simulation(
+            simulated.then(|| gym_core::SimulationConfig::new(network).with_jitter(0.2)),
+        )
+}
+
+/// Everything two runs must agree on, bit for bit, as JSON: the final model and master,
+/// every node's traffic and simulated clock, the losses of every step and evaluation, and
+/// the data and initialisation fingerprints. Timings (wall seconds) are left out.
+pub fn run_digest<M: Module>(out: &FitOutput<M>) -> serde_json::Value {
+    let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<u32>>();
+    let r = &out.report;
+    serde_json::json!({
+        "model": bits(flat_params(&out.model)),
+        "master": out.master.as_ref().map(|m| bits(flat_params(m))),
+        "comm": r.comm,
+        "simulated": r.simulated.iter().map(|t| [t.now_s, t.compute_s, t.comm_s, t.idle_s]
+            .map(f64::to_bits)).collect::<Vec<_>>(),
+        "train": r.train.iter().map(|t| (t.train_loss.to_bits(), t.examples_seen,
+            t.bytes_sent, t.sim_time_s.map(f64::to_bits))).collect::<Vec<_>>(),
+        "validation": r.validation.iter().map(|v| (v.step, v.local_loss.to_bits(),
+            v.global_loss.to_bits(), v.examples)).collect::<Vec<_>>(),
+        "data_fingerprint": r.data_fingerprint,
+        "init_fingerprint": r.init_fingerprint,
+        "num_nodes": r.num_nodes,
+    })
+}

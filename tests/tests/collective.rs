@@ -1,7 +1,10 @@
 //! The in-process collective against a sequential reference, its determinism, its cost
 //! model and its behaviour when a rank fails.
 
-use gym_core::{Collective, CollectiveError, Group, InProcessCollective, InProcessGroup, ReduceOp};
+use gym_core::{
+    Collective, CollectiveError, Group, InProcessCollective, InProcessGroup, NodeCollective,
+    ReduceOp,
+};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use tests::{host, rank_values, vector};

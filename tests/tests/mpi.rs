@@ -1,21 +1,46 @@
 //! The MPI collective against the in-process group: the same calls give the same bits and
-//! the same byte counts; a killed process ends the job with an error naming it.
+//! the same byte counts; `Trainer::fit_node`, one process per node, trains the MNIST MLP as
+//! `Trainer::fit` does; a killed process ends the job with an error naming it.
 //!
 //! `cargo test --release -p tests --features mpi -- mpi`. Each test launches this test
 //! binary under `mpirun` with the `#[ignore]`d worker below selected, so Open MPI's `mpirun`
 //! must be on the `PATH`.
 #![cfg(feature = "mpi")]
 
-use gym_core::{Collective, CollectiveError, Group, InProcessGroup, MpiCollective, ReduceOp};
+use gym_core::{
+    Collective, CollectiveError, Group, InProcessGroup, MpiCollective, NodeCollective, ReduceOp,
+};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
-use tests::{host, rank_values, vector};
+use tests::{
+    host, one_node_per_process_cases, one_node_per_process_config, rank_values, run_digest,
+    shared_data, vector,
+};
+
+/// MNIST for the training cases: the shared copy, and the digits as the examples read them.
+fn mnist() -> gym_core::NodeData<gym_data::MnistItem> {
+    use gym_data::{MnistDataset, MnistSplit};
+    let dir = shared_data("mnist");
+    gym_core::NodeData::shared(
+        MnistDataset::load(&dir, MnistSplit::Train).expect("MNIST train"),
+        MnistDataset::load(&dir, MnistSplit::Test).expect("MNIST test"),
+    )
+}
+
+/// The training cases' configuration: 20 steps of 16 images, evaluations over 64.
+fn mnist_config(simulated: bool) -> gym_core::TrainerConfig {
+    one_node_per_process_config(RANKS, 20, 16, 64, simulated)
+}
+
+fn mnist_mlp(device: &burn::tensor::Device) -> gym_models::Mlp {
+    gym_models::MlpConfig::new().init(device)
+}
 
 const RANKS: usize = 4;
 /// Where a worker writes its results (set by the launching test).
 const OUT_ENV: &str = "GYM_MPI_TEST_OUT";
-/// What a worker does: `calls`, `crash` or `hang`.
+/// What a worker does: `calls`, `fit`, `crash` or `hang`.
 const MODE_ENV: &str = "GYM_MPI_TEST_MODE";
 
 fn bits(v: &[f32]) -> Vec<u32> {
@@ -69,12 +94,33 @@ fn mpi_worker() {
     let Some(out) = std::env::var_os(OUT_ENV).map(PathBuf::from) else {
         return;
     };
+    let mode = std::env::var(MODE_ENV).unwrap_or_default();
+    // Training waits for the slowest process to load MNIST: a longer leash.
+    let timeout = Duration::from_secs(if mode == "fit" { 120 } else { 2 });
     let comm = MpiCollective::init()
         .expect("MPI starts")
-        .with_timeout(Duration::from_secs(2));
+        .with_timeout(timeout);
     let rank = comm.rank();
-    match std::env::var(MODE_ENV).as_deref() {
-        Ok("hang") => {
+    match mode.as_str() {
+        "fit" => {
+            let data = mnist();
+            let mut digests = serde_json::Map::new();
+            for (name, strategy, simulated) in one_node_per_process_cases() {
+                let out = gym_core::Trainer::new(mnist_config(simulated))
+                    .fit_node(
+                        comm.clone(),
+                        mnist_mlp,
+                        strategy.as_ref(),
+                        &data,
+                        &gym_data::MnistBatcher,
+                    )
+                    .expect("the node trains");
+                digests.insert(name.into(), run_digest(&out));
+            }
+            let text = serde_json::Value::Object(digests).to_string();
+            std::fs::write(out.join(format!("rank{rank}.json")), text).unwrap();
+        }
+        "hang" => {
             // Rank 1 never calls; the others must give up rather than wait for ever.
             if rank == 1 {
                 std::thread::sleep(Duration::from_secs(120));
@@ -82,7 +128,7 @@ fn mpi_worker() {
             let _ = comm.all_reduce(vector(rank_values(rank, 1000)), ReduceOp::Sum);
             std::thread::sleep(Duration::from_secs(120));
         }
-        Ok("crash") => {
+        "crash" => {
             if rank == 2 {
                 std::thread::sleep(Duration::from_millis(300));
                 // SIGKILL: no unwinding, no MPI_Abort; the process is simply gone.
@@ -209,11 +255,50 @@ fn mpi_collective_gives_the_in_process_groups_bits_and_byte_counts() {
     same_as_in_process("calls", &[]);
 }
 
+/// `mpirun -np 4`: the MNIST MLP under AllReduce, DiLoCo (on a simulated network) and DeMo
+/// for 20 steps, one process per node, gives every process the bits of the in-process run:
+/// final model and master, every logged loss, traffic, simulated clocks.
+#[test]
+fn mpi_fit_node_trains_the_mnist_mlp_as_the_in_process_run() {
+    trains_as_in_process("fit", &[]);
+}
+
+/// Runs the training cases under `mpirun` (with `extra`) and checks every process's run
+/// against the in-process run, bit for bit.
+fn trains_as_in_process(name: &str, extra: &[&str]) {
+    let out = scratch(name);
+    let run = mpirun("fit", &out, extra);
+    assert!(
+        run.status.success(),
+        "mpirun failed: {}\n{}",
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let data = mnist();
+    for (case, strategy, simulated) in one_node_per_process_cases() {
+        let whole = gym_core::Trainer::new(mnist_config(simulated))
+            .fit(mnist_mlp, strategy.as_ref(), &data, &gym_data::MnistBatcher)
+            .unwrap();
+        assert_eq!(whole.report.simulated.is_empty(), !simulated, "{case}");
+        let expected = run_digest(&whole);
+        for rank in 0..RANKS {
+            let text = std::fs::read_to_string(out.join(format!("rank{rank}.json"))).unwrap();
+            let got: serde_json::Value = serde_json::from_str(&text).unwrap();
+            assert!(
+                got[case] == expected,
+                "{case}, rank {rank}: the MPI run differs from the in-process run"
+            );
+        }
+    }
+    std::fs::remove_dir_all(&out).ok();
+}
+
 /// Two hosts on one machine: a hostfile naming 127.0.0.2 and 127.0.0.3 (loopback
 /// addresses no interface claims, so Open MPI takes them for other machines), two slots
 /// each, ranks placed across them. `mpirun` starts a daemon on each "host" through its
 /// remote-shell agent (here a stand-in for ssh that runs the command locally, logging each
-/// host it was asked for), and MPI's TCP transport carries every byte between the ranks.
+/// host it was asked for), and MPI's TCP transport carries every byte between the ranks:
+/// the collective calls, then the training cases of `fit_node`.
 #[test]
 fn mpi_two_hosts_over_tcp_on_loopback_give_the_same_bits() {
     use std::os::unix::fs::PermissionsExt;
@@ -237,41 +322,42 @@ fn mpi_two_hosts_over_tcp_on_loopback_give_the_same_bits() {
     .unwrap();
     std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755)).unwrap();
     let (hostfile, agent) = (hostfile.to_string_lossy(), agent.to_string_lossy());
-    same_as_in_process(
-        "tcp",
-        &[
-            "--hostfile",
-            &hostfile,
-            "--mca",
-            "plm_rsh_agent",
-            &agent,
-            "--mca",
-            "btl",
-            "tcp,self",
-            // Loopback only: the "hosts" are addresses on it.
-            "--mca",
-            "btl_tcp_if_include",
-            "lo",
-            "--mca",
-            "oob_tcp_if_include",
-            "lo",
-            // Two daemons on one machine would both write hwloc's shared-memory topology
-            // at one address (a crash in Open MPI 4.1's orted); no binding needs it.
-            "--mca",
-            "rtc",
-            "^hwloc",
-            "--bind-to",
-            "none",
-            "--map-by",
-            "node",
-        ],
-    );
+    let transport = [
+        "--hostfile",
+        &hostfile,
+        "--mca",
+        "plm_rsh_agent",
+        &agent,
+        "--mca",
+        "btl",
+        "tcp,self",
+        // Loopback only: the "hosts" are addresses on it.
+        "--mca",
+        "btl_tcp_if_include",
+        "lo",
+        "--mca",
+        "oob_tcp_if_include",
+        "lo",
+        // Two daemons on one machine would both write hwloc's shared-memory topology
+        // at one address (a crash in Open MPI 4.1's orted); no binding needs it.
+        "--mca",
+        "rtc",
+        "^hwloc",
+        "--bind-to",
+        "none",
+        "--map-by",
+        "node",
+    ];
+    same_as_in_process("tcp", &transport);
+    // And the training cases, each node its own process, two "hosts".
+    trains_as_in_process("tcp-fit", &transport);
     let mut hosts: Vec<String> = std::fs::read_to_string(&log)
         .expect("mpirun launched through the agent")
         .lines()
         .map(str::to_string)
         .collect();
     hosts.sort();
+    hosts.dedup();
     assert_eq!(hosts, ["127.0.0.2", "127.0.0.3"], "one daemon per host");
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -4,8 +4,8 @@
 use burn::tensor::{Device, Tensor};
 use gym_core::collective::CollectiveOp;
 use gym_core::{
-    Collective, ComputeModel, Group, InProcessGroup, Link, NodeData, ReduceOp, RunReport,
-    SimulatedTime, SimulationConfig, StrategyConfig, TrainModel, Trainer, TrainerConfig,
+    Collective, ComputeModel, Group, InProcessGroup, Link, NodeCollective, NodeData, ReduceOp,
+    RunReport, SimulatedTime, SimulationConfig, StrategyConfig, TrainModel, Trainer, TrainerConfig,
 };
 use gym_core::{InnerOptimizerConfig, Network};
 use gym_data::TokenBatcher;

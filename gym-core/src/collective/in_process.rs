@@ -1,13 +1,14 @@
 //! The in-process collective: nodes are threads of one process that meet at rendezvous points.
 
+use super::clock::{NodeClock, SimulatedTime};
 use super::host_reduce::{self, HostReduction};
 use super::{
-    Collective, CollectiveOp, CommStats, Group, Pending, QuorumRule, ReduceOp, TransferTiming,
+    Collective, CollectiveOp, CommStats, Group, NodeCollective, Pending, QuorumRule, ReduceOp,
+    TransferTiming,
 };
 use crate::error::CollectiveError;
 use crate::network::Network;
 use burn::tensor::{Device, Tensor, TensorData};
-use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -68,55 +69,6 @@ struct Completed {
     outcome: Outcome,
     timing: Option<(f64, f64)>,
     payload_bytes: u64,
-}
-
-/// One node's simulated time, in seconds.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-pub struct SimulatedTime {
-    /// The node's clock.
-    pub now_s: f64,
-    /// Time spent computing.
-    pub compute_s: f64,
-    /// Time spent communicating that compute did not hide (exposed communication).
-    pub comm_s: f64,
-    /// Time spent waiting for other nodes to reach a collective.
-    pub idle_s: f64,
-    /// Time the node was away (a fault schedule's leave, until it rejoined).
-    #[serde(default)]
-    pub down_s: f64,
-}
-
-/// A node's clock and when its link is next free.
-#[derive(Debug, Clone, Copy, Default)]
-struct NodeClock {
-    time: SimulatedTime,
-    link_free_s: f64,
-}
-
-impl NodeClock {
-    /// Takes back the compute after `time_s`: a node told at `time_s` that the round it
-    /// computes for has closed without it stops there.
-    fn abort_to(&mut self, time_s: f64) {
-        let undone = self.time.now_s - time_s;
-        if undone > 0.0 {
-            self.time.compute_s = (self.time.compute_s - undone).max(0.0);
-            self.time.now_s = time_s;
-        }
-    }
-
-    /// Waits, at the node's current time, for a collective that was ready on this node's
-    /// side at `own_ready` and ran from `start` to `end`: the part of the wait before
-    /// `start` that the node spent ready is idle, the rest communication.
-    fn finish(&mut self, own_ready: f64, start: f64, end: f64) {
-        let w = self.time.now_s;
-        if end <= w {
-            return;
-        }
-        let idle = (start.min(end) - w.max(own_ready)).max(0.0);
-        self.time.idle_s += idle;
-        self.time.comm_s += (end - w) - idle;
-        self.time.now_s = end;
-    }
 }
 
 /// What one rank deposits at a rendezvous.
@@ -259,10 +211,7 @@ impl InProcessGroup {
     /// `rank`'s clock and when its link is next free, if the group simulates time: what a
     /// checkpoint saves.
     pub fn clock_state(&self, rank: usize) -> Option<(SimulatedTime, f64)> {
-        self.shared.network.as_ref().map(|_| {
-            let c = lock(&self.shared.clocks[rank]);
-            (c.time, c.link_free_s)
-        })
+        self.handle(rank).clock_state()
     }
 
     /// Puts `rank` back where a checkpoint found it: its traffic so far and its clock.
@@ -273,7 +222,7 @@ impl InProcessGroup {
         }
     }
 
-    /// Bytes and calls of `rank` made through an [observer](InProcessCollective::observer)
+    /// Bytes and calls of `rank` made through an [observer](NodeCollective::observer)
     /// handle (evaluation of the averaged model, final averaging): not part of the metric.
     pub fn observer_stats(&self, rank: usize) -> CommStats {
         lock(&self.shared.stats[rank])[Accounting::Observer as usize]
@@ -340,48 +289,10 @@ pub struct InProcessCollective {
 }
 
 impl InProcessCollective {
-    /// A handle for the same rank whose traffic is counted apart from the training metric:
-    /// for what the simulator does to observe the run (evaluating the averaged model,
-    /// averaging the final replicas), which a real cluster would not need to send.
-    pub fn observer(&self) -> Self {
-        InProcessCollective {
-            accounting: Accounting::Observer,
-            ..self.clone()
-        }
-    }
-
     /// Marks this rank as finished (see [`InProcessGroup::leave`]).
     pub fn leave(&self) {
         self.shared.left[self.rank].store(true, Ordering::SeqCst);
         self.shared.wake_all();
-    }
-
-    /// This rank's training counters so far.
-    pub fn stats(&self) -> CommStats {
-        lock(&self.shared.stats[self.rank])[Accounting::Training as usize]
-    }
-
-    /// Moves this node's simulated clock forward to `time_s`, the time between counted as
-    /// away ([`SimulatedTime::down_s`]): a node that rejoins catches up with the time the
-    /// others have reached.
-    pub fn away_until(&self, time_s: f64) {
-        if self.shared.network.is_some() {
-            let mut clock = lock(&self.shared.clocks[self.rank]);
-            if time_s > clock.time.now_s {
-                clock.time.down_s += time_s - clock.time.now_s;
-                clock.time.now_s = time_s;
-            }
-        }
-    }
-
-    /// Advances this node's simulated clock by `seconds` of computation (nothing happens
-    /// when the group does not simulate time).
-    pub fn compute(&self, seconds: f64) {
-        if self.shared.network.is_some() {
-            let mut clock = lock(&self.shared.clocks[self.rank]);
-            clock.time.now_s += seconds;
-            clock.time.compute_s += seconds;
-        }
     }
 
     /// Whether this handle's calls are charged to the simulated clock (time is simulated
@@ -494,8 +405,7 @@ impl InProcessCollective {
 
         // Ready when arrived and the link is free of earlier transfers.
         let own_ready = if self.timed() {
-            let clock = lock(&self.shared.clocks[self.rank]);
-            clock.time.now_s.max(clock.link_free_s)
+            lock(&self.shared.clocks[self.rank]).ready()
         } else {
             0.0
         };
@@ -599,8 +509,7 @@ impl InProcessCollective {
         };
         drop(state);
         if let Some((_, end)) = outcome.timing {
-            let mut clock = lock(&self.shared.clocks[self.rank]);
-            clock.link_free_s = clock.link_free_s.max(end);
+            lock(&self.shared.clocks[self.rank]).occupy_link(end);
         }
 
         let payload_bytes = match op {
@@ -902,6 +811,53 @@ impl Collective for InProcessCollective {
 
     fn simulated_time(&self) -> Option<SimulatedTime> {
         self.shared.simulated_time(self.rank)
+    }
+}
+
+impl NodeCollective for InProcessCollective {
+    fn observer(&self) -> Self {
+        InProcessCollective {
+            accounting: Accounting::Observer,
+            ..self.clone()
+        }
+    }
+
+    fn stats(&self) -> CommStats {
+        lock(&self.shared.stats[self.rank])[Accounting::Training as usize]
+    }
+
+    fn compute(&self, seconds: f64) {
+        if self.shared.network.is_some() {
+            lock(&self.shared.clocks[self.rank]).compute(seconds);
+        }
+    }
+
+    fn away_until(&self, time_s: f64) {
+        if self.shared.network.is_some() {
+            lock(&self.shared.clocks[self.rank]).away_until(time_s);
+        }
+    }
+
+    fn clock_state(&self) -> Option<(SimulatedTime, f64)> {
+        self.shared.network.as_ref().map(|_| {
+            let c = lock(&self.shared.clocks[self.rank]);
+            (c.time, c.link_free_s)
+        })
+    }
+
+    fn begin_run(&self, network: Option<&Network>) -> Result<(), CollectiveError> {
+        // The group is the run's: it must simulate the run's network.
+        if self.shared.network.as_ref() == network {
+            Ok(())
+        } else {
+            Err(CollectiveError::Transport {
+                rank: self.rank,
+                reason: format!(
+                    "the group was built for network {:?}, the run simulates {network:?}",
+                    self.shared.network
+                ),
+            })
+        }
     }
 }
 

@@ -45,6 +45,7 @@
 //! [`MembershipView`]: [`Collective::world`] is the nodes present that it can reach, every
 //! group is cut down to them, and a mean divides by the members present.
 
+mod clock;
 mod host_reduce;
 mod in_process;
 mod membership;
@@ -52,7 +53,8 @@ mod membership;
 mod mpi_collective;
 mod quorum;
 
-pub use in_process::{InProcessCollective, InProcessGroup, SimulatedTime};
+pub use clock::SimulatedTime;
+pub use in_process::{InProcessCollective, InProcessGroup};
 pub use membership::MembershipView;
 #[cfg(feature = "mpi")]
 pub use mpi_collective::{MpiCollective, TIMEOUT_EXIT_CODE};
@@ -506,4 +508,38 @@ pub trait Collective: Send + Sync {
     fn simulated_time(&self) -> Option<SimulatedTime> {
         None
     }
+}
+
+/// One node's handle on the collective of its run, with what the trainer's node loop needs
+/// beyond [`Collective`]: a twin whose traffic is not counted, the node's counters and its
+/// simulated clock. [`Trainer::fit`](crate::Trainer::fit) runs every node on an
+/// [`InProcessCollective`]; [`Trainer::fit_node`](crate::Trainer::fit_node) runs one node
+/// of a job on any of them (the `MpiCollective`, one process per node).
+pub trait NodeCollective: Collective + Clone + 'static {
+    /// A handle for the same node whose traffic is counted apart from the training metric
+    /// and not charged to the simulated clock: for what the simulator does to observe the
+    /// run (evaluating the averaged model, averaging the final replicas, gathering the
+    /// records), which a real cluster would not need to send.
+    fn observer(&self) -> Self;
+
+    /// This node's training counters so far.
+    fn stats(&self) -> CommStats;
+
+    /// Advances this node's simulated clock by `seconds` of computation (nothing happens
+    /// when time is not simulated).
+    fn compute(&self, seconds: f64);
+
+    /// Moves this node's simulated clock forward to `time_s`, the time between counted as
+    /// away ([`SimulatedTime::down_s`]): a node that rejoins catches up with the time the
+    /// others have reached.
+    fn away_until(&self, time_s: f64);
+
+    /// This node's clock and when its link is next free, if time is simulated: what a
+    /// checkpoint saves.
+    fn clock_state(&self) -> Option<(SimulatedTime, f64)>;
+
+    /// Prepares the handle for a new run on `network` (`None`: time not simulated), before
+    /// any call: a collective that lives longer than one run starts its counters and clock
+    /// afresh; one built for a single run checks that it was built for this network.
+    fn begin_run(&self, network: Option<&crate::network::Network>) -> Result<(), CollectiveError>;
 }

@@ -13,6 +13,11 @@
 //! ([`cost`](super::cost)), as in the in-process group, not what the MPI library puts on
 //! the wire.
 //!
+//! With a simulated network ([`NodeCollective::begin_run`]) each node keeps its simulated
+//! clock as in the in-process group: the header carries the time at which the node is ready
+//! for the call, so every member computes the same start and end, and an MPI run reports the
+//! in-process run's simulated time beside its own real time.
+//!
 //! A process that dies ends the job: `mpirun` notices and stops the others, naming it. A
 //! process that hangs, or a launcher that does not watch its processes, is caught by the
 //! timeout ([`MpiCollective::with_timeout`]): a rank that has waited that long in one call
@@ -20,8 +25,13 @@
 //!
 //! Built with the `mpi` feature (it needs an MPI library and `libclang` to build).
 
-use super::{Collective, CollectiveOp, CommStats, Group, ReduceOp};
+use super::clock::{NodeClock, SimulatedTime};
+use super::{
+    Collective, CollectiveOp, CommStats, Group, NodeCollective, Pending, QuorumRule, ReduceOp,
+    TransferTiming,
+};
 use crate::error::CollectiveError;
+use crate::network::Network;
 use burn::tensor::{DType, Tensor, TensorData};
 use mpi::Threading;
 use mpi::datatype::PartitionMut;
@@ -57,6 +67,9 @@ struct Shared {
     size: usize,
     /// `[training, observer]` counters.
     stats: Mutex<[CommStats; 2]>,
+    /// The simulated network of the run (set by `begin_run`), and this node's clock on it.
+    network: Mutex<Option<Network>>,
+    clock: Mutex<NodeClock>,
     /// When the call in progress started (milliseconds since `epoch`, plus one; 0: none),
     /// and what it is: what the timeout watches.
     call_started_ms: AtomicU64,
@@ -109,6 +122,8 @@ impl MpiCollective {
                 rank,
                 size,
                 stats: Mutex::new([CommStats::default(); 2]),
+                network: Mutex::new(None),
+                clock: Mutex::new(NodeClock::default()),
                 call_started_ms: AtomicU64::new(0),
                 call_what: Mutex::new(String::new()),
                 epoch: Instant::now(),
@@ -155,18 +170,11 @@ impl MpiCollective {
         self
     }
 
-    /// A handle for the same node whose traffic is counted apart from the training metric
-    /// (see [`InProcessCollective::observer`](super::InProcessCollective::observer)).
-    pub fn observer(&self) -> Self {
-        MpiCollective {
-            observer: true,
-            ..self.clone()
-        }
-    }
-
-    /// This node's training counters so far.
-    pub fn stats(&self) -> CommStats {
-        lock(&self.shared.stats)[0]
+    /// Ends the whole job at once (`MPI_Abort`) with exit status `code`: what a process does
+    /// when its node has failed and the others are waiting for it in a collective. `mpirun`
+    /// reports the rank that aborted.
+    pub fn abort(&self, code: i32) -> ! {
+        lock(&self.shared.comms).world.abort(code)
     }
 
     /// This node's observer counters so far.
@@ -174,9 +182,22 @@ impl MpiCollective {
         lock(&self.shared.stats)[1]
     }
 
-    /// Checks `group`, agrees on the call with the other members, runs `body` on the
-    /// group's communicator, and counts the call. `body` returns its result and the byte
-    /// size of one member's payload (for a byte broadcast, known only once received).
+    /// Whether this handle's calls are charged to the simulated clock (time is simulated
+    /// and the handle counts training traffic).
+    fn timed(&self) -> bool {
+        !self.observer && lock(&self.shared.network).is_some()
+    }
+
+    /// When this node is ready for a call on the simulated clock (0 when untimed).
+    fn own_ready(&self) -> f64 {
+        if self.timed() {
+            lock(&self.shared.clock).ready()
+        } else {
+            0.0
+        }
+    }
+
+    /// A blocking call ([`exchange`](Self::exchange)), its transfer charged to the clock.
     fn call<T>(
         &self,
         group: &Group,
@@ -184,6 +205,79 @@ impl MpiCollective {
         numel: usize,
         body: impl FnOnce(&SimpleCommunicator, &mut Vec<f32>) -> (T, u64),
     ) -> Result<T, CollectiveError> {
+        let (value, timing) = self.timed_exchange(group, op, numel, body)?;
+        if let Some(t) = timing {
+            lock(&self.shared.clock).finish(t.own_ready_s, t.start_s, t.end_s);
+        }
+        Ok(value)
+    }
+
+    /// A call whose wait on the simulated clock is left to the returned `Pending` (the
+    /// exchange itself is done).
+    fn start<T>(
+        &self,
+        group: &Group,
+        op: CollectiveOp,
+        numel: usize,
+        body: impl FnOnce(&SimpleCommunicator, &mut Vec<f32>) -> (T, u64),
+    ) -> Result<Pending<T>, CollectiveError> {
+        let (value, timing) = self.timed_exchange(group, op, numel, body)?;
+        Ok(match timing {
+            Some(t) => self.pending(value, t),
+            None => Pending::ready(value),
+        })
+    }
+
+    /// `value`, whose wait charges this node's clock for a transfer timed as `timing`.
+    fn pending<T>(&self, value: T, timing: TransferTiming) -> Pending<T> {
+        let shared = self.shared.clone();
+        let finish =
+            move || lock(&shared.clock).finish(timing.own_ready_s, timing.start_s, timing.end_s);
+        Pending::new(value, Box::new(finish), timing)
+    }
+
+    /// [`exchange`](Self::exchange), timed on the simulated network as the in-process group
+    /// times it: the transfer starts when the last member is ready and keeps this node's
+    /// link busy until it ends.
+    fn timed_exchange<T>(
+        &self,
+        group: &Group,
+        op: CollectiveOp,
+        numel: usize,
+        body: impl FnOnce(&SimpleCommunicator, &mut Vec<f32>) -> (T, u64),
+    ) -> Result<(T, Option<TransferTiming>), CollectiveError> {
+        let own_ready = self.own_ready();
+        let (value, payload, ready) = self.exchange(group, op, numel, own_ready, body)?;
+        let timing = match &*lock(&self.shared.network) {
+            Some(network) if !self.observer => {
+                let start = ready.iter().copied().fold(0.0, f64::max);
+                Some(TransferTiming {
+                    own_ready_s: own_ready,
+                    start_s: start,
+                    end_s: start + network.collective_time(op, group, payload),
+                })
+            }
+            _ => None,
+        };
+        if let Some(t) = timing {
+            lock(&self.shared.clock).occupy_link(t.end_s);
+        }
+        Ok((value, timing))
+    }
+
+    /// Checks `group`, agrees on the call with the other members (learning when each is
+    /// ready on the simulated clock, `own_ready` for this one), runs `body` on the group's
+    /// communicator, and counts the call. `body` returns its result and the byte size of
+    /// one member's payload (for a byte broadcast, known only once received). Returns the
+    /// result, that size, and every member's ready time in member order.
+    fn exchange<T>(
+        &self,
+        group: &Group,
+        op: CollectiveOp,
+        numel: usize,
+        own_ready: f64,
+        body: impl FnOnce(&SimpleCommunicator, &mut Vec<f32>) -> (T, u64),
+    ) -> Result<(T, u64, Vec<f64>), CollectiveError> {
         let rank = self.shared.rank;
         group.validate(rank, self.shared.size)?;
         if let CollectiveOp::Broadcast { root } | CollectiveOp::BroadcastBytes { root } = op
@@ -206,14 +300,15 @@ impl MpiCollective {
             scratch,
         } = &mut *comms;
         let result = communicator(world, groups, group, self.shared.size).and_then(|comm| {
-            agree(comm, group, op, numel)?;
-            Ok(body(comm, scratch))
+            let ready = agree(comm, group, op, numel, own_ready)?;
+            let (out, payload_bytes) = body(comm, scratch);
+            Ok((out, payload_bytes, ready))
         });
         self.shared.call_started_ms.store(0, Ordering::SeqCst);
         drop(comms);
-        let (out, payload_bytes) = result?;
+        let (out, payload_bytes, ready) = result?;
         lock(&self.shared.stats)[usize::from(self.observer)].record(op, group, rank, payload_bytes);
-        Ok(out)
+        Ok((out, payload_bytes, ready))
     }
 }
 
@@ -245,13 +340,15 @@ fn communicator<'a>(
 }
 
 /// Every member's `(operation, size, root)`, gathered: members that disagree all return
-/// the same error rather than exchanging mismatched buffers.
+/// the same error rather than exchanging mismatched buffers. Each member's time of
+/// readiness on the simulated clock travels with it; they are returned in member order.
 fn agree(
     comm: &SimpleCommunicator,
     group: &Group,
     op: CollectiveOp,
     numel: usize,
-) -> Result<(), CollectiveError> {
+    own_ready: f64,
+) -> Result<Vec<f64>, CollectiveError> {
     let (code, root) = match op {
         CollectiveOp::AllReduce(ReduceOp::Sum) => (1, 0),
         CollectiveOp::AllReduce(ReduceOp::Mean) => (2, 0),
@@ -262,20 +359,22 @@ fn agree(
         CollectiveOp::BroadcastBytes { root } => (7, root),
         CollectiveOp::Quorum => (8, 0),
     };
-    let mine = [code as u64, numel as u64, root as u64];
-    let mut all = vec![0u64; 3 * group.size()];
+    const H: usize = 4;
+    let mine = [code as u64, numel as u64, root as u64, own_ready.to_bits()];
+    let mut all = vec![0u64; H * group.size()];
     comm.all_gather_into(&mine[..], &mut all[..]);
-    let first = &all[..3];
-    if let Some(pos) = (1..group.size()).find(|&p| &all[3 * p..3 * p + 3] != first) {
+    let headers: Vec<&[u64]> = all.chunks(H).collect();
+    let first = &headers[0][..3];
+    if let Some(pos) = (1..group.size()).find(|&p| &headers[p][..3] != first) {
         let describe =
             |h: &[u64]| format!("operation {} of {} elements (root {})", h[0], h[1], h[2]);
         return Err(CollectiveError::Mismatch {
             rank: group.members()[pos],
             expected: describe(first),
-            got: describe(&all[3 * pos..3 * pos + 3]),
+            got: describe(headers[pos]),
         });
     }
-    Ok(())
+    Ok(headers.iter().map(|h| f64::from_bits(h[3])).collect())
 }
 
 /// Element ranges of the slices a reduce-scatter hands out: `k` contiguous parts of `n`,
@@ -374,13 +473,7 @@ impl Collective for MpiCollective {
         tensor: Tensor<1>,
         op: ReduceOp,
     ) -> Result<Tensor<1>, CollectiveError> {
-        let device = tensor.device().inner();
-        let mine = host_f32(self.shared.rank, tensor)?;
-        let n = mine.len();
-        let out = self.call(group, CollectiveOp::AllReduce(op), n, |comm, scratch| {
-            (all_reduce_f32(comm, mine, op, scratch), 4 * n as u64)
-        })?;
-        Ok(tensor_on(out, &device))
+        self.all_reduce_start_in(group, tensor, op)?.wait()
     }
 
     fn broadcast_in(
@@ -389,16 +482,7 @@ impl Collective for MpiCollective {
         tensor: Tensor<1>,
         root: usize,
     ) -> Result<Tensor<1>, CollectiveError> {
-        let device = tensor.device().inner();
-        let mut values = host_f32(self.shared.rank, tensor)?;
-        let n = values.len();
-        let op = CollectiveOp::Broadcast { root };
-        self.call(group, op, n, |comm, _| {
-            comm.process_at_rank(root_position(group, root))
-                .broadcast_into(&mut values[..]);
-            ((), 4 * n as u64)
-        })?;
-        Ok(tensor_on(values, &device))
+        self.broadcast_start_in(group, tensor, root)?.wait()
     }
 
     fn all_gather_in(
@@ -406,19 +490,7 @@ impl Collective for MpiCollective {
         group: &Group,
         tensor: Tensor<1>,
     ) -> Result<Vec<Tensor<1>>, CollectiveError> {
-        let device = tensor.device().inner();
-        let mine = host_f32(self.shared.rank, tensor)?;
-        let n = mine.len();
-        let all = self.call(group, CollectiveOp::AllGather, n, |comm, _| {
-            let mut all = vec![0f32; n * group.size()];
-            comm.all_gather_into(&mine[..], &mut all[..]);
-            (all, 4 * n as u64)
-        })?;
-        Ok(all
-            .chunks(n.max(1))
-            .take(group.size())
-            .map(|c| tensor_on(c.to_vec(), &device))
-            .collect())
+        self.all_gather_start_in(group, tensor)?.wait()
     }
 
     fn all_gather_bytes_in(
@@ -426,15 +498,7 @@ impl Collective for MpiCollective {
         group: &Group,
         bytes: Vec<u8>,
     ) -> Result<Vec<Vec<u8>>, CollectiveError> {
-        let n = bytes.len();
-        let all = self.call(group, CollectiveOp::AllGatherBytes, n, |comm, _| {
-            let mut all = vec![0u8; n * group.size()];
-            comm.all_gather_into(&bytes[..], &mut all[..]);
-            (all, n as u64)
-        })?;
-        Ok((0..group.size())
-            .map(|p| all[p * n..(p + 1) * n].to_vec())
-            .collect())
+        self.all_gather_bytes_start_in(group, bytes)?.wait()
     }
 
     fn barrier_in(&self, group: &Group) -> Result<(), CollectiveError> {
@@ -467,6 +531,169 @@ impl Collective for MpiCollective {
                 (buffer, length)
             },
         )
+    }
+
+    fn quorum_in(&self, group: &Group, rule: &QuorumRule) -> Result<Group, CollectiveError> {
+        // Decided on the clocks each member arrived with (all 0 when untimed), as the
+        // in-process group decides it; nothing is sent.
+        let own_ready = self.own_ready();
+        let ((), _, ready) =
+            self.exchange(group, CollectiveOp::Quorum, 0, own_ready, |_, _| ((), 0))?;
+        let arrivals: Vec<(usize, f64)> = group.members().iter().copied().zip(ready).collect();
+        let (taken, close) = rule.select(&arrivals);
+        let taken = Group::new(taken);
+        if self.timed() {
+            let mut clock = lock(&self.shared.clock);
+            clock.occupy_link(close);
+            if taken.contains(self.shared.rank) {
+                clock.finish(own_ready, close, close);
+            } else {
+                // Left out: the round closed without this node, which stops its late work.
+                clock.abort_to(close);
+            }
+        }
+        Ok(taken)
+    }
+
+    fn broadcast_start_in(
+        &self,
+        group: &Group,
+        tensor: Tensor<1>,
+        root: usize,
+    ) -> Result<Pending<Tensor<1>>, CollectiveError> {
+        let device = tensor.device().inner();
+        let mut values = host_f32(self.shared.rank, tensor)?;
+        let n = values.len();
+        let pending = self.start(group, CollectiveOp::Broadcast { root }, n, |comm, _| {
+            comm.process_at_rank(root_position(group, root))
+                .broadcast_into(&mut values[..]);
+            ((), 4 * n as u64)
+        })?;
+        Ok(pending.map(|()| tensor_on(values, &device)))
+    }
+
+    fn all_reduce_start_in(
+        &self,
+        group: &Group,
+        tensor: Tensor<1>,
+        op: ReduceOp,
+    ) -> Result<Pending<Tensor<1>>, CollectiveError> {
+        let device = tensor.device().inner();
+        let mine = host_f32(self.shared.rank, tensor)?;
+        let n = mine.len();
+        let pending = self.start(group, CollectiveOp::AllReduce(op), n, |comm, scratch| {
+            (all_reduce_f32(comm, mine, op, scratch), 4 * n as u64)
+        })?;
+        Ok(pending.map(|out| tensor_on(out, &device)))
+    }
+
+    fn all_gather_start_in(
+        &self,
+        group: &Group,
+        tensor: Tensor<1>,
+    ) -> Result<Pending<Vec<Tensor<1>>>, CollectiveError> {
+        let device = tensor.device().inner();
+        let mine = host_f32(self.shared.rank, tensor)?;
+        let n = mine.len();
+        let pending = self.start(group, CollectiveOp::AllGather, n, |comm, _| {
+            let mut all = vec![0f32; n * group.size()];
+            comm.all_gather_into(&mine[..], &mut all[..]);
+            (all, 4 * n as u64)
+        })?;
+        Ok(pending.map(|all| split_tensors(&all, n, group.size(), &device)))
+    }
+
+    fn all_gather_bytes_start_in(
+        &self,
+        group: &Group,
+        bytes: Vec<u8>,
+    ) -> Result<Pending<Vec<Vec<u8>>>, CollectiveError> {
+        let n = bytes.len();
+        let pending = self.start(group, CollectiveOp::AllGatherBytes, n, |comm, _| {
+            let mut all = vec![0u8; n * group.size()];
+            comm.all_gather_into(&bytes[..], &mut all[..]);
+            (all, n as u64)
+        })?;
+        Ok(pending.map(|all| split_bytes(&all, n, group.size())))
+    }
+
+    fn resume_pending(&self, timing: TransferTiming) -> Pending<()> {
+        if self.timed() {
+            self.pending((), timing)
+        } else {
+            Pending::ready(())
+        }
+    }
+
+    fn simulated_time(&self) -> Option<SimulatedTime> {
+        lock(&self.shared.network)
+            .as_ref()
+            .map(|_| lock(&self.shared.clock).time)
+    }
+}
+
+/// `count` tensors of `n` values each, from one buffer.
+fn split_tensors(
+    all: &[f32],
+    n: usize,
+    count: usize,
+    device: &burn::tensor::Device,
+) -> Vec<Tensor<1>> {
+    (0..count)
+        .map(|p| tensor_on(all[p * n..(p + 1) * n].to_vec(), device))
+        .collect()
+}
+
+/// `count` buffers of `n` bytes each, from one buffer.
+fn split_bytes(all: &[u8], n: usize, count: usize) -> Vec<Vec<u8>> {
+    (0..count)
+        .map(|p| all[p * n..(p + 1) * n].to_vec())
+        .collect()
+}
+
+impl NodeCollective for MpiCollective {
+    fn observer(&self) -> Self {
+        MpiCollective {
+            observer: true,
+            ..self.clone()
+        }
+    }
+
+    fn stats(&self) -> CommStats {
+        lock(&self.shared.stats)[0]
+    }
+
+    fn compute(&self, seconds: f64) {
+        if lock(&self.shared.network).is_some() {
+            lock(&self.shared.clock).compute(seconds);
+        }
+    }
+
+    fn away_until(&self, time_s: f64) {
+        if lock(&self.shared.network).is_some() {
+            lock(&self.shared.clock).away_until(time_s);
+        }
+    }
+
+    fn clock_state(&self) -> Option<(SimulatedTime, f64)> {
+        lock(&self.shared.network).as_ref().map(|_| {
+            let c = lock(&self.shared.clock);
+            (c.time, c.link_free_s)
+        })
+    }
+
+    /// Starts the counters and the clock afresh, on `network`: one process may run several
+    /// runs over one MPI job.
+    fn begin_run(&self, network: Option<&Network>) -> Result<(), CollectiveError> {
+        if let Some(network) = network {
+            network
+                .validate(self.shared.size)
+                .map_err(|why| transport(self.shared.rank, format!("the network: {why}")))?;
+        }
+        *lock(&self.shared.network) = network.cloned();
+        *lock(&self.shared.clock) = NodeClock::default();
+        *lock(&self.shared.stats) = [CommStats::default(); 2];
+        Ok(())
     }
 }
 

@@ -7,6 +7,7 @@ mod fingerprint;
 mod logs;
 mod recorder;
 mod records;
+mod reports;
 
 pub use correlation::mean_pairwise_correlation;
 pub(crate) use fingerprint::Fingerprint;
@@ -14,3 +15,4 @@ pub(crate) use logs::CsvLogs;
 pub use logs::{UtcTime, default_run_name};
 pub(crate) use recorder::{EvalKind, NodeStep, Recorder, Records};
 pub use records::{CorrelationRecord, RunReport, TrainRecord, ValRecord};
+pub(crate) use reports::{Report, Reporter, exchange_bytes};

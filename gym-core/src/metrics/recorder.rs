@@ -6,12 +6,13 @@ use crate::collective::{CommStats, SimulatedTime};
 use crate::error::{GymError, Result};
 use crate::model::EvalMetrics;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Instant;
 
 /// Which replica an evaluation measured.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum EvalKind {
     Local,
     Global,
@@ -89,7 +90,7 @@ impl PendingStep {
 }
 
 /// What one node reports after a step.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 pub(crate) struct NodeStep {
     /// Mean loss over the node's minibatches; `None` for a step it sat out
     /// ([`Strategy::computes`](crate::Strategy::computes)).
