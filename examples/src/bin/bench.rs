@@ -76,6 +76,11 @@ struct Cli {
     /// except --data-dir (MNIST, default ../shared/data/mnist).
     #[arg(long)]
     suite: bool,
+    /// Time each pass of the MNIST CNN's 3×3 convolutions on one kernel thread (forward,
+    /// input gradient, and weight gradient as Burn computes it) against matrix products of
+    /// the same FLOPs, and print the table; everything else is ignored.
+    #[arg(long)]
+    conv_passes: bool,
     /// With --suite: also write every figure to FILE as one flat JSON object.
     #[arg(long, value_name = "FILE", requires = "suite")]
     json: Option<PathBuf>,
@@ -296,6 +301,14 @@ fn main() -> ExitCode {
     }
     if cli.suite {
         return suite_main(&cli, sibling("mnist"));
+    }
+    if cli.conv_passes {
+        let (device, backend) = examples::backend::select();
+        println!(
+            "backend: {backend}\n\n{}",
+            bench_suite::conv_passes(&device)
+        );
+        return ExitCode::SUCCESS;
     }
     let binary = match cli.task {
         Task::Mnist => "mnist",
