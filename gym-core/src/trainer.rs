@@ -323,15 +323,15 @@ impl Trainer {
         let cfg = &self.config;
         let k = cfg.num_nodes;
         let ranks: Vec<usize> = (0..k).collect();
-        let prepared = self.prepare(&init, strategy, data, batcher, &ranks, None, true)?;
+        let prepared = self.prepare(
+            &init, strategy, data, batcher, &ranks, None, true, fit_start,
+        )?;
         let Prepared {
             resume,
             devices,
             plan,
             starts,
-            init_fingerprint,
-            run_name,
-            log_dir,
+            facts,
             logs,
             identity,
         } = prepared;
@@ -349,27 +349,12 @@ impl Trainer {
             .checkpoint_dir
             .as_ref()
             .map(PathBuf::from)
-            .or_else(|| log_dir.clone());
+            .or_else(|| facts.log_dir.clone());
         let checkpoints = checkpoint_dir.map(|dir| {
-            CheckpointWriter::new(dir, cfg.keep_checkpoints, identity, run_name.clone())
+            CheckpointWriter::new(dir, cfg.keep_checkpoints, identity, facts.run_name.clone())
         });
         let stop = StopAgreement::new(self.interrupt.clone());
-        let facts = RunFacts {
-            run_name,
-            log_dir,
-            init_fingerprint,
-            steps: plan.max_steps,
-            setup_s: fit_start.elapsed().as_secs_f64(),
-            fit_start,
-        };
-        let recorder = Recorder::new(
-            k,
-            (cfg.batch_size * k) as u64,
-            plan.max_steps,
-            cfg.simulation.is_some(),
-            cfg.progress,
-            logs,
-        );
+        let recorder = self.recorder(&plan, cfg.progress, logs);
         if let Some(saved) = resume.as_ref() {
             recorder.restore(
                 saved.next_step,
@@ -548,34 +533,19 @@ impl Trainer {
             &[rank],
             Some(run_name),
             rank == 0,
+            fit_start,
         )?;
         let Prepared {
             devices,
             plan,
             mut starts,
-            init_fingerprint,
-            run_name,
-            log_dir,
+            facts,
             logs,
             ..
         } = prepared;
         let stop = StopAgreement::new(None);
-        let facts = RunFacts {
-            run_name,
-            log_dir,
-            init_fingerprint,
-            steps: plan.max_steps,
-            setup_s: fit_start.elapsed().as_secs_f64(),
-            fit_start,
-        };
-        let recorder = Recorder::new(
-            k,
-            (cfg.batch_size * k) as u64,
-            plan.max_steps,
-            cfg.simulation.is_some(),
-            cfg.progress && rank == 0,
-            logs,
-        );
+        // Only rank 0 draws the bar, and only it has logs (`prepare` made them there alone).
+        let recorder = self.recorder(&plan, cfg.progress && rank == 0, logs);
         let shared = NodeShared {
             plan,
             devices: &devices,
@@ -618,10 +588,23 @@ impl Trainer {
         })
     }
 
-    /// Everything a run needs before its nodes start, for the nodes `ranks` that run here:
-    /// checks, data views, replicas, strategies, the run's name and log folder (created
-    /// when `writes_logs`). `run_name`, when given, overrides the configured and default
-    /// names.
+    /// The recorder of a run planned as `plan`, drawing a bar if `progress`.
+    fn recorder(&self, plan: &RunPlan, progress: bool, logs: Option<CsvLogs>) -> Recorder {
+        let cfg = &self.config;
+        Recorder::new(
+            cfg.num_nodes,
+            (cfg.batch_size * cfg.num_nodes) as u64,
+            plan.max_steps,
+            cfg.simulation.is_some(),
+            progress,
+            logs,
+        )
+    }
+
+    /// Everything a run started at `fit_start` needs before its nodes start, for the nodes
+    /// `ranks` that run here: checks, data views, replicas, strategies, the run's name and
+    /// log folder (created when `writes_logs`). `run_name`, when given, overrides the
+    /// configured and default names.
     #[allow(clippy::too_many_arguments)]
     fn prepare<M, I, B>(
         &self,
@@ -632,6 +615,7 @@ impl Trainer {
         ranks: &[usize],
         run_name: Option<String>,
         writes_logs: bool,
+        fit_start: Instant,
     ) -> Result<Prepared<M, I>>
     where
         M: TrainModel,
@@ -844,14 +828,20 @@ impl Trainer {
             }
             _ => None,
         };
+        let facts = RunFacts {
+            run_name,
+            log_dir,
+            init_fingerprint,
+            steps: plan.max_steps,
+            setup_s: fit_start.elapsed().as_secs_f64(),
+            fit_start,
+        };
         Ok(Prepared {
             resume,
             devices,
             plan,
             starts,
-            init_fingerprint,
-            run_name,
-            log_dir,
+            facts,
             logs,
             identity,
         })
@@ -866,9 +856,7 @@ struct Prepared<M, I> {
     plan: RunPlan,
     /// The nodes that run here, in the order asked for.
     starts: Vec<NodeStart<M, I>>,
-    init_fingerprint: u64,
-    run_name: String,
-    log_dir: Option<PathBuf>,
+    facts: RunFacts,
     logs: Option<CsvLogs>,
     identity: Identity,
 }
