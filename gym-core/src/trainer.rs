@@ -8,7 +8,7 @@ use crate::elastic::{ElasticReport, NodeLedger};
 use crate::error::{GymError, Result};
 use crate::faults::{FaultSchedule, FaultTimeline};
 use crate::metrics::{
-    CsvLogs, Fingerprint, Recorder, Records, RunReport, default_run_name, exchange_bytes,
+    CsvLogs, Fingerprint, Recorder, Records, RunReport, default_run_name, exchange,
 };
 use crate::model::TrainModel;
 use crate::node::{NodeOutcome, NodeShared, NodeStart, run_node};
@@ -576,7 +576,7 @@ impl Trainer {
             data_fingerprint: outcome.data_fingerprint,
             ledger: outcome.ledger,
         };
-        let ends = NodeEnd::exchange(&observer, end)?;
+        let ends = exchange(&observer, &end, "end")?;
         let report = facts.report(records, loop_s, ends, &shared.plan.faults, None, None);
         let model = outcome
             .final_model
@@ -868,22 +868,6 @@ struct NodeEnd {
     simulated: Option<SimulatedTime>,
     data_fingerprint: u64,
     ledger: NodeLedger,
-}
-
-impl NodeEnd {
-    /// Every node's end, in rank order, exchanged through `observer`.
-    fn exchange(observer: &impl Collective, mine: NodeEnd) -> Result<Vec<NodeEnd>> {
-        let bytes = rmp_serde::to_vec(&mine)
-            .map_err(|e| GymError::Data(format!("encoding a node's end: {e}")))?;
-        exchange_bytes(observer, bytes)?
-            .iter()
-            .enumerate()
-            .map(|(rank, b)| {
-                rmp_serde::from_slice(b)
-                    .map_err(|e| GymError::Data(format!("decoding the end of rank {rank}: {e}")))
-            })
-            .collect()
-    }
 }
 
 /// What the report says of the run as a whole, known before its nodes start.

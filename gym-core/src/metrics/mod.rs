@@ -15,4 +15,4 @@ pub(crate) use logs::CsvLogs;
 pub use logs::{UtcTime, default_run_name};
 pub(crate) use recorder::{EvalKind, NodeStep, Recorder, Records};
 pub use records::{CorrelationRecord, RunReport, TrainRecord, ValRecord};
-pub(crate) use reports::{Report, Reporter, exchange_bytes};
+pub(crate) use reports::{Report, Reporter, exchange};

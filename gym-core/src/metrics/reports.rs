@@ -7,6 +7,7 @@ use super::recorder::{EvalKind, NodeStep, Recorder};
 use crate::collective::Collective;
 use crate::error::{GymError, Result};
 use crate::model::EvalMetrics;
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::cell::RefCell;
 
@@ -87,11 +88,7 @@ impl<'a> Reporter<'a> {
             return Ok(());
         };
         let mine = std::mem::take(&mut *held.borrow_mut());
-        let bytes = rmp_serde::to_vec(&mine)
-            .map_err(|e| GymError::Data(format!("encoding a node's reports: {e}")))?;
-        for (rank, buffer) in exchange_bytes(observer, bytes)?.into_iter().enumerate() {
-            let reports: Vec<Report> = rmp_serde::from_slice(&buffer)
-                .map_err(|e| GymError::Data(format!("decoding the reports of rank {rank}: {e}")))?;
+        for reports in exchange(observer, &mine, "reports")? {
             for r in reports {
                 self.recorder.report(r);
             }
@@ -100,9 +97,29 @@ impl<'a> Reporter<'a> {
     }
 }
 
+/// Every node's `mine` (a node's `what`, for error messages), in rank order, through
+/// `observer`: encoded as MessagePack (NaN and infinite floats intact) and exchanged with
+/// [`exchange_bytes`].
+pub(crate) fn exchange<T: Serialize + DeserializeOwned>(
+    observer: &impl Collective,
+    mine: &T,
+    what: &str,
+) -> Result<Vec<T>> {
+    let bytes = rmp_serde::to_vec(mine)
+        .map_err(|e| GymError::Data(format!("encoding a node's {what}: {e}")))?;
+    exchange_bytes(observer, bytes)?
+        .iter()
+        .enumerate()
+        .map(|(rank, b)| {
+            rmp_serde::from_slice(b)
+                .map_err(|e| GymError::Data(format!("decoding the {what} of rank {rank}: {e}")))
+        })
+        .collect()
+}
+
 /// Every node's byte buffer, of any length, in rank order: the lengths go first, then the
 /// buffers padded to the longest (an all-gather takes buffers of one length).
-pub(crate) fn exchange_bytes(observer: &impl Collective, bytes: Vec<u8>) -> Result<Vec<Vec<u8>>> {
+fn exchange_bytes(observer: &impl Collective, bytes: Vec<u8>) -> Result<Vec<Vec<u8>>> {
     let lengths = observer.all_gather_bytes((bytes.len() as u64).to_le_bytes().to_vec())?;
     let lengths: Vec<usize> = lengths
         .iter()
