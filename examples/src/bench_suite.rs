@@ -1097,14 +1097,19 @@ fn utc_now() -> String {
 }
 
 /// The MNIST CNN's 3×3 convolutions (batch 64; the layers of `MnistCnn` after the first),
-/// each pass timed on one kernel thread (best of three after a warm-up) on `device`, beside a matrix product of the same FLOPs: a Markdown table of milliseconds and
-/// GFLOP/s. The weight gradient is computed as Burn's autodiff computes it by default
-/// (`conv2d_weight_backward`): a convolution of the input, batch and channels swapped, with
-/// the output gradient as its kernel.
+/// each pass timed on one kernel thread (best of three after a warm-up) on `device`, beside a
+/// matrix product of the same FLOPs: a Markdown table of milliseconds and GFLOP/s. The weight
+/// gradient is computed both as Burn's autodiff computes it by default
+/// (`conv2d_weight_backward`: a convolution of the input, batch and channels swapped, with the
+/// output gradient as its kernel) and as `gym_models::conv` computes it (one batched GEMM over
+/// the im2col of the input). The last two columns time a whole forward and backward pass of
+/// the layer through autodiff with each.
 pub fn conv_passes(device: &Device) -> String {
+    use burn::backend::Dispatch;
     use burn::tensor::Distribution;
     use burn::tensor::module::{conv_transpose2d, conv2d};
     use burn::tensor::ops::{ConvOptions, ConvTransposeOptions};
+    use gym_models::conv::conv2d_weight_gemm;
     let best_ms = |f: &mut dyn FnMut() -> TensorData| {
         f();
         (0..3)
@@ -1121,7 +1126,9 @@ pub fn conv_passes(device: &Device) -> String {
         .expect("a one-thread pool");
     let mut table = String::from(
         "| layer (batch 64) | forward | input gradient | weight gradient (Burn's default) | \
-         matmul of the same FLOPs |\n|---|---|---|---|---|\n",
+         weight gradient (GEMM) | matmul of the same FLOPs | forward + backward, Burn's \
+         `conv2d` | forward + backward, `gym_models::conv::conv2d` |\n\
+         |---|---|---|---|---|---|---|---|\n",
     );
     pool.install(|| {
         for (c_in, c_out, side) in [(64, 64, 28), (64, 128, 14), (128, 128, 14)] {
@@ -1140,6 +1147,34 @@ pub fn conv_passes(device: &Device) -> String {
                 let (xs, gs) = (x.clone().swap_dims(0, 1), g.clone().swap_dims(0, 1));
                 conv2d(xs, gs, None, same.clone()).into_data()
             });
+            let gemm = gym_models::conv::gemm_supported(device);
+            let weight_gemm = best_ms(&mut || {
+                if !gemm {
+                    return TensorData::from([0.0f32]);
+                }
+                let grad = Tensor::<4>::from_dispatch(conv2d_weight_gemm::<Dispatch>(
+                    x.clone().into_dispatch(),
+                    g.clone().into_dispatch(),
+                    w.shape(),
+                    &same,
+                ));
+                grad.into_data()
+            });
+            let autodiff = device.clone().autodiff();
+            let train =
+                |conv: fn(Tensor<4>, Tensor<4>, Option<Tensor<1>>, ConvOptions<2>) -> Tensor<4>| {
+                    let x = Tensor::<4>::from_data(x.to_data(), &autodiff).require_grad();
+                    let w = Tensor::<4>::from_data(w.to_data(), &autodiff).require_grad();
+                    let probe = Tensor::<4>::from_data(g.to_data(), &autodiff);
+                    let same = same.clone();
+                    move || {
+                        let out = conv(x.clone(), w.clone(), None, same.clone());
+                        let grads = (out * probe.clone()).sum().backward();
+                        w.grad(&grads).expect("a weight gradient").into_data()
+                    }
+                };
+            let burns = best_ms(&mut train(conv2d));
+            let ours = best_ms(&mut train(gym_models::conv::conv2d));
             // The weight gradient as one product: [c_out, B·L] × [B·L, c_in·9].
             let lhs = Tensor::<2>::random([c_out, b * side * side], Distribution::Default, device);
             let rhs =
@@ -1149,10 +1184,12 @@ pub fn conv_passes(device: &Device) -> String {
             let cell = |ms: f64| format!("{ms:.1} ms ({:.0} GFLOP/s)", gflop / ms * 1e3);
             let _ = writeln!(
                 table,
-                "| {c_in}→{c_out}, {side}×{side} | {} | {} | {} | {} |",
+                "| {c_in}→{c_out}, {side}×{side} | {} | {} | {} | {} | {} | {burns:.1} ms | \
+                 {ours:.1} ms |",
                 cell(forward),
                 cell(input_grad),
                 cell(weight_grad),
+                if gemm { cell(weight_gemm) } else { "-".into() },
                 cell(matmul)
             );
         }

@@ -1,6 +1,7 @@
 //! A small CNN for CIFAR-10 (32×32 colour images), sized to train on a CPU.
 
 use crate::classifier::{conv_flops, dense_flops};
+use crate::conv::conv2d_forward;
 use burn::config::Config;
 use burn::module::Module;
 use burn::nn::conv::{Conv2d, Conv2dConfig};
@@ -74,9 +75,9 @@ impl CifarCnnConfig {
 impl CifarCnn {
     /// Logits `[batch, classes]` of images `[batch, 3, 32, 32]`.
     pub fn forward(&self, images: Tensor<4>) -> Tensor<2> {
-        let x = self.pool.forward(relu(self.conv1.forward(images)));
-        let x = self.pool.forward(relu(self.conv2.forward(x)));
-        let x = self.pool.forward(relu(self.conv3.forward(x)));
+        let x = self.pool.forward(relu(conv2d_forward(&self.conv1, images)));
+        let x = self.pool.forward(relu(conv2d_forward(&self.conv2, x)));
+        let x = self.pool.forward(relu(conv2d_forward(&self.conv3, x)));
         let x = relu(self.fc1.forward(x.flatten::<2>(1, 3)));
         self.fc2.forward(x)
     }

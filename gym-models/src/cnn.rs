@@ -1,6 +1,7 @@
 //! The original's MNIST CNN (`example/mnist.py`).
 
 use crate::classifier::{conv_flops, dense_flops};
+use crate::conv::conv2d_forward;
 use burn::config::Config;
 use burn::module::Module;
 use burn::nn::conv::{Conv2d, Conv2dConfig};
@@ -53,8 +54,8 @@ impl ConvBlock {
     }
 
     fn forward(&self, x: Tensor<4>) -> Tensor<4> {
-        let x = relu(self.bn1.forward(self.conv1.forward(x)));
-        let x = relu(self.bn2.forward(self.conv2.forward(x)));
+        let x = relu(self.bn1.forward(conv2d_forward(&self.conv1, x)));
+        let x = relu(self.bn2.forward(conv2d_forward(&self.conv2, x)));
         self.dropout.forward(self.pool.forward(x))
     }
 }

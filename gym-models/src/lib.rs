@@ -10,6 +10,9 @@
 //! * [`Gpt`]: nanoGPT's GPT (presets from 4 layers × 128 dimensions to GPT-2 XL), with
 //!   weight tying and sampling.
 //!
+//! The CNNs' convolutions go through [`conv::conv2d`], whose weight gradient is a GEMM
+//! (a Burn backend extension with its own backward pass) rather than Burn 0.22's default.
+//!
 //! Their dropout is [`gym_core::Dropout`], drawn from each node's own random stream, so
 //! runs are reproducible whatever the thread timing.
 
@@ -18,6 +21,7 @@
 mod cifar_cnn;
 mod classifier;
 mod cnn;
+pub mod conv;
 pub mod gpt;
 mod mlp;
 

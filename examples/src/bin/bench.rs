@@ -77,8 +77,9 @@ struct Cli {
     #[arg(long)]
     suite: bool,
     /// Time each pass of the MNIST CNN's 3×3 convolutions on one kernel thread (forward,
-    /// input gradient, and weight gradient as Burn computes it) against matrix products of
-    /// the same FLOPs, and print the table; everything else is ignored.
+    /// input gradient, and the weight gradient as Burn computes it and as
+    /// `gym_models::conv` does) against matrix products of the same FLOPs, then a whole
+    /// forward and backward pass with each, and print the table; everything else is ignored.
     #[arg(long)]
     conv_passes: bool,
     /// With --suite: also write every figure to FILE as one flat JSON object.
