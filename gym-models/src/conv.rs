@@ -143,28 +143,28 @@ pub fn conv2d_weight_gemm<B: Backend>(
     let [_, _, kh, kw] = weight_shape.dims();
     let [(top, bottom), (left, right)] = options.padding;
     let ([sh, sw], [dh, dw]) = (options.stride, options.dilation);
-    // The zero-padded input as [c_in, batch, hp, wp], and the gradient as [c_out, positions]:
-    // the batch joins the output positions, so each tap's gradient is one GEMM.
-    let x = B::float_swap_dims(x, 0, 1);
-    let padded = if top + bottom + left + right == 0 {
-        x
-    } else {
-        let shape = Shape::new([c_in, batch, top + h + bottom, left + w + right]);
-        let zeros = B::float_zeros(shape, &x.device(), x.dtype().into());
-        let centre = [
+    // The zero-padded input as [c_in, batch + 1, hp, wp]: the batch joins the output
+    // positions, so each tap's gradient is one GEMM. The extra image of zeros lets the
+    // stride-1 windows below run past the last example.
+    let (hp, wp) = (top + h + bottom, left + w + right);
+    let padded = B::float_slice_assign(
+        B::float_zeros(
+            Shape::new([c_in, batch + 1, hp, wp]),
+            &x.device(),
+            x.dtype().into(),
+        ),
+        &[
             Slice::from(..),
-            Slice::from(..),
+            Slice::from(..batch),
             Slice::from(top..top + h),
             Slice::from(left..left + w),
-        ];
-        B::float_slice_assign(zeros, &centre, x)
-    };
+        ],
+        B::float_swap_dims(x, 0, 1),
+    );
     let tap_grads = if sh == 1 && sw == 1 {
         // Stride 1: the gradient on the padded grid (zeros past h_out × w_out), and each
-        // tap's inputs a view: the flattened padded input shifted by the tap's offset, with
-        // an image of zeros after the last. Windows that wrap past a row's or an image's
-        // end meet a zero gradient.
-        let [_, _, hp, wp] = padded.shape().dims();
+        // tap's inputs a view: the flattened padded input shifted by the tap's offset.
+        // Windows that wrap past a row's or an image's end meet a zero gradient.
         let grid = batch * hp * wp;
         let grad = B::float_slice_assign(
             B::float_zeros(
@@ -181,15 +181,7 @@ pub fn conv2d_weight_gemm<B: Backend>(
             B::float_swap_dims(grad, 0, 1),
         );
         let grad = B::float_reshape(grad, Shape::new([c_out, grid]));
-        let tail = B::float_zeros(
-            Shape::new([c_in, 1, hp, wp]),
-            &padded.device(),
-            padded.dtype().into(),
-        );
-        let flat = B::float_reshape(
-            B::float_cat(vec![padded, tail], 1),
-            Shape::new([c_in, (batch + 1) * hp * wp]),
-        );
+        let flat = B::float_reshape(padded, Shape::new([c_in, (batch + 1) * hp * wp]));
         taps(kh, kw)
             .map(|(i, j)| {
                 let offset = i * dh * wp + j * dw;
@@ -213,7 +205,7 @@ pub fn conv2d_weight_gemm<B: Backend>(
                 let cols = j * dw..j * dw + (w_out - 1) * sw + 1;
                 let view = [
                     Slice::from(..),
-                    Slice::from(..),
+                    Slice::from(..batch),
                     Slice::new(rows.start as isize, Some(rows.end as isize), sh as isize),
                     Slice::new(cols.start as isize, Some(cols.end as isize), sw as isize),
                 ];
