@@ -1147,18 +1147,17 @@ pub fn conv_passes(device: &Device) -> String {
                 let (xs, gs) = (x.clone().swap_dims(0, 1), g.clone().swap_dims(0, 1));
                 conv2d(xs, gs, None, same.clone()).into_data()
             });
-            let gemm = gym_models::conv::gemm_supported(device);
-            let weight_gemm = best_ms(&mut || {
-                if !gemm {
-                    return TensorData::from([0.0f32]);
-                }
-                let grad = Tensor::<4>::from_dispatch(conv2d_weight_gemm::<Dispatch>(
-                    x.clone().into_dispatch(),
-                    g.clone().into_dispatch(),
-                    w.shape(),
-                    &same,
-                ));
-                grad.into_data()
+            // Timed only where the extension runs (elsewhere `conv::conv2d` is Burn's own).
+            let weight_gemm = gym_models::conv::gemm_supported(device).then(|| {
+                best_ms(&mut || {
+                    Tensor::<4>::from_dispatch(conv2d_weight_gemm::<Dispatch>(
+                        x.clone().into_dispatch(),
+                        g.clone().into_dispatch(),
+                        w.shape(),
+                        &same,
+                    ))
+                    .into_data()
+                })
             });
             let autodiff = device.clone().autodiff();
             let train =
@@ -1189,7 +1188,7 @@ pub fn conv_passes(device: &Device) -> String {
                 cell(forward),
                 cell(input_grad),
                 cell(weight_grad),
-                if gemm { cell(weight_gemm) } else { "-".into() },
+                weight_gemm.map_or("-".into(), cell),
                 cell(matmul)
             );
         }

@@ -4,8 +4,8 @@
 //! convolution (the input with batch and channels swapped, the output gradient as a kernel the
 //! size of the image). On the CPU backends that runs at a third of matrix-product speed and
 //! takes 330 of the 765 ms of an MNIST CNN step (`bench --conv-passes`). Here the gradient is
-//! `Σ_batch grad · im2col(x)ᵀ`: the `k·k` shifted views of the padded input, laid side by side,
-//! times the output gradient, one batched GEMM.
+//! `grad · im2col(x)ᵀ`, one GEMM per kernel tap with the batch joined to the output positions
+//! ([`conv2d_weight_gemm`]).
 //!
 //! The operation is a Burn backend extension ([`Conv2dGemmOps`]) with its own backward pass on
 //! `Autodiff<B>`. [`conv2d`] uses it on the backends this crate is built for (the `flex`,
@@ -31,8 +31,9 @@ use burn_autodiff::ops::{Backward, Ops, OpsKind};
 
 /// A convolution with [`conv2d_weight_gemm`] as its weight gradient, as a backend extension.
 ///
-/// Every method has a body built from the backend's own operations, so a backend implements
-/// the trait with an empty `impl`; `Autodiff<B>` gives `conv2d_gemm` its backward pass.
+/// The method's body is the backend's own convolution, so a backend implements the trait with
+/// an empty `impl`; `Autodiff<B>` gives `conv2d_gemm` its backward pass: the backend's input
+/// gradient and [`conv2d_weight_gemm`].
 #[backend_extension(
     Flex: cfg(feature = "flex"),
     NdArray: cfg(feature = "ndarray"),
@@ -48,20 +49,6 @@ pub trait Conv2dGemmOps: Backend {
         options: ConvOptions<2>,
     ) -> FloatTensor<Self> {
         Self::conv2d(x, weight, None, options)
-    }
-
-    /// The gradients of [`conv2d_gemm`](Self::conv2d_gemm) for `x` (the backend's own) and
-    /// for `weight` ([`conv2d_weight_gemm`]), given the output gradient `grad`.
-    fn conv2d_gemm_backward(
-        x: FloatTensor<Self>,
-        weight: FloatTensor<Self>,
-        grad: FloatTensor<Self>,
-        options: ConvOptions<2>,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        let weight_shape = weight.shape();
-        let x_grad = Self::conv2d_x_backward(x.clone(), weight, grad.clone(), options.clone());
-        let weight_grad = conv2d_weight_gemm::<Self>(x, grad, weight_shape, &options);
-        (x_grad, weight_grad)
     }
 }
 
@@ -96,12 +83,14 @@ impl<B: Conv2dGemmOps, C: CheckpointStrategy> Conv2dGemmOps for Autodiff<B, C> {
                 let x = checkpointer.retrieve_node_output::<B::FloatTensorPrimitive>(x_state);
                 let weight =
                     checkpointer.retrieve_node_output::<B::FloatTensorPrimitive>(weight_state);
-                let (x_grad, weight_grad) = B::conv2d_gemm_backward(x, weight, grad, options);
-                if let Some(node) = node_x {
-                    grads.register::<B>(node.id, x_grad);
-                }
+                // Each gradient only where a parent needs it (a model's input images need none).
                 if let Some(node) = node_weight {
+                    let weight_grad =
+                        conv2d_weight_gemm::<B>(x.clone(), grad.clone(), weight.shape(), &options);
                     grads.register::<B>(node.id, weight_grad);
+                }
+                if let Some(node) = node_x {
+                    grads.register::<B>(node.id, B::conv2d_x_backward(x, weight, grad, options));
                 }
             }
         }
