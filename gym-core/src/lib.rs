@@ -27,6 +27,7 @@
 
 #![warn(missing_docs)]
 
+pub mod allocator;
 pub mod batch;
 pub mod checkpoint;
 pub mod collective;

@@ -2,6 +2,7 @@
 
 use crate::classifier::{conv_flops, dense_flops};
 use crate::conv::conv2d_forward;
+use crate::fused::batch_norm_forward;
 use burn::config::Config;
 use burn::module::Module;
 use burn::nn::conv::{Conv2d, Conv2dConfig};
@@ -54,8 +55,14 @@ impl ConvBlock {
     }
 
     fn forward(&self, x: Tensor<4>) -> Tensor<4> {
-        let x = relu(self.bn1.forward(conv2d_forward(&self.conv1, x)));
-        let x = relu(self.bn2.forward(conv2d_forward(&self.conv2, x)));
+        let x = relu(batch_norm_forward(
+            &self.bn1,
+            conv2d_forward(&self.conv1, x),
+        ));
+        let x = relu(batch_norm_forward(
+            &self.bn2,
+            conv2d_forward(&self.conv2, x),
+        ));
         self.dropout.forward(self.pool.forward(x))
     }
 }

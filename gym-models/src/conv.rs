@@ -15,7 +15,6 @@
 // Burn deprecates its LibTorch and ndarray backends; the extension still serves them.
 #![cfg_attr(any(feature = "tch", feature = "ndarray"), allow(deprecated))]
 
-use burn::backend::DispatchDevice;
 use burn::backend::ops::ConvOptions;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Backend, TensorMetadata, backend_extension};
@@ -220,15 +219,7 @@ fn taps(kh: usize, kw: usize) -> impl Iterator<Item = (usize, usize)> {
 /// Whether this build implements [`Conv2dGemmOps`] for `device`'s backend (calling it on
 /// another backend panics in Burn's dispatch; [`conv2d`] checks first).
 pub fn gemm_supported(device: &burn::tensor::Device) -> bool {
-    match device.clone().inner().as_dispatch() {
-        #[cfg(feature = "flex")]
-        DispatchDevice::Flex(_) => true,
-        #[cfg(feature = "ndarray")]
-        DispatchDevice::NdArray(_) => true,
-        #[cfg(feature = "tch")]
-        DispatchDevice::LibTorch(_) => true,
-        _ => false,
-    }
+    crate::extension_supported(device)
 }
 
 /// Burn's [`conv2d`](burn::tensor::module::conv2d), with the weight gradient of

@@ -20,10 +20,11 @@
 //! ```
 
 use crate::classifier::{classification_metrics, cross_entropy};
+use crate::fused::{layer_norm_forward, softmax};
 use burn::config::Config;
 use burn::module::Module;
 use burn::nn::{Embedding, Initializer, LayerNorm, LayerNormConfig, Linear};
-use burn::tensor::activation::{gelu, softmax};
+use burn::tensor::activation::gelu;
 use burn::tensor::module::{attention, linear};
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
@@ -35,6 +36,8 @@ use std::str::FromStr;
 
 /// Standard deviation of the initial weights (GPT-2's).
 const INIT_STD: f64 = 0.02;
+/// LayerNorm's epsilon (PyTorch's default, as nanoGPT's).
+const LN_EPSILON: f64 = 1e-5;
 
 /// File names of a saved model, inside its folder.
 pub const CONFIG_FILE: &str = "gpt.json";
@@ -229,7 +232,7 @@ impl GptConfig {
         let layer_norm = || {
             LayerNormConfig::new(d)
                 .with_bias(self.bias)
-                .with_epsilon(1e-5)
+                .with_epsilon(LN_EPSILON)
                 .init(device)
         };
         let embedding = |n: usize| Embedding {
@@ -315,7 +318,7 @@ impl CausalSelfAttention {
         );
         let y = if training {
             // Written out, so dropout can act on the attention weights (as in nanoGPT's
-            // training) and the softmax keeps its fused backward pass.
+            // training); the softmax is one operation with a closed-form backward pass.
             let att = self.attn_dropout.forward(causal_attention_weights(q, k));
             att.matmul(v)
         } else {
@@ -376,8 +379,14 @@ pub struct Block {
 
 impl Block {
     fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        let x = x.clone() + self.attn.forward(self.ln_1.forward(x));
-        x.clone() + self.mlp.forward(self.ln_2.forward(x))
+        let x = x.clone()
+            + self
+                .attn
+                .forward(layer_norm_forward(&self.ln_1, x, LN_EPSILON));
+        x.clone()
+            + self
+                .mlp
+                .forward(layer_norm_forward(&self.ln_2, x, LN_EPSILON))
     }
 }
 
@@ -457,7 +466,7 @@ impl Gpt {
         for block in &self.h {
             x = block.forward(x);
         }
-        self.ln_f.forward(x)
+        layer_norm_forward(&self.ln_f, x, LN_EPSILON)
     }
 
     /// Parameters excluding the position embedding (nanoGPT's `get_num_params()`).

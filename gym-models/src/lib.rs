@@ -12,6 +12,8 @@
 //!
 //! The CNNs' convolutions go through [`conv::conv2d`], whose weight gradient is a GEMM
 //! (a Burn backend extension with its own backward pass) rather than Burn 0.22's default.
+//! The GPT's LayerNorms and attention softmax, and the MNIST CNN's batch normalisation, are
+//! single operations with closed-form backward passes ([`fused`]).
 //!
 //! Their dropout is [`gym_core::Dropout`], drawn from each node's own random stream, so
 //! runs are reproducible whatever the thread timing.
@@ -22,6 +24,7 @@ mod cifar_cnn;
 mod classifier;
 mod cnn;
 pub mod conv;
+pub mod fused;
 pub mod gpt;
 mod mlp;
 
@@ -30,3 +33,19 @@ pub use classifier::{accuracy, classification_metrics, conv_flops, cross_entropy
 pub use cnn::{MnistCnn, MnistCnnConfig};
 pub use gpt::{Gpt, GptConfig, GptError, GptSize, SamplingConfig, sample_logits};
 pub use mlp::{Mlp, MlpConfig};
+
+/// Whether this build implements its backend extensions ([`conv::Conv2dGemmOps`],
+/// [`fused::FusedOps`]) for `device`'s backend: calling one on another backend panics in
+/// Burn's dispatch, so their functions check first and fall back to Burn's own.
+pub(crate) fn extension_supported(device: &burn::tensor::Device) -> bool {
+    use burn::backend::DispatchDevice;
+    match device.clone().inner().as_dispatch() {
+        #[cfg(feature = "flex")]
+        DispatchDevice::Flex(_) => true,
+        #[cfg(feature = "ndarray")]
+        DispatchDevice::NdArray(_) => true,
+        #[cfg(feature = "tch")]
+        DispatchDevice::LibTorch(_) => true,
+        _ => false,
+    }
+}

@@ -122,6 +122,8 @@ impl TrainModel for SpiralNet {
 }
 
 fn main() -> Result<(), gym_core::GymError> {
+    // Node threads free and allocate the same large buffers every step: keep them mapped.
+    gym_core::allocator::retain_freed_memory();
     let data = NodeData::shared(
         InMemDataset::new(spirals(8192, 1)),
         InMemDataset::new(spirals(768, 2)),

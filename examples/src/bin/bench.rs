@@ -274,6 +274,8 @@ fn read_peer_results(path: &std::path::Path) -> Result<Vec<PeerResult>, String> 
 }
 
 fn main() -> ExitCode {
+    // Node threads free and allocate the same large buffers every step: keep them mapped.
+    gym_core::allocator::retain_freed_memory();
     let cli = Cli::parse();
     let peers = match cli.peer_results.as_deref().map(read_peer_results) {
         None => Vec::new(),

@@ -31,6 +31,8 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
+    // Node threads free and allocate the same large buffers every step: keep them mapped.
+    gym_core::allocator::retain_freed_memory();
     let process_start = Instant::now();
     let (cli, _) = cli::parse::<Cli>();
     runner::train_main(process_start, &cli, &cli.common, || {

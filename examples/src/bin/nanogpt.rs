@@ -80,6 +80,8 @@ impl Cli {
 }
 
 fn main() -> ExitCode {
+    // Node threads free and allocate the same large buffers every step: keep them mapped.
+    gym_core::allocator::retain_freed_memory();
     let process_start = Instant::now();
     let cli = Cli::parse_with_defaults();
     runner::exit_code(match &cli.sample_from {

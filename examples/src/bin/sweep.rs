@@ -14,6 +14,8 @@ use std::ffi::OsString;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    // Node threads free and allocate the same large buffers every step: keep them mapped.
+    gym_core::allocator::retain_freed_memory();
     let argv: Vec<OsString> = std::env::args_os().collect();
     examples::runner::files_exit_code(examples::sweep::run(&argv).map(|s| s.files))
 }
