@@ -178,6 +178,22 @@ impl FusedOps for burn::backend::Flex {}
 #[cfg(feature = "ndarray")]
 impl FusedOps for burn::backend::NdArray {}
 
+/// LibTorch's output and two statistics as Burn's tensors.
+#[cfg(feature = "tch")]
+fn tch_triple(
+    (output, mean, rstd): (tch::Tensor, tch::Tensor, tch::Tensor),
+) -> (
+    burn_tch::TchTensor,
+    burn_tch::TchTensor,
+    burn_tch::TchTensor,
+) {
+    (
+        burn_tch::TchTensor::new(output),
+        burn_tch::TchTensor::new(mean),
+        burn_tch::TchTensor::new(rstd),
+    )
+}
+
 #[cfg(feature = "tch")]
 impl FusedOps for burn::backend::LibTorch {
     fn layer_norm_with_stats(
@@ -187,14 +203,12 @@ impl FusedOps for burn::backend::LibTorch {
         epsilon: f64,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
         let d = x.shape()[x.shape().num_dims() - 1] as i64;
-        let (output, mean, rstd) =
-            x.tensor
-                .native_layer_norm([d], Some(&gamma.tensor), Some(&beta.tensor), epsilon);
-        (
-            burn_tch::TchTensor::new(output),
-            burn_tch::TchTensor::new(mean),
-            burn_tch::TchTensor::new(rstd),
-        )
+        tch_triple(x.tensor.native_layer_norm(
+            [d],
+            Some(&gamma.tensor),
+            Some(&beta.tensor),
+            epsilon,
+        ))
     }
 
     fn batch_norm_train_with_stats(
@@ -204,7 +218,7 @@ impl FusedOps for burn::backend::LibTorch {
         epsilon: f64,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
         // Without running statistics: the module updates its own.
-        let (output, mean, rstd) = x.tensor.native_batch_norm(
+        tch_triple(x.tensor.native_batch_norm(
             Some(&gamma.tensor),
             Some(&beta.tensor),
             None::<&tch::Tensor>,
@@ -212,12 +226,7 @@ impl FusedOps for burn::backend::LibTorch {
             true,
             0.0,
             epsilon,
-        );
-        (
-            burn_tch::TchTensor::new(output),
-            burn_tch::TchTensor::new(mean),
-            burn_tch::TchTensor::new(rstd),
-        )
+        ))
     }
 
     fn softmax_backward(
@@ -232,6 +241,156 @@ impl FusedOps for burn::backend::LibTorch {
     }
 }
 
+/// Which elements a normalisation takes its statistics over.
+#[derive(Debug, Clone, Copy)]
+enum Axis {
+    /// LayerNorm: the last dimension of each row; gain and bias along it.
+    Last,
+    /// Batch norm: every dimension but the channels (1); gain and bias per channel.
+    Channels,
+}
+
+impl Axis {
+    /// The forward pass: output, and the statistics as the backend returns them.
+    fn forward<B: FusedOps>(
+        self,
+        x: FloatTensor<B>,
+        gamma: FloatTensor<B>,
+        beta: FloatTensor<B>,
+        epsilon: f64,
+    ) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
+        match self {
+            Axis::Last => B::layer_norm_with_stats(x, gamma, beta, epsilon),
+            Axis::Channels => B::batch_norm_train_with_stats(x, gamma, beta, epsilon),
+        }
+    }
+
+    /// A per-group statistic or a `[features]` parameter, shaped to broadcast against the
+    /// input of rank `rank` (LayerNorm's statistics `[..., 1]` already do).
+    fn along<B: Backend>(self, t: FloatTensor<B>, rank: usize, parameter: bool) -> FloatTensor<B> {
+        match (self, parameter) {
+            (Axis::Last, true) => along_rows::<B>(t, rank),
+            (Axis::Last, false) => t,
+            (Axis::Channels, _) => along_channels::<B>(t, rank),
+        }
+    }
+
+    /// The mean of each group, broadcastable against `t`.
+    fn mean<B: Backend>(self, t: FloatTensor<B>) -> FloatTensor<B> {
+        match self {
+            Axis::Last => {
+                let last = t.shape().num_dims() - 1;
+                B::float_mean_dim(t, last)
+            }
+            Axis::Channels => channel_mean::<B>(t),
+        }
+    }
+
+    /// The sum over groups for a `[features]` parameter's gradient.
+    fn parameter_sum<B: Backend>(self, t: FloatTensor<B>) -> FloatTensor<B> {
+        let shape = t.shape();
+        match self {
+            Axis::Last => {
+                let d = shape[shape.num_dims() - 1];
+                let flat = B::float_reshape(t, Shape::new([shape.num_elements() / d, d]));
+                B::float_reshape(B::float_sum_dim(flat, 0), Shape::new([d]))
+            }
+            Axis::Channels => B::float_reshape(channel_sum::<B>(t), Shape::new([shape[1]])),
+        }
+    }
+}
+
+/// A normalisation `γ ⊙ x̂ + β`, `x̂ = (x − mean) · rstd`, as one operation of the autodiff
+/// graph with its closed-form backward pass, the statistics returned outside the graph.
+fn normalization<B: FusedOps, C: CheckpointStrategy>(
+    x: FloatTensor<Autodiff<B, C>>,
+    gamma: FloatTensor<Autodiff<B, C>>,
+    beta: FloatTensor<Autodiff<B, C>>,
+    epsilon: f64,
+    axis: Axis,
+) -> (
+    FloatTensor<Autodiff<B, C>>,
+    B::FloatTensorPrimitive,
+    B::FloatTensorPrimitive,
+) {
+    #[derive(Debug)]
+    struct NormalizationOp;
+
+    impl<B: FusedOps> Backward<B, 3> for NormalizationOp {
+        /// The input, the gain, the statistics (broadcastable) and the axis.
+        type State = (
+            B::FloatTensorPrimitive,
+            B::FloatTensorPrimitive,
+            B::FloatTensorPrimitive,
+            B::FloatTensorPrimitive,
+            Axis,
+        );
+
+        fn backward(
+            self,
+            ops: Ops<Self::State, 3>,
+            grads: &mut Gradients,
+            _checkpointer: &mut Checkpointer,
+        ) {
+            let [node_x, node_gamma, node_beta] = ops.parents;
+            let dy = grads.consume::<B>(&ops.node);
+            let (x, gamma, mean, rstd, axis) = ops.state;
+            let rank = x.shape().num_dims();
+            let normalized = B::float_mul(B::float_sub(x, mean), rstd.clone());
+            if let Some(node) = node_gamma {
+                let grad = axis.parameter_sum::<B>(B::float_mul(dy.clone(), normalized.clone()));
+                grads.register::<B>(node.id, grad);
+            }
+            if let Some(node) = node_beta {
+                grads.register::<B>(node.id, axis.parameter_sum::<B>(dy.clone()));
+            }
+            if let Some(node) = node_x {
+                // dx = rstd · (g − mean(g) − x̂ · mean(g ⊙ x̂)), g = dy ⊙ γ, means per group.
+                let g = B::float_mul(dy, axis.along::<B>(gamma, rank, true));
+                let mean_g = axis.mean::<B>(g.clone());
+                let mean_gx = axis.mean::<B>(B::float_mul(g.clone(), normalized.clone()));
+                let centered = B::float_sub(g, mean_g);
+                let grad = B::float_mul(
+                    B::float_sub(centered, B::float_mul(normalized, mean_gx)),
+                    rstd,
+                );
+                grads.register::<B>(node.id, grad);
+            }
+        }
+    }
+
+    match NormalizationOp
+        .prepare::<C>([x.node(), gamma.node(), beta.node()])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => {
+            let x = x.into_primitive();
+            let gamma = gamma.into_primitive();
+            let (output, mean, rstd) =
+                axis.forward::<B>(x.clone(), gamma.clone(), beta.into_primitive(), epsilon);
+            let rank = x.shape().num_dims();
+            let state = (
+                x,
+                gamma,
+                axis.along::<B>(mean.clone(), rank, false),
+                axis.along::<B>(rstd.clone(), rank, false),
+                axis,
+            );
+            (prep.finish(state, output), mean, rstd)
+        }
+        OpsKind::UnTracked(prep) => {
+            let (output, mean, rstd) = axis.forward::<B>(
+                x.into_primitive(),
+                gamma.into_primitive(),
+                beta.into_primitive(),
+                epsilon,
+            );
+            (prep.finish(output), mean, rstd)
+        }
+    }
+}
+
 impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
     fn fused_layer_norm(
         x: FloatTensor<Self>,
@@ -239,82 +398,7 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         beta: FloatTensor<Self>,
         epsilon: f64,
     ) -> FloatTensor<Self> {
-        #[derive(Debug)]
-        struct LayerNormOp;
-
-        impl<B: FusedOps> Backward<B, 3> for LayerNormOp {
-            /// The input, the gain, and each row's mean and reciprocal standard deviation.
-            type State = (
-                B::FloatTensorPrimitive,
-                B::FloatTensorPrimitive,
-                B::FloatTensorPrimitive,
-                B::FloatTensorPrimitive,
-            );
-
-            fn backward(
-                self,
-                ops: Ops<Self::State, 3>,
-                grads: &mut Gradients,
-                _checkpointer: &mut Checkpointer,
-            ) {
-                let [node_x, node_gamma, node_beta] = ops.parents;
-                let dy = grads.consume::<B>(&ops.node);
-                let (x, gamma, mean, rstd) = ops.state;
-                let shape = x.shape();
-                let last = shape.num_dims() - 1;
-                let d = shape[last];
-                // Sums over every row: the leading dimensions joined.
-                let rows = |t: B::FloatTensorPrimitive| {
-                    let flat = B::float_reshape(t, Shape::new([shape.num_elements() / d, d]));
-                    B::float_reshape(B::float_sum_dim(flat, 0), Shape::new([d]))
-                };
-                let normalized = B::float_mul(B::float_sub(x, mean), rstd.clone());
-                if let Some(node) = node_gamma {
-                    let grad = rows(B::float_mul(dy.clone(), normalized.clone()));
-                    grads.register::<B>(node.id, grad);
-                }
-                if let Some(node) = node_beta {
-                    grads.register::<B>(node.id, rows(dy.clone()));
-                }
-                if let Some(node) = node_x {
-                    // dx = rstd · (g − mean(g) − x̂ · mean(g ⊙ x̂)), g = dy ⊙ γ.
-                    let g = B::float_mul(dy, along_rows::<B>(gamma, last + 1));
-                    let mean_g = B::float_mean_dim(g.clone(), last);
-                    let mean_gx =
-                        B::float_mean_dim(B::float_mul(g.clone(), normalized.clone()), last);
-                    let centered = B::float_sub(g, mean_g);
-                    let grad = B::float_mul(
-                        B::float_sub(centered, B::float_mul(normalized, mean_gx)),
-                        rstd,
-                    );
-                    grads.register::<B>(node.id, grad);
-                }
-            }
-        }
-
-        match LayerNormOp
-            .prepare::<C>([x.node(), gamma.node(), beta.node()])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => {
-                let x = x.into_primitive();
-                let gamma = gamma.into_primitive();
-                let (output, mean, rstd) = B::layer_norm_with_stats(
-                    x.clone(),
-                    gamma.clone(),
-                    beta.into_primitive(),
-                    epsilon,
-                );
-                prep.finish((x, gamma, mean, rstd), output)
-            }
-            OpsKind::UnTracked(prep) => prep.finish(B::fused_layer_norm(
-                x.into_primitive(),
-                gamma.into_primitive(),
-                beta.into_primitive(),
-                epsilon,
-            )),
-        }
+        normalization::<B, C>(x, gamma, beta, epsilon, Axis::Last).0
     }
 
     fn fused_batch_norm_train(
@@ -323,93 +407,12 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         beta: FloatTensor<Self>,
         epsilon: f64,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        #[derive(Debug)]
-        struct BatchNormOp;
-
-        impl<B: FusedOps> Backward<B, 3> for BatchNormOp {
-            /// The input, the gain, and each channel's mean and reciprocal standard deviation.
-            type State = (
-                B::FloatTensorPrimitive,
-                B::FloatTensorPrimitive,
-                B::FloatTensorPrimitive,
-                B::FloatTensorPrimitive,
-            );
-
-            fn backward(
-                self,
-                ops: Ops<Self::State, 3>,
-                grads: &mut Gradients,
-                _checkpointer: &mut Checkpointer,
-            ) {
-                let [node_x, node_gamma, node_beta] = ops.parents;
-                let dy = grads.consume::<B>(&ops.node);
-                let (x, gamma, mean, rstd) = ops.state;
-                let shape = x.shape();
-                let rank = shape.num_dims();
-                let channels = Shape::new([shape[1]]);
-                let rstd = along_channels::<B>(rstd, rank);
-                let normalized = B::float_mul(
-                    B::float_sub(x, along_channels::<B>(mean, rank)),
-                    rstd.clone(),
-                );
-                let sum_dy = channel_sum::<B>(dy.clone());
-                let sum_dy_normalized =
-                    channel_sum::<B>(B::float_mul(dy.clone(), normalized.clone()));
-                if let Some(node) = node_gamma {
-                    let grad = B::float_reshape(sum_dy_normalized.clone(), channels.clone());
-                    grads.register::<B>(node.id, grad);
-                }
-                if let Some(node) = node_beta {
-                    grads.register::<B>(node.id, B::float_reshape(sum_dy.clone(), channels));
-                }
-                if let Some(node) = node_x {
-                    // dx = γ·rstd · (dy − mean(dy) − x̂ · mean(dy ⊙ x̂)), means per channel.
-                    let n = (shape.num_elements() / shape[1]) as f64;
-                    let centered = B::float_sub(dy, B::float_div_scalar(sum_dy, n.into()));
-                    let projected =
-                        B::float_mul(normalized, B::float_div_scalar(sum_dy_normalized, n.into()));
-                    let scale = B::float_mul(along_channels::<B>(gamma, rank), rstd);
-                    let grad = B::float_mul(B::float_sub(centered, projected), scale);
-                    grads.register::<B>(node.id, grad);
-                }
-            }
-        }
-
-        match BatchNormOp
-            .prepare::<C>([x.node(), gamma.node(), beta.node()])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => {
-                let x = x.into_primitive();
-                let gamma = gamma.into_primitive();
-                let (output, mean, rstd) = B::batch_norm_train_with_stats(
-                    x.clone(),
-                    gamma.clone(),
-                    beta.into_primitive(),
-                    epsilon,
-                );
-                let (mean_out, rstd_out) = (mean.clone(), rstd.clone());
-                (
-                    prep.finish((x, gamma, mean, rstd), output),
-                    <Self as AutodiffBackend>::from_inner(mean_out),
-                    <Self as AutodiffBackend>::from_inner(rstd_out),
-                )
-            }
-            OpsKind::UnTracked(prep) => {
-                let (output, mean, rstd) = B::fused_batch_norm_train(
-                    x.into_primitive(),
-                    gamma.into_primitive(),
-                    beta.into_primitive(),
-                    epsilon,
-                );
-                (
-                    prep.finish(output),
-                    <Self as AutodiffBackend>::from_inner(mean),
-                    <Self as AutodiffBackend>::from_inner(rstd),
-                )
-            }
-        }
+        let (output, mean, rstd) = normalization::<B, C>(x, gamma, beta, epsilon, Axis::Channels);
+        (
+            output,
+            <Self as AutodiffBackend>::from_inner(mean),
+            <Self as AutodiffBackend>::from_inner(rstd),
+        )
     }
 
     fn fused_softmax(x: FloatTensor<Self>, dim: usize) -> FloatTensor<Self> {
