@@ -33,6 +33,94 @@ use burn_autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn_autodiff::grads::Gradients;
 use burn_autodiff::ops::{Backward, Ops, OpsKind};
 
+/// Which elements a normalisation takes its statistics over.
+#[derive(Debug, Clone, Copy)]
+enum Axis {
+    /// LayerNorm: the last dimension of each row; gain and bias along it.
+    Last,
+    /// Batch norm: every dimension but the channels (1); gain and bias per channel.
+    Channels,
+}
+
+impl Axis {
+    /// The forward pass: output, and the statistics as the backend returns them.
+    fn forward<B: FusedOps>(
+        self,
+        x: FloatTensor<B>,
+        gamma: FloatTensor<B>,
+        beta: FloatTensor<B>,
+        epsilon: f64,
+    ) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
+        match self {
+            Axis::Last => B::layer_norm_with_stats(x, gamma, beta, epsilon),
+            Axis::Channels => B::batch_norm_train_with_stats(x, gamma, beta, epsilon),
+        }
+    }
+
+    /// A `[features]` gain or bias, shaped to broadcast against an input of rank `rank`.
+    fn parameter<B: Backend>(self, t: FloatTensor<B>, rank: usize) -> FloatTensor<B> {
+        match self {
+            Axis::Last => along_rows::<B>(t, rank),
+            Axis::Channels => along_channels::<B>(t, rank),
+        }
+    }
+
+    /// A statistic as the backend returns it, shaped to broadcast against an input of rank
+    /// `rank` (LayerNorm's `[..., 1]` already does; batch norm's is `[channels]`).
+    fn statistic<B: Backend>(self, t: FloatTensor<B>, rank: usize) -> FloatTensor<B> {
+        match self {
+            Axis::Last => t,
+            Axis::Channels => along_channels::<B>(t, rank),
+        }
+    }
+
+    /// The normalisation in the backend's operations: the output, and each group's mean and
+    /// reciprocal standard deviation (biased variance), broadcastable against `x`.
+    fn normalize<B: Backend>(
+        self,
+        x: FloatTensor<B>,
+        gamma: FloatTensor<B>,
+        beta: FloatTensor<B>,
+        epsilon: f64,
+    ) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
+        let rank = x.shape().num_dims();
+        let mean = self.mean::<B>(x.clone());
+        let centered = B::float_sub(x, mean.clone());
+        let variance = self.mean::<B>(B::float_mul(centered.clone(), centered.clone()));
+        let rstd = B::float_recip(B::float_sqrt(B::float_add_scalar(variance, epsilon.into())));
+        let scale = B::float_mul(rstd.clone(), self.parameter::<B>(gamma, rank));
+        let output = B::float_add(
+            B::float_mul(centered, scale),
+            self.parameter::<B>(beta, rank),
+        );
+        (output, mean, rstd)
+    }
+
+    /// The mean of each group, broadcastable against `t`.
+    fn mean<B: Backend>(self, t: FloatTensor<B>) -> FloatTensor<B> {
+        match self {
+            Axis::Last => {
+                let last = t.shape().num_dims() - 1;
+                B::float_mean_dim(t, last)
+            }
+            Axis::Channels => channel_mean::<B>(t),
+        }
+    }
+
+    /// The sum over groups for a `[features]` parameter's gradient.
+    fn parameter_sum<B: Backend>(self, t: FloatTensor<B>) -> FloatTensor<B> {
+        let shape = t.shape();
+        match self {
+            Axis::Last => {
+                let d = shape[shape.num_dims() - 1];
+                let flat = B::float_reshape(t, Shape::new([shape.num_elements() / d, d]));
+                B::float_reshape(B::float_sum_dim(flat, 0), Shape::new([d]))
+            }
+            Axis::Channels => B::float_reshape(channel_sum::<B>(t), Shape::new([shape[1]])),
+        }
+    }
+}
+
 /// LayerNorm, batch normalisation and softmax as single operations, as a backend extension.
 ///
 /// The default bodies are written in the backend's own operations, so a backend implements
@@ -55,21 +143,7 @@ pub trait FusedOps: Backend {
         beta: FloatTensor<Self>,
         epsilon: f64,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let last = x.shape().num_dims() - 1;
-        let mean = Self::float_mean_dim(x.clone(), last);
-        let centered = Self::float_sub(x, mean.clone());
-        let variance =
-            Self::float_mean_dim(Self::float_mul(centered.clone(), centered.clone()), last);
-        let rstd = Self::float_recip(Self::float_sqrt(Self::float_add_scalar(
-            variance,
-            epsilon.into(),
-        )));
-        let normalized = Self::float_mul(centered, rstd.clone());
-        let output = Self::float_add(
-            Self::float_mul(normalized, along_rows::<Self>(gamma, last + 1)),
-            along_rows::<Self>(beta, last + 1),
-        );
-        (output, mean, rstd)
+        Axis::Last.normalize::<Self>(x, gamma, beta, epsilon)
     }
 
     /// LayerNorm as one operation of the autodiff graph: the output of
@@ -92,19 +166,7 @@ pub trait FusedOps: Backend {
         beta: FloatTensor<Self>,
         epsilon: f64,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let rank = x.shape().num_dims();
-        let mean = channel_mean::<Self>(x.clone());
-        let centered = Self::float_sub(x, mean.clone());
-        let variance = channel_mean::<Self>(Self::float_mul(centered.clone(), centered.clone()));
-        let rstd = Self::float_recip(Self::float_sqrt(Self::float_add_scalar(
-            variance,
-            epsilon.into(),
-        )));
-        let scale = Self::float_mul(rstd.clone(), along_channels::<Self>(gamma, rank));
-        let output = Self::float_add(
-            Self::float_mul(centered, scale),
-            along_channels::<Self>(beta, rank),
-        );
+        let (output, mean, rstd) = Axis::Channels.normalize::<Self>(x, gamma, beta, epsilon);
         let channels = Shape::new([rstd.shape().num_elements()]);
         (
             output,
@@ -241,65 +303,6 @@ impl FusedOps for burn::backend::LibTorch {
     }
 }
 
-/// Which elements a normalisation takes its statistics over.
-#[derive(Debug, Clone, Copy)]
-enum Axis {
-    /// LayerNorm: the last dimension of each row; gain and bias along it.
-    Last,
-    /// Batch norm: every dimension but the channels (1); gain and bias per channel.
-    Channels,
-}
-
-impl Axis {
-    /// The forward pass: output, and the statistics as the backend returns them.
-    fn forward<B: FusedOps>(
-        self,
-        x: FloatTensor<B>,
-        gamma: FloatTensor<B>,
-        beta: FloatTensor<B>,
-        epsilon: f64,
-    ) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
-        match self {
-            Axis::Last => B::layer_norm_with_stats(x, gamma, beta, epsilon),
-            Axis::Channels => B::batch_norm_train_with_stats(x, gamma, beta, epsilon),
-        }
-    }
-
-    /// A per-group statistic or a `[features]` parameter, shaped to broadcast against the
-    /// input of rank `rank` (LayerNorm's statistics `[..., 1]` already do).
-    fn along<B: Backend>(self, t: FloatTensor<B>, rank: usize, parameter: bool) -> FloatTensor<B> {
-        match (self, parameter) {
-            (Axis::Last, true) => along_rows::<B>(t, rank),
-            (Axis::Last, false) => t,
-            (Axis::Channels, _) => along_channels::<B>(t, rank),
-        }
-    }
-
-    /// The mean of each group, broadcastable against `t`.
-    fn mean<B: Backend>(self, t: FloatTensor<B>) -> FloatTensor<B> {
-        match self {
-            Axis::Last => {
-                let last = t.shape().num_dims() - 1;
-                B::float_mean_dim(t, last)
-            }
-            Axis::Channels => channel_mean::<B>(t),
-        }
-    }
-
-    /// The sum over groups for a `[features]` parameter's gradient.
-    fn parameter_sum<B: Backend>(self, t: FloatTensor<B>) -> FloatTensor<B> {
-        let shape = t.shape();
-        match self {
-            Axis::Last => {
-                let d = shape[shape.num_dims() - 1];
-                let flat = B::float_reshape(t, Shape::new([shape.num_elements() / d, d]));
-                B::float_reshape(B::float_sum_dim(flat, 0), Shape::new([d]))
-            }
-            Axis::Channels => B::float_reshape(channel_sum::<B>(t), Shape::new([shape[1]])),
-        }
-    }
-}
-
 /// A normalisation `γ ⊙ x̂ + β`, `x̂ = (x − mean) · rstd`, as one operation of the autodiff
 /// graph with its closed-form backward pass, the statistics returned outside the graph.
 fn normalization<B: FusedOps, C: CheckpointStrategy>(
@@ -346,7 +349,7 @@ fn normalization<B: FusedOps, C: CheckpointStrategy>(
             }
             if let Some(node) = node_x {
                 // dx = rstd · (g − mean(g) − x̂ · mean(g ⊙ x̂)), g = dy ⊙ γ, means per group.
-                let g = B::float_mul(dy, axis.along::<B>(gamma, rank, true));
+                let g = B::float_mul(dy, axis.parameter::<B>(gamma, rank));
                 let mean_g = axis.mean::<B>(g.clone());
                 let mean_gx = axis.mean::<B>(B::float_mul(g.clone(), normalized.clone()));
                 let centered = B::float_sub(g, mean_g);
@@ -373,8 +376,8 @@ fn normalization<B: FusedOps, C: CheckpointStrategy>(
             let state = (
                 x,
                 gamma,
-                axis.along::<B>(mean.clone(), rank, false),
-                axis.along::<B>(rstd.clone(), rank, false),
+                axis.statistic::<B>(mean.clone(), rank),
+                axis.statistic::<B>(rstd.clone(), rank),
                 axis,
             );
             (prep.finish(state, output), mean, rstd)
@@ -476,6 +479,10 @@ pub fn layer_norm<const D: usize>(
 /// [`LayerNorm::forward`] through [`layer_norm`]: the module's gain and bias, and `epsilon`,
 /// which must be the module's own (Burn keeps it private).
 pub fn layer_norm_forward<const D: usize>(ln: &LayerNorm, x: Tensor<D>, epsilon: f64) -> Tensor<D> {
+    // A wrong width goes to the module, which says so.
+    if x.dims()[D - 1] != ln.gamma.dims()[0] {
+        return ln.forward(x);
+    }
     layer_norm(
         x,
         ln.gamma.val(),
@@ -490,7 +497,14 @@ pub fn layer_norm_forward<const D: usize>(ln: &LayerNorm, x: Tensor<D>, epsilon:
 /// statistics as the module does (biased variance, its momentum).
 pub fn batch_norm_forward<const D: usize>(bn: &BatchNorm, x: Tensor<D>) -> Tensor<D> {
     let device = x.device();
-    if !(device.is_autodiff() && bn.training.is_enabled() && crate::extension_supported(&device)) {
+    // Inference, other backends, and a wrong channel count (the module says so) go to the
+    // module.
+    let fused = device.is_autodiff()
+        && bn.training.is_enabled()
+        && crate::extension_supported(&device)
+        && D > 1
+        && x.dims()[1] == bn.gamma.dims()[0];
+    if !fused {
         return bn.forward(x);
     }
     let (output, mean, rstd) = <burn::backend::Dispatch as FusedOps>::fused_batch_norm_train(
