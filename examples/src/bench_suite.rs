@@ -25,9 +25,7 @@
 use burn::data::dataset::Dataset;
 use burn::data::dataset::transform::PartialDataset;
 use burn::tensor::{Device, Tensor, TensorData};
-use gym_core::{
-    Collective, InProcessGroup, NodeData, ReduceOp, TrainModel, Trainer, TrainerConfig,
-};
+use gym_core::{InProcessGroup, NodeData, ReduceOp, TrainModel, Trainer, TrainerConfig};
 use gym_data::{
     CharCorpus, MnistBatcher, MnistDataset, MnistItem, MnistSplit, TokenBatcher, TokenWindow,
 };
@@ -840,7 +838,7 @@ fn bandwidth(config: &SuiteConfig, out: &mut SuiteResult) -> Result<(), BoxError
 }
 
 /// Seconds (rank 0's median) of an MPI all-reduce of each size over `k` processes started
-/// by `mpirun` on this host, each running `exe --mpi-bandwidth-worker`.
+/// by `mpirun` on this host, each running `exe --mpi-bandwidth-worker K`.
 fn mpi_seconds(exe: &Path, k: usize, sizes: &[usize], reps: usize) -> Result<Vec<f64>, String> {
     let sizes_arg = sizes
         .iter()
@@ -855,7 +853,12 @@ fn mpi_seconds(exe: &Path, k: usize, sizes: &[usize], reps: usize) -> Result<Vec
             &k.to_string(),
         ])
         .arg(exe)
-        .args(["--mpi-bandwidth-worker", "--suite-mb", &sizes_arg])
+        .args([
+            "--mpi-bandwidth-worker",
+            &k.to_string(),
+            "--suite-mb",
+            &sizes_arg,
+        ])
         .args(["--suite-reps", &reps.to_string()])
         .output()
         .map_err(|e| format!("mpirun: {e}"))?;
@@ -888,9 +891,11 @@ fn mpi_seconds(exe: &Path, k: usize, sizes: &[usize], reps: usize) -> Result<Vec
 /// f32 tensor of each size in MiB, `reps` times after a warm-up, each call after a
 /// barrier; rank 0 prints `mpi-allreduce-seconds S1,S2,…` (the medians).
 #[cfg(feature = "mpi")]
-pub fn mpi_worker(sizes: &[usize], reps: usize) -> Result<(), BoxError> {
-    use gym_core::{Collective, MpiCollective, ReduceOp};
-    let comm = MpiCollective::init()?;
+pub fn mpi_worker(nodes: usize, sizes: &[usize], reps: usize) -> Result<(), BoxError> {
+    use gym_core::{Collective, MpiTransport, ReduceOp, Transport};
+    let transport = std::sync::Arc::new(MpiTransport::init(nodes)?);
+    let rank = transport.local_ranks().start;
+    let comm = Collective::new(transport, rank, None);
     let device = Device::default();
     let mut medians = Vec::new();
     for &mb in sizes {

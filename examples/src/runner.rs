@@ -325,18 +325,18 @@ pub fn files_exit_code(result: Result<Vec<PathBuf>, BoxError>) -> ExitCode {
     }
 }
 
-/// `--collective mpi`: one node per process of an MPI job.
+/// `--collective mpi`: the nodes spread over the processes of an MPI job.
 #[cfg(feature = "mpi")]
 mod mpi {
     use super::{BoxError, Task};
     use burn::data::dataloader::batcher::Batcher;
-    use gym_core::{Collective, FitOutput, MpiCollective, StrategyConfig, TrainModel, Trainer};
-    use std::sync::OnceLock;
+    use gym_core::{FitOutput, MpiTransport, StrategyConfig, TrainModel, Trainer};
+    use std::sync::{Arc, OnceLock};
     use std::time::Duration;
 
-    /// This process's node of the job, started on first use (MPI starts once per process)
+    /// This process's share of the job, started on first use (MPI starts once per process)
     /// and finalised when dropped.
-    pub struct Node(OnceLock<MpiCollective>);
+    pub struct Node(OnceLock<Arc<MpiTransport>>);
 
     impl Node {
         /// Not started yet.
@@ -344,22 +344,22 @@ mod mpi {
             Node(OnceLock::new())
         }
 
-        fn get(&self, timeout_s: f64) -> Result<&MpiCollective, BoxError> {
+        fn get(&self, num_nodes: usize, timeout_s: f64) -> Result<&Arc<MpiTransport>, BoxError> {
             if let Some(node) = self.0.get() {
                 return Ok(node);
             }
             let timeout = Duration::try_from_secs_f64(timeout_s)
                 .map_err(|e| format!("--mpi-timeout {timeout_s}: {e}"))?;
-            let node = MpiCollective::init()?.with_timeout(timeout);
-            Ok(self.0.get_or_init(|| node))
+            let node = MpiTransport::init(num_nodes)?.with_timeout(timeout);
+            Ok(self.0.get_or_init(|| Arc::new(node)))
         }
 
-        /// Whether this process writes and prints: rank 0 of the job, or not in a job.
+        /// Whether this process writes and prints: the process of rank 0, or not in a job.
         pub fn is_rank_zero(&self) -> bool {
-            self.0.get().is_none_or(|n| n.rank() == 0)
+            self.0.get().is_none_or(|n| n.process() == 0)
         }
 
-        /// Fits this process's node. A node that fails ends the whole job (`MPI_Abort`),
+        /// Fits this process's nodes. A node that fails ends the whole job (`MPI_Abort`),
         /// since the others are waiting for it in a collective.
         pub fn fit<M, I, B>(
             &self,
@@ -373,8 +373,8 @@ mod mpi {
             I: Send + 'static,
             B: Batcher<I, M::Batch>,
         {
-            let node = self.get(timeout_s)?;
-            let fitted = trainer.fit_node(
+            let node = self.get(trainer.config().num_nodes, timeout_s)?;
+            let fitted = trainer.fit_with(
                 node.clone(),
                 &task.init,
                 strategy,
@@ -382,8 +382,8 @@ mod mpi {
                 &task.batcher,
             );
             fitted.or_else(|e| {
-                eprintln!("error: rank {}: {e}", node.rank());
-                node.abort(1)
+                eprintln!("error: process {}: {e}", node.process());
+                node.abort_job(1)
             })
         }
     }

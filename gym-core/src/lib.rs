@@ -1,27 +1,24 @@
 //! # gym-core: the simulator core
 //!
-//! K simulated nodes in one process, each with its own model replica, optimizer state,
-//! random stream and data shard, joined by real collective operations — a Rust
-//! re-creation of EXO Gym on Burn.
+//! K simulated nodes, each with its own model replica, optimizer state, random stream and
+//! data shard, joined by real collective operations — a Rust re-creation of EXO Gym on
+//! Burn.
 //!
-//! Reading top-down, the data path of a run is:
-//! [`Trainer::fit`] checks the [`TrainerConfig`] and resolves it into the node loop's plan,
-//! builds one replica and one [`Strategy`] per node (from a [`StrategyConfig`], a value),
-//! and runs every node on its own thread; each node's loop evaluates, accumulates gradients
-//! over minibatches into one flat buffer ([`ParamLayout`]), and hands them with its
-//! [`Replica`] to its strategy, which communicates through a [`Collective`] (where all bytes
-//! are counted) and steps Burn's optimizers ([`optim`]); the [`metrics`] recorder turns the
-//! nodes' reports into records, CSV logs and a progress bar. With a
-//! [`SimulationConfig`], every node also keeps a simulated clock ([`simulation`],
-//! [`network`]) that its compute and its collectives advance. With a fault schedule
-//! ([`faults`]), nodes crash, leave and rejoin (taking a peer's state), run slow, or lose a
-//! wide-area link; collectives run over the nodes present ([`MembershipView`]), and the run
-//! reports what the faults cost ([`elastic`], [`RunReport::goodput`]).
+//! # The layers, top-down
 //!
-//! [`Trainer::fit_node`] runs the same loop for one node of a job whose other nodes run in
-//! other processes or on other hosts ([`NodeCollective`]; the `MpiCollective` with the
-//! `mpi` feature), the nodes exchanging their reports so that every one returns the whole
-//! run.
+//! | folder | owns | uses |
+//! |---|---|---|
+//! | [`run`] | [`Trainer::fit`], the configuration and its plan, the set-up, the node loop, data, checkpoints, a node's return after a fault | everything below |
+//! | [`strategy`] | [`Strategy`] / [`StrategyConfig`] (algorithms as values), [`Replica`], each node's optimizer ([`optim`]) | `comm`, `state` |
+//! | [`comm`] | [`Collective`] (counted, timed, cut to the nodes present) over a [`Transport`] (threads; MPI), the cost of a call in bytes and time, the network, the clock, quorums, the simulated cluster, faults | `state::rng` |
+//! | [`state`] | parameters as one flat buffer, strategy state as named values, random streams | Burn |
+//! | [`metrics`] | records, the recorder and progress bar, CSV logs, what faults cost | `comm` (counters, clocks) |
+//!
+//! A run reads top-down: [`Trainer::fit`] (`run/trainer.rs`) prepares the nodes
+//! (`run/prepare.rs`) and runs each one's loop (`run/node.rs`) on its own thread; each
+//! step the node hands its gradient and its [`Replica`] to its [`Strategy`], which steps
+//! its optimizer and talks through its [`Collective`] (`comm/collective.rs`), which counts
+//! and times the call and hands the data to the [`Transport`] (`comm/transport/`).
 //!
 //! Library code never names a backend: it takes a Burn [`Device`](burn::tensor::Device).
 
@@ -29,48 +26,36 @@
 
 pub mod allocator;
 pub mod batch;
-pub mod checkpoint;
-pub mod collective;
-mod data;
-mod dropout;
-pub mod elastic;
+pub mod comm;
 pub mod error;
-pub mod faults;
 pub mod metrics;
 mod model;
-pub mod network;
-mod node;
-pub mod optim;
-pub mod params;
-mod plan;
-mod replica;
-pub mod rng;
-pub mod simulation;
+pub mod run;
 pub mod state;
-mod strategy;
-mod trainer;
+pub mod strategy;
 
 pub use batch::{ImageBatch, TokenBatch};
 #[cfg(feature = "mpi")]
-pub use collective::MpiCollective;
-pub use collective::{
-    Collective, CommStats, Group, InProcessCollective, InProcessGroup, MembershipView,
-    NodeCollective, Pending, QuorumRule, ReduceOp, SimulatedTime, TransferTiming,
+pub use comm::transport::{MpiTransport, TIMEOUT_EXIT_CODE};
+pub use comm::transport::{ThreadTransport, Transport};
+pub use comm::{
+    Collective, CommStats, ComputeModel, Group, InProcessGroup, Link, Network, Pending, QuorumRule,
+    ReduceOp, SimulatedTime, SimulationConfig, Topology, TransferTiming, faults,
 };
-pub use data::{DistributedSampler, NodeData, SharedDataset, Split};
-pub use dropout::Dropout;
-pub use elastic::{ElasticReport, NodeLedger};
 pub use error::{CollectiveError, GymError, Result};
+pub use metrics::ledger::{ElasticReport, NodeLedger};
 pub use metrics::{CorrelationRecord, RunReport, TrainRecord, ValRecord};
 pub use model::{EvalMetrics, TrainModel};
-pub use network::{Link, Network, Topology};
-pub use optim::{
+pub use run::checkpoint;
+pub use run::{
+    DistributedSampler, FitOutput, NodeData, NonFinitePolicy, SharedDataset, Split, Trainer,
+    TrainerConfig,
+};
+pub use state::{Dropout, ParamEntry, ParamLayout, StateDict, rng};
+pub use strategy::optim::{
     InnerOptimizer, InnerOptimizerConfig, LrScheduleConfig, OptimizerConfig, OptimizerGroup,
     ParamSelection,
 };
-pub use params::{ParamEntry, ParamLayout};
-pub use replica::{ModelReplica, Replica};
-pub use simulation::{ComputeModel, SimulationConfig};
-pub use state::StateDict;
-pub use strategy::{NodeInfo, RejoinPolicy, StepContext, Strategy, StrategyConfig};
-pub use trainer::{FitOutput, NonFinitePolicy, Trainer, TrainerConfig};
+pub use strategy::{
+    ModelReplica, NodeInfo, RejoinPolicy, Replica, StepContext, Strategy, StrategyConfig, optim,
+};

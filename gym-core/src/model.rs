@@ -1,6 +1,6 @@
 //! What the trainer asks of a model: a batch in, a scalar loss out.
 
-use crate::params::ParamLayout;
+use crate::state::params::ParamLayout;
 use burn::module::Module;
 use burn::tensor::Tensor;
 

@@ -218,7 +218,7 @@ pub fn host(t: Tensor<1>) -> Vec<f32> {
 /// The runs that must come out the same whether every node is a thread of one `fit` or
 /// each node its own `fit_node` (another thread, another process): AllReduce, DiLoCo
 /// (H = 3, so the replicas differ at step 20) on a simulated network, and DeMo, by name.
-pub fn one_node_per_process_cases() -> Vec<(&'static str, Box<dyn StrategyConfig>, bool)> {
+pub fn spread_cases() -> Vec<(&'static str, Box<dyn StrategyConfig>, bool)> {
     use gym_strategies::{AllReduceConfig, DeMoConfig, DiLoCoCommunicatorConfig, DiLoCoConfig};
     vec![
         ("allreduce", Box::new(AllReduceConfig::new()), false),
@@ -234,11 +234,11 @@ pub fn one_node_per_process_cases() -> Vec<(&'static str, Box<dyn StrategyConfig
     ]
 }
 
-/// The configuration of [`one_node_per_process_cases`]: `k` nodes, `steps` steps of
+/// The configuration of [`spread_cases`]: `k` nodes, `steps` steps of
 /// `batch` examples, an evaluation every 10 steps over `val` examples, and when
 /// `simulated` a cluster on the `internet` link preset whose nodes' step times vary by
 /// ±20% (so that they reach each collective at different times).
-pub fn one_node_per_process_config(
+pub fn spread_config(
     k: usize,
     steps: usize,
     batch: usize,
@@ -277,4 +277,47 @@ pub fn run_digest<M: Module>(out: &FitOutput<M>) -> serde_json::Value {
         "init_fingerprint": r.init_fingerprint,
         "num_nodes": r.num_nodes,
     })
+}
+
+/// One process's share of a [`ThreadTransport`](gym_core::ThreadTransport): it runs the
+/// ranks `local` and reaches the others through the shared transport, as a process of an
+/// MPI job reaches the other processes. Threads standing in for processes, so that a run
+/// spread over several processes is tested without MPI.
+pub struct ProcessShare {
+    /// The transport every share goes through.
+    pub inner: std::sync::Arc<gym_core::ThreadTransport>,
+    /// The ranks this share runs.
+    pub local: std::ops::Range<usize>,
+}
+
+impl gym_core::Transport for ProcessShare {
+    fn world_size(&self) -> usize {
+        self.inner.world_size()
+    }
+
+    fn local_ranks(&self) -> std::ops::Range<usize> {
+        self.local.clone()
+    }
+
+    fn exchange(
+        &self,
+        rank: usize,
+        group: &gym_core::Group,
+        header: gym_core::comm::transport::Header,
+        contribution: gym_core::comm::transport::Contribution,
+    ) -> Result<gym_core::comm::transport::Exchanged, gym_core::CollectiveError> {
+        self.inner.exchange(rank, group, header, contribution)
+    }
+
+    fn abort(&self, rank: usize, reason: String) {
+        self.inner.abort(rank, reason);
+    }
+
+    fn abort_info(&self) -> Option<(usize, String)> {
+        self.inner.abort_info()
+    }
+
+    fn leave(&self, rank: usize) {
+        self.inner.leave(rank);
+    }
 }

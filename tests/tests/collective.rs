@@ -1,16 +1,13 @@
 //! The in-process collective against a sequential reference, its determinism, its cost
 //! model and its behaviour when a rank fails.
 
-use gym_core::{
-    Collective, CollectiveError, Group, InProcessCollective, InProcessGroup, NodeCollective,
-    ReduceOp,
-};
+use gym_core::{Collective, CollectiveError, Group, InProcessGroup, ReduceOp};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use tests::{host, rank_values, vector};
 
 /// Runs `f` on every rank of a new group and returns each rank's result.
-fn on_ranks<T: Send>(k: usize, f: impl Fn(InProcessCollective) -> T + Sync) -> Vec<T> {
+fn on_ranks<T: Send>(k: usize, f: impl Fn(Collective) -> T + Sync) -> Vec<T> {
     InProcessGroup::new(k)
         .run(f)
         .unwrap()
@@ -318,7 +315,7 @@ fn fault_a_rank_that_leaves_early_does_not_block_the_others() {
             .run(|c| {
                 if c.rank() == 1 {
                     // Finishes without calling the barrier, as a node whose loop ended.
-                    c.leave();
+                    c.transport().leave(c.rank());
                     return Ok(());
                 }
                 c.barrier()

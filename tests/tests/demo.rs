@@ -7,8 +7,8 @@
 use burn::module::{Module, Param};
 use burn::tensor::{Device, Tensor, TensorData};
 use gym_core::{
-    Collective, InProcessGroup, LrScheduleConfig, ModelReplica, NodeCollective, NodeInfo,
-    ParamLayout, Replica, StepContext, Strategy, StrategyConfig,
+    InProcessGroup, LrScheduleConfig, ModelReplica, NodeInfo, ParamLayout, Replica, StepContext,
+    Strategy, StrategyConfig,
 };
 use gym_strategies::demo::codec::IndexWidth;
 use gym_strategies::demo::dct::{ChunkGrid, Dct, chunk_size};

@@ -4,8 +4,8 @@
 use burn::tensor::{Device, Tensor, TensorData};
 use gym_core::faults::FaultSchedule;
 use gym_core::{
-    Collective, ComputeModel, FitOutput, Group, InProcessGroup, MembershipView, Network, NodeData,
-    QuorumRule, ReduceOp, SharedDataset, SimulationConfig, StrategyConfig, Trainer, TrainerConfig,
+    ComputeModel, FitOutput, Group, InProcessGroup, Network, NodeData, QuorumRule, ReduceOp,
+    SharedDataset, SimulationConfig, StrategyConfig, Trainer, TrainerConfig,
 };
 use gym_models::Mlp;
 use gym_strategies::{AllReduceConfig, DiLoCoCommunicatorConfig, DiLoCoConfig};
@@ -201,7 +201,7 @@ fn elastic_allreduce_over_present_nodes_equals_a_smaller_world() {
             if rank == 2 {
                 return None;
             }
-            let view = MembershipView::new(&comm, present.clone());
+            let view = comm.with_present(present.clone());
             let mean = view.all_reduce(value(rank), ReduceOp::Mean).unwrap();
             Some(mean.into_data().try_to_vec::<f32>().unwrap())
         })

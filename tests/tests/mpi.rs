@@ -1,22 +1,22 @@
-//! The MPI collective against the in-process group: the same calls give the same bits and
-//! the same byte counts; `Trainer::fit_node`, one process per node, trains the MNIST MLP as
-//! `Trainer::fit` does; a killed process ends the job with an error naming it.
+//! The MPI transport against the thread transport: the same calls give the same bits and
+//! the same byte counts, with one node per process and with two; `Trainer::fit_with` on
+//! the MPI transport trains the MNIST MLP as `Trainer::fit` does in one process, under
+//! `mpirun -n 2` (two nodes per process) and `mpirun -n 4` (one each); a node count the
+//! processes do not divide is refused; a killed process ends the job with an error naming
+//! it.
 //!
 //! `cargo test --release -p tests --features mpi -- mpi`. Each test launches this test
 //! binary under `mpirun` with the `#[ignore]`d worker below selected, so Open MPI's `mpirun`
 //! must be on the `PATH`.
 #![cfg(feature = "mpi")]
 
-use gym_core::{
-    Collective, CollectiveError, Group, InProcessGroup, MpiCollective, NodeCollective, ReduceOp,
-};
+use gym_core::comm::run_on_threads;
+use gym_core::{Collective, CollectiveError, Group, InProcessGroup, MpiTransport, ReduceOp};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tests::{
-    host, one_node_per_process_cases, one_node_per_process_config, rank_values, run_digest,
-    shared_data, vector,
-};
+use tests::{host, rank_values, run_digest, shared_data, spread_cases, spread_config, vector};
 
 /// MNIST for the training cases: the shared copy, and the digits as the examples read them.
 fn mnist() -> gym_core::NodeData<gym_data::MnistItem> {
@@ -30,13 +30,14 @@ fn mnist() -> gym_core::NodeData<gym_data::MnistItem> {
 
 /// The training cases' configuration: 20 steps of 16 images, evaluations over 64.
 fn mnist_config(simulated: bool) -> gym_core::TrainerConfig {
-    one_node_per_process_config(RANKS, 20, 16, 64, simulated)
+    spread_config(RANKS, 20, 16, 64, simulated)
 }
 
 fn mnist_mlp(device: &burn::tensor::Device) -> gym_models::Mlp {
     gym_models::MlpConfig::new().init(device)
 }
 
+/// Nodes in every job; `mpirun` starts 4 or 2 processes for them.
 const RANKS: usize = 4;
 /// Where a worker writes its results (set by the launching test).
 const OUT_ENV: &str = "GYM_MPI_TEST_OUT";
@@ -49,7 +50,7 @@ fn bits(v: &[f32]) -> Vec<u32> {
 
 /// The calls both collectives make, from rank `c.rank()`: every result as bit patterns,
 /// then the byte counters.
-fn calls(c: &dyn Collective) -> Result<Vec<Vec<u32>>, CollectiveError> {
+fn calls(c: &Collective) -> Result<Vec<Vec<u32>>, CollectiveError> {
     let r = c.rank();
     let mut out = Vec::new();
     for n in [257, 100_003] {
@@ -83,11 +84,21 @@ fn calls(c: &dyn Collective) -> Result<Vec<Vec<u32>>, CollectiveError> {
         vector(rank_values(r, 50_000)),
         ReduceOp::Mean,
     )?)));
+    // Pairs of neighbours: inside one process when it runs two nodes.
+    let pair = Group::new([r - r % 2, r - r % 2 + 1]);
+    for t in c.all_gather_in(&pair, vector(rank_values(r, 9)))? {
+        out.push(bits(&host(t)));
+    }
+    out.push(bits(&host(c.all_reduce_in(
+        &pair,
+        vector(rank_values(r, 20_000)),
+        ReduceOp::Sum,
+    )?)));
     c.barrier()?;
     Ok(out)
 }
 
-/// The worker: run by `mpirun`, one process per rank.
+/// The worker: run by `mpirun`, each process running its share of the `RANKS` nodes.
 #[test]
 #[ignore = "run under mpirun by the tests below"]
 fn mpi_worker() {
@@ -97,39 +108,49 @@ fn mpi_worker() {
     let mode = std::env::var(MODE_ENV).unwrap_or_default();
     // Training waits for the slowest process to load MNIST: a longer leash.
     let timeout = Duration::from_secs(if mode == "fit" { 120 } else { 2 });
-    let comm = MpiCollective::init()
-        .expect("MPI starts")
-        .with_timeout(timeout);
-    let rank = comm.rank();
+    let transport = match MpiTransport::init(RANKS) {
+        Ok(t) => Arc::new(t.with_timeout(timeout)),
+        Err(e) => {
+            eprintln!("refused: {e}");
+            std::process::exit(3);
+        }
+    };
+    let process = transport.process();
+    let handles: Vec<Collective> = gym_core::Transport::local_ranks(&*transport)
+        .map(|rank| Collective::new(transport.clone(), rank, None))
+        .collect();
     match mode.as_str() {
         "fit" => {
             let data = mnist();
             let mut digests = serde_json::Map::new();
-            for (name, strategy, simulated) in one_node_per_process_cases() {
+            for (name, strategy, simulated) in spread_cases() {
                 let out = gym_core::Trainer::new(mnist_config(simulated))
-                    .fit_node(
-                        comm.clone(),
+                    .fit_with(
+                        transport.clone(),
                         mnist_mlp,
                         strategy.as_ref(),
                         &data,
                         &gym_data::MnistBatcher,
                     )
-                    .expect("the node trains");
+                    .expect("the process trains");
                 digests.insert(name.into(), run_digest(&out));
             }
             let text = serde_json::Value::Object(digests).to_string();
-            std::fs::write(out.join(format!("rank{rank}.json")), text).unwrap();
+            std::fs::write(out.join(format!("process{process}.json")), text).unwrap();
         }
         "hang" => {
             // Rank 1 never calls; the others must give up rather than wait for ever.
-            if rank == 1 {
+            run_on_threads(&handles, |c| {
+                if c.rank() == 1 {
+                    std::thread::sleep(Duration::from_secs(120));
+                }
+                let _ = c.all_reduce(vector(rank_values(c.rank(), 1000)), ReduceOp::Sum);
                 std::thread::sleep(Duration::from_secs(120));
-            }
-            let _ = comm.all_reduce(vector(rank_values(rank, 1000)), ReduceOp::Sum);
-            std::thread::sleep(Duration::from_secs(120));
+            })
+            .unwrap();
         }
         "crash" => {
-            if rank == 2 {
+            if process == 2 {
                 std::thread::sleep(Duration::from_millis(300));
                 // SIGKILL: no unwinding, no MPI_Abort; the process is simply gone.
                 let _ = Command::new("kill")
@@ -138,27 +159,35 @@ fn mpi_worker() {
                 std::thread::sleep(Duration::from_secs(60));
             }
             // The others wait for it in a collective; they must not hang.
-            let _ = comm.all_reduce(vector(rank_values(rank, 1000)), ReduceOp::Sum);
-            std::thread::sleep(Duration::from_secs(120));
+            run_on_threads(&handles, |c| {
+                let _ = c.all_reduce(vector(rank_values(c.rank(), 1000)), ReduceOp::Sum);
+                std::thread::sleep(Duration::from_secs(120));
+            })
+            .unwrap();
         }
         _ => {
-            let results = calls(&comm).expect("the calls succeed");
-            let mismatch = comm
-                .all_reduce(
-                    vector(rank_values(rank, 10 + usize::from(rank == 3))),
-                    ReduceOp::Sum,
-                )
-                .err()
-                .map(|e| e.to_string());
-            let stats = comm.stats();
-            let json = serde_json::json!({
-                "results": results,
-                "mismatch": mismatch,
-                "bytes_sent": stats.bytes_sent,
-                "bytes_received": stats.bytes_received,
-                "all_reduce_calls": stats.all_reduce_calls,
-            });
-            std::fs::write(out.join(format!("rank{rank}.json")), json.to_string()).unwrap();
+            let results = run_on_threads(&handles, |c| {
+                let rank = c.rank();
+                let results = calls(&c).expect("the calls succeed");
+                let mismatch = c
+                    .all_reduce(
+                        vector(rank_values(rank, 10 + usize::from(rank == 3))),
+                        ReduceOp::Sum,
+                    )
+                    .err()
+                    .map(|e| e.to_string());
+                let stats = c.stats();
+                let json = serde_json::json!({
+                    "results": results,
+                    "mismatch": mismatch,
+                    "bytes_sent": stats.bytes_sent,
+                    "bytes_received": stats.bytes_received,
+                    "all_reduce_calls": stats.all_reduce_calls,
+                });
+                std::fs::write(out.join(format!("rank{rank}.json")), json.to_string()).unwrap();
+            })
+            .unwrap();
+            assert!(results.iter().all(Result::is_ok));
         }
     }
 }
@@ -167,15 +196,15 @@ fn mpi_worker() {
 /// fail to wire up their TCP connections.
 static ONE_JOB: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-/// Runs the worker on `RANKS` processes under `mpirun`, with `mode`, writing into `out`;
+/// Runs the worker on `processes` processes under `mpirun`, with `mode`, writing into `out`;
 /// `extra` goes to `mpirun` (a hostfile, transports).
-fn mpirun(mode: &str, out: &Path, extra: &[&str]) -> Output {
+fn mpirun(mode: &str, processes: usize, out: &Path, extra: &[&str]) -> Output {
     let exe = std::env::current_exe().expect("the test binary");
     let _one = ONE_JOB.lock().unwrap_or_else(|p| p.into_inner());
     Command::new("mpirun")
         .args(extra)
         .args(["--allow-run-as-root", "--oversubscribe", "-np"])
-        .arg(RANKS.to_string())
+        .arg(processes.to_string())
         .args(["-x", OUT_ENV, "-x", MODE_ENV])
         .arg(exe)
         .args([
@@ -197,11 +226,11 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
-/// Runs the calls under `mpirun` (with `extra`) and checks every rank's results and
-/// counters against the in-process group's.
-fn same_as_in_process(name: &str, extra: &[&str]) {
+/// Runs the calls under `mpirun` on `processes` processes (with `extra`) and checks every
+/// rank's results and counters against the in-process group's.
+fn same_as_in_process(name: &str, processes: usize, extra: &[&str]) {
     let out = scratch(name);
-    let run = mpirun("calls", &out, extra);
+    let run = mpirun("calls", processes, &out, extra);
     assert!(
         run.status.success(),
         "mpirun failed: {}\n{}",
@@ -251,23 +280,42 @@ fn same_as_in_process(name: &str, extra: &[&str]) {
 }
 
 #[test]
-fn mpi_collective_gives_the_in_process_groups_bits_and_byte_counts() {
-    same_as_in_process("calls", &[]);
+fn mpi_transport_gives_the_thread_transports_bits_and_byte_counts() {
+    same_as_in_process("calls4", 4, &[]);
+    // Two nodes per process: calls inside a process and across, islands concurrently.
+    same_as_in_process("calls2", 2, &[]);
 }
 
-/// `mpirun -np 4`: the MNIST MLP under AllReduce, DiLoCo (on a simulated network) and DeMo
-/// for 20 steps, one process per node, gives every process the bits of the in-process run:
-/// final model and master, every logged loss, traffic, simulated clocks.
+/// `mpirun -n 4` and `mpirun -n 2`: the MNIST MLP under AllReduce, DiLoCo (on a simulated
+/// network) and DeMo for 20 steps, one and two nodes per process, gives every process the
+/// bits of the in-process run: final model and master, every logged loss, traffic,
+/// simulated clocks.
 #[test]
-fn mpi_fit_node_trains_the_mnist_mlp_as_the_in_process_run() {
-    trains_as_in_process("fit", &[]);
+fn mpi_fit_trains_the_mnist_mlp_as_the_in_process_run() {
+    trains_as_in_process("fit4", 4, &[]);
+    trains_as_in_process("fit2", 2, &[]);
 }
 
-/// Runs the training cases under `mpirun` (with `extra`) and checks every process's run
-/// against the in-process run, bit for bit.
-fn trains_as_in_process(name: &str, extra: &[&str]) {
+/// A node count the processes do not divide is refused before any step, naming both.
+#[test]
+fn mpi_a_node_count_the_processes_do_not_divide_is_refused() {
+    let out = scratch("indivisible");
+    let run = mpirun("calls", 3, &out, &[]);
+    let printed =
+        String::from_utf8_lossy(&run.stderr).to_string() + &String::from_utf8_lossy(&run.stdout);
+    assert!(!run.status.success(), "{printed}");
+    assert!(
+        printed.contains("4 nodes cannot be spread evenly over the 3 processes"),
+        "{printed}"
+    );
+    std::fs::remove_dir_all(&out).ok();
+}
+
+/// Runs the training cases under `mpirun` on `processes` processes (with `extra`) and
+/// checks every process's run against the in-process run, bit for bit.
+fn trains_as_in_process(name: &str, processes: usize, extra: &[&str]) {
     let out = scratch(name);
-    let run = mpirun("fit", &out, extra);
+    let run = mpirun("fit", processes, &out, extra);
     assert!(
         run.status.success(),
         "mpirun failed: {}\n{}",
@@ -275,18 +323,20 @@ fn trains_as_in_process(name: &str, extra: &[&str]) {
         String::from_utf8_lossy(&run.stderr)
     );
     let data = mnist();
-    for (case, strategy, simulated) in one_node_per_process_cases() {
+    for (case, strategy, simulated) in spread_cases() {
         let whole = gym_core::Trainer::new(mnist_config(simulated))
             .fit(mnist_mlp, strategy.as_ref(), &data, &gym_data::MnistBatcher)
             .unwrap();
         assert_eq!(whole.report.simulated.is_empty(), !simulated, "{case}");
         let expected = run_digest(&whole);
-        for rank in 0..RANKS {
-            let text = std::fs::read_to_string(out.join(format!("rank{rank}.json"))).unwrap();
-            let got: serde_json::Value = serde_json::from_str(&text).unwrap();
+        for process in 0..processes {
+            let file = out.join(format!("process{process}.json"));
+            let got: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
             assert!(
                 got[case] == expected,
-                "{case}, rank {rank}: the MPI run differs from the in-process run"
+                "{case}, process {process} of {processes}: the MPI run differs from the \
+                 in-process run"
             );
         }
     }
@@ -298,7 +348,7 @@ fn trains_as_in_process(name: &str, extra: &[&str]) {
 /// each, ranks placed across them. `mpirun` starts a daemon on each "host" through its
 /// remote-shell agent (here a stand-in for ssh that runs the command locally, logging each
 /// host it was asked for), and MPI's TCP transport carries every byte between the ranks:
-/// the collective calls, then the training cases of `fit_node`.
+/// the collective calls, then the training cases.
 #[test]
 fn mpi_two_hosts_over_tcp_on_loopback_give_the_same_bits() {
     use std::os::unix::fs::PermissionsExt;
@@ -348,9 +398,9 @@ fn mpi_two_hosts_over_tcp_on_loopback_give_the_same_bits() {
         "--map-by",
         "node",
     ];
-    same_as_in_process("tcp", &transport);
+    same_as_in_process("tcp", 4, &transport);
     // And the training cases, each node its own process, two "hosts".
-    trains_as_in_process("tcp-fit", &transport);
+    trains_as_in_process("tcp-fit", 4, &transport);
     let mut hosts: Vec<String> = std::fs::read_to_string(&log)
         .expect("mpirun launched through the agent")
         .lines()
@@ -367,7 +417,7 @@ fn mpi_two_hosts_over_tcp_on_loopback_give_the_same_bits() {
 fn failing_job(mode: &str) -> String {
     let out = scratch(mode);
     let start = Instant::now();
-    let run = mpirun(mode, &out, &[]);
+    let run = mpirun(mode, RANKS, &out, &[]);
     let took = start.elapsed();
     let printed =
         String::from_utf8_lossy(&run.stderr).to_string() + &String::from_utf8_lossy(&run.stdout);

@@ -8,8 +8,8 @@
 use burn::tensor::{Device, Tensor, TensorData};
 use gym_core::rng::derive_seed;
 use gym_core::{
-    Collective, CommStats, InProcessGroup, InnerOptimizerConfig, LrScheduleConfig, ModelReplica,
-    NodeInfo, OptimizerConfig, ParamLayout, Replica, StateDict, StepContext, StrategyConfig,
+    CommStats, InProcessGroup, InnerOptimizerConfig, LrScheduleConfig, ModelReplica, NodeInfo,
+    OptimizerConfig, ParamLayout, Replica, StateDict, StepContext, StrategyConfig,
 };
 use gym_models::Mlp;
 use gym_strategies::compress::PowerSgdCompressionConfig;
@@ -188,7 +188,7 @@ fn train(
                     world_size: K,
                     step,
                     max_steps: total,
-                    collective: &comm as &dyn Collective,
+                    collective: &comm,
                     layout: &layout,
                 };
                 if strategy.computes(step) {

@@ -2,10 +2,10 @@
 //! determinism, and the nanoGPT CPU set-up on two networks.
 
 use burn::tensor::{Device, Tensor};
-use gym_core::collective::CollectiveOp;
+use gym_core::comm::CollectiveOp;
 use gym_core::{
-    Collective, ComputeModel, Group, InProcessGroup, Link, NodeCollective, NodeData, ReduceOp,
-    RunReport, SimulatedTime, SimulationConfig, StrategyConfig, TrainModel, Trainer, TrainerConfig,
+    ComputeModel, Group, InProcessGroup, Link, NodeData, ReduceOp, RunReport, SimulatedTime,
+    SimulationConfig, StrategyConfig, TrainModel, Trainer, TrainerConfig,
 };
 use gym_core::{InnerOptimizerConfig, Network};
 use gym_data::TokenBatcher;
@@ -18,7 +18,7 @@ fn internet() -> Network {
 }
 
 /// Runs `f` on every rank of a simulated group of `k` and returns each rank's clock.
-fn on_ranks(k: usize, f: impl Fn(&gym_core::InProcessCollective) + Sync) -> Vec<SimulatedTime> {
+fn on_ranks(k: usize, f: impl Fn(&gym_core::Collective) + Sync) -> Vec<SimulatedTime> {
     let group = InProcessGroup::simulated(k, internet());
     for r in group.run(|comm| f(&comm)).unwrap() {
         r.unwrap();

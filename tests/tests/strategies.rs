@@ -3,8 +3,8 @@
 use burn::nn::{Linear, LinearConfig};
 use burn::tensor::{Device, Tensor, TensorData};
 use gym_core::{
-    Collective, FitOutput, InProcessGroup, InnerOptimizerConfig, ModelReplica, NodeInfo,
-    OptimizerConfig, ParamLayout, Replica, StepContext, StrategyConfig,
+    FitOutput, InProcessGroup, InnerOptimizerConfig, ModelReplica, NodeInfo, OptimizerConfig,
+    ParamLayout, Replica, StepContext, StrategyConfig,
 };
 use gym_models::Mlp;
 use gym_strategies::communicate::CommunicationModuleConfig;
@@ -132,7 +132,7 @@ fn drive(
                 world_size: 1,
                 step: (i + 1) * every - 1,
                 max_steps: 100,
-                collective: &comm as &dyn Collective,
+                collective: &comm,
                 layout: &layout,
             };
             replica.set_params(host(theta, &device));

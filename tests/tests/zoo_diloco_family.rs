@@ -3,9 +3,9 @@
 
 use burn::tensor::{Device, Tensor, TensorData};
 use gym_core::{
-    Collective, ComputeModel, Group, InProcessGroup, InnerOptimizerConfig, Network, NodeData,
-    NodeInfo, OptimizerConfig, ParamLayout, RunReport, SimulationConfig, StepContext,
-    StrategyConfig, TrainModel, Trainer, TrainerConfig,
+    ComputeModel, Group, InProcessGroup, InnerOptimizerConfig, Network, NodeData, NodeInfo,
+    OptimizerConfig, ParamLayout, RunReport, SimulationConfig, StepContext, StrategyConfig,
+    TrainModel, Trainer, TrainerConfig,
 };
 use gym_strategies::{
     Aggregation, AsyncDiLoCoConfig, Codec, CompressionConfig, DiLoCoCommunicatorConfig,

@@ -3,8 +3,8 @@
 
 use burn::tensor::{Device, Tensor, TensorData};
 use gym_core::{
-    Collective, Group, InProcessGroup, InnerOptimizerConfig, ModelReplica, NodeInfo,
-    OptimizerConfig, ParamLayout, ReduceOp, Replica, Result, StepContext, StrategyConfig,
+    Group, InProcessGroup, InnerOptimizerConfig, ModelReplica, NodeInfo, OptimizerConfig,
+    ParamLayout, ReduceOp, Replica, Result, StepContext, StrategyConfig,
 };
 use gym_strategies::communicate::{CommunicationModule, CommunicationModuleConfig, is_sync_step};
 use gym_strategies::{
@@ -194,7 +194,7 @@ fn one_sync(k: usize, n: usize, alpha: f64, seed: u64, step: usize) -> Vec<Vec<f
                 world_size: k,
                 step,
                 max_steps: step + 1,
-                collective: &comm as &dyn Collective,
+                collective: &comm,
                 layout: &layout,
             };
             module.communicate(&mut replica, &mut ctx).unwrap();

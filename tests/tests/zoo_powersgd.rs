@@ -68,7 +68,7 @@ fn compressor(
 }
 
 fn context<'a>(
-    comm: &'a dyn Collective,
+    comm: &'a Collective,
     layout: &'a ParamLayout,
     world_size: usize,
     step: usize,

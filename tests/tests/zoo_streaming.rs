@@ -3,9 +3,9 @@
 
 use burn::tensor::{Device, Tensor, TensorData};
 use gym_core::{
-    Collective, ComputeModel, InProcessGroup, InnerOptimizerConfig, Link, ModelReplica, Network,
-    NodeData, NodeInfo, OptimizerConfig, ParamLayout, ReduceOp, Replica, Result, RunReport,
-    SimulationConfig, StepContext, StrategyConfig, TrainModel, Trainer, TrainerConfig,
+    ComputeModel, InProcessGroup, InnerOptimizerConfig, Link, ModelReplica, Network, NodeData,
+    NodeInfo, OptimizerConfig, ParamLayout, ReduceOp, Replica, Result, RunReport, SimulationConfig,
+    StepContext, StrategyConfig, TrainModel, Trainer, TrainerConfig,
 };
 use gym_strategies::communicate::{CommunicationModule, CommunicationModuleConfig, is_sync_step};
 use gym_strategies::{
@@ -315,7 +315,7 @@ fn drive(config: &StreamingDiLoCoConfig, k: usize, steps: usize) -> Vec<Trace> {
                     world_size: k,
                     step,
                     max_steps: steps,
-                    collective: &comm as &dyn Collective,
+                    collective: &comm,
                     layout: &layout,
                 };
                 module.communicate(&mut replica, &mut ctx).unwrap();

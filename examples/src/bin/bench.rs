@@ -141,10 +141,11 @@ struct SuiteArgs {
     /// Suite: node count of the start-up run of `mnist` (0: skip).
     #[arg(long, default_value_t = 16)]
     suite_startup_k: usize,
-    /// One process of the suite's MPI rows, as `mpirun` starts it.
+    /// One process of the suite's MPI rows, as `mpirun` starts it, for a job of this many
+    /// nodes (one per process).
     #[cfg(feature = "mpi")]
     #[arg(long, hide = true)]
-    mpi_bandwidth_worker: bool,
+    mpi_bandwidth_worker: Option<usize>,
 }
 
 /// The command line as typed, quoted where a shell would need it, for the tables' captions.
@@ -292,9 +293,9 @@ fn main() -> ExitCode {
             .filter(|p| p.is_file())
     };
     #[cfg(feature = "mpi")]
-    if cli.suite_args.mpi_bandwidth_worker {
+    if let Some(nodes) = cli.suite_args.mpi_bandwidth_worker {
         let a = &cli.suite_args;
-        return match bench_suite::mpi_worker(&a.suite_mb, a.suite_reps) {
+        return match bench_suite::mpi_worker(nodes, &a.suite_mb, a.suite_reps) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("error: {e}");

@@ -1,9 +1,14 @@
 //! What a run measures: the records of every step, evaluation and correlation, the
 //! recorder that collects them from the nodes in step order (and draws the progress bar),
-//! the run folder's CSV logs, replica correlation and fingerprints.
+//! the run folder's CSV logs, replica correlation, fingerprints, and what faults cost
+//! ([`ledger`]).
+//!
+//! Uses: [`crate::comm`] for the counters and clocks it records, [`crate::strategy`] for
+//! whether a node's work is merged. The run ([`crate::run`]) feeds it.
 
 mod correlation;
 mod fingerprint;
+pub mod ledger;
 mod logs;
 mod recorder;
 mod records;

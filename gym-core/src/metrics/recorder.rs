@@ -2,7 +2,7 @@
 
 use super::logs::CsvLogs;
 use super::records::{CorrelationRecord, TrainRecord, ValRecord};
-use crate::collective::{CommStats, SimulatedTime};
+use crate::comm::{CommStats, SimulatedTime};
 use crate::error::{GymError, Result};
 use crate::model::EvalMetrics;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};

@@ -1,8 +1,8 @@
 //! The records a run produces: one per step, per evaluation and per correlation, and the
 //! run's report that holds them all.
 
-use crate::collective::{CommStats, SimulatedTime};
-use crate::elastic::ElasticReport;
+use crate::comm::{CommStats, SimulatedTime};
+use crate::metrics::ledger::ElasticReport;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 

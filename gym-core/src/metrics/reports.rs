@@ -4,7 +4,7 @@
 //! recorder sees the reports of every node, in rank order within a step.
 
 use super::recorder::{EvalKind, NodeStep, Recorder};
-use crate::collective::Collective;
+use crate::comm::Collective;
 use crate::error::{GymError, Result};
 use crate::model::EvalMetrics;
 use serde::de::DeserializeOwned;
@@ -52,6 +52,9 @@ pub(crate) struct Reporter<'a> {
     recorder: &'a Recorder,
     /// Reports held until the next [`flush`](Self::flush), when they are exchanged.
     held: Option<RefCell<Vec<Report>>>,
+    /// Whether the reports exchanged at a flush go into the recorder (one node of each
+    /// process feeds it).
+    feeds: bool,
 }
 
 impl<'a> Reporter<'a> {
@@ -60,15 +63,17 @@ impl<'a> Reporter<'a> {
         Reporter {
             recorder,
             held: None,
+            feeds: true,
         }
     }
 
     /// Reports are held and exchanged with every node at each flush; `recorder` is this
-    /// node's own, and gets every node's reports.
-    pub fn exchanged(recorder: &'a Recorder) -> Self {
+    /// node's process's, and gets every node's reports if this node `feeds` it.
+    pub fn exchanged(recorder: &'a Recorder, feeds: bool) -> Self {
         Reporter {
             recorder,
             held: Some(RefCell::new(Vec::new())),
+            feeds,
         }
     }
 
@@ -83,13 +88,14 @@ impl<'a> Reporter<'a> {
     /// Exchanges the reports held by every node through `observer` (every node calls it at
     /// the same points) and hands them to the recorder, in rank order. Nothing happens for
     /// a direct reporter.
-    pub fn flush(&self, observer: &impl Collective) -> Result<()> {
+    pub fn flush(&self, observer: &Collective) -> Result<()> {
         let Some(held) = &self.held else {
             return Ok(());
         };
         let mine = std::mem::take(&mut *held.borrow_mut());
-        for reports in exchange(observer, &mine, "reports")? {
-            for r in reports {
+        let all = exchange(observer, &mine, "reports")?;
+        if self.feeds {
+            for r in all.into_iter().flatten() {
                 self.recorder.report(r);
             }
         }
@@ -101,7 +107,7 @@ impl<'a> Reporter<'a> {
 /// `observer`: encoded as MessagePack (NaN and infinite floats intact) and exchanged with
 /// [`exchange_bytes`].
 pub(crate) fn exchange<T: Serialize + DeserializeOwned>(
-    observer: &impl Collective,
+    observer: &Collective,
     mine: &T,
     what: &str,
 ) -> Result<Vec<T>> {
@@ -119,7 +125,7 @@ pub(crate) fn exchange<T: Serialize + DeserializeOwned>(
 
 /// Every node's byte buffer, of any length, in rank order: the lengths go first, then the
 /// buffers padded to the longest (an all-gather takes buffers of one length).
-fn exchange_bytes(observer: &impl Collective, bytes: Vec<u8>) -> Result<Vec<Vec<u8>>> {
+fn exchange_bytes(observer: &Collective, bytes: Vec<u8>) -> Result<Vec<Vec<u8>>> {
     let lengths = observer.all_gather_bytes((bytes.len() as u64).to_le_bytes().to_vec())?;
     let lengths: Vec<usize> = lengths
         .iter()

@@ -9,11 +9,11 @@
 //! anything is decoded, and nothing is allocated from a length the file claims: the whole
 //! file is read at its real size first.
 
-use crate::collective::{CommStats, SimulatedTime};
-use crate::elastic::NodeLedger;
+use crate::comm::{CommStats, SimulatedTime};
 use crate::error::{GymError, Result};
+use crate::metrics::ledger::NodeLedger;
 use crate::metrics::{CorrelationRecord, TrainRecord, ValRecord};
-use crate::state::StateDict;
+use crate::state::record::StateDict;
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -14,9 +14,9 @@
 //! optimizer step, DeMo's transforms) is not, and neither are evaluations, which go through
 //! the uncounted observer handle as their bytes do.
 
+use crate::comm::network::Network;
 use crate::error::{GymError, Result};
-use crate::network::Network;
-use crate::rng::derive_seed;
+use crate::state::rng::derive_seed;
 use burn::config::Config;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -156,7 +156,7 @@ impl SimulationConfig {
     /// refers to); `None` otherwise.
     pub fn island_size(&self) -> Option<usize> {
         match self.network.topology {
-            crate::network::Topology::Islands { size, .. } => Some(size),
+            crate::comm::network::Topology::Islands { size, .. } => Some(size),
             _ => None,
         }
     }
@@ -198,7 +198,7 @@ impl SimulationConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::network::Link;
+    use crate::comm::network::Link;
 
     fn sim() -> SimulationConfig {
         SimulationConfig::new(Network::switch(Link::symmetric(1e9, 1e-3)))

@@ -8,9 +8,8 @@
 //! Draws that must come from the backend's generator (initial weights) are serialised by
 //! [`lock_backend_rng`].
 
-use crate::model::TrainModel;
 use burn::module::{Module, ModuleVisitor, Param};
-use burn::tensor::{Bool, Device, Distribution, Int, Tensor};
+use burn::tensor::{Bool, Device, Int, Tensor};
 use rand::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::cell::{Cell, RefCell};
@@ -51,32 +50,6 @@ pub fn init_seeded<M: Module>(device: &Device, seed: u64, init: impl FnOnce(&Dev
     let model = init(device);
     materialize(&model);
     model
-}
-
-/// Whether a training forward pass of `model` on `batch` draws from the backend's
-/// process-wide generator, as Burn's `Dropout` does (its masks would then depend on how the
-/// node threads interleave). Compares a draw after seeding the generator with one after
-/// seeding it and running the forward pass. A backend whose generator cannot be re-seeded
-/// to the same draws cannot tell, and answers `false`. Call it under [`lock_backend_rng`].
-pub(crate) fn draws_from_backend_generator<M: TrainModel>(
-    model: &M,
-    batch: &M::Batch,
-    device: &Device,
-) -> bool {
-    // Lazy parameters draw on first use: draw them first.
-    materialize(model);
-    let draw = |forward: bool| {
-        device.seed(0x5EED);
-        if forward {
-            drop(model.loss(batch));
-        }
-        Tensor::<1>::random([16], Distribution::Default, &device.clone().inner())
-            .into_data()
-            .try_to_vec::<f32>()
-            .unwrap_or_default()
-    };
-    let plain = draw(false);
-    plain == draw(false) && draw(true) != plain
 }
 
 /// Forces the lazy initialisation of every parameter of `model`. Burn draws a parameter's

@@ -1,21 +1,22 @@
 //! The per-node loop (spec §2.4–2.6): evaluate, accumulate gradients over minibatches, let
 //! the strategy step, report metrics; at the end, evaluate and average the replicas.
 
-use crate::checkpoint::{CheckpointWriter, NodeCheckpoint, StopAgreement};
-use crate::collective::{Collective, MembershipView, NodeCollective, ReduceOp};
-use crate::data::{NodeLoader, NodeView, get_item, validation_indices};
-use crate::elastic::{self, NodeLedger};
+use super::checkpoint::{CheckpointWriter, NodeCheckpoint, StopAgreement};
+use super::config::NonFinitePolicy;
+use super::data::{NodeLoader, NodeView, get_item, validation_indices};
+use super::plan::RunPlan;
+use super::rejoin;
+use crate::comm::faults::FaultTimeline;
+use crate::comm::{Collective, ReduceOp};
 use crate::error::{GymError, Result};
-use crate::faults::FaultTimeline;
+use crate::metrics::ledger::NodeLedger;
 use crate::metrics::{EvalKind, NodeStep, Recorder, Report, Reporter, mean_pairwise_correlation};
 use crate::model::{EvalMetrics, TrainModel};
-use crate::params::ParamLayout;
-use crate::plan::RunPlan;
-use crate::replica::ModelReplica;
 use crate::rng;
-use crate::state::StateDict;
+use crate::state::params::ParamLayout;
+use crate::state::record::StateDict;
+use crate::strategy::replica::ModelReplica;
 use crate::strategy::{StepContext, Strategy};
-use crate::trainer::NonFinitePolicy;
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::Dataset;
 use burn::tensor::{Device, Tensor, TensorData};
@@ -27,10 +28,13 @@ pub(crate) struct NodeShared<'a, B> {
     pub plan: RunPlan,
     pub devices: &'a [Device],
     pub recorder: &'a Recorder,
-    /// Whether each process runs one node of the run and keeps its own recorder (an MPI
-    /// job): reports are then exchanged between the nodes, and every node returns the
-    /// averaged model and its master.
-    pub one_node_per_process: bool,
+    /// Whether the run's nodes are spread over several processes, each with its own
+    /// recorder (an MPI job): reports are then exchanged between the nodes, and every node
+    /// returns the averaged model and its master.
+    pub spans_processes: bool,
+    /// The rank whose exchanged reports go into this process's recorder (one per process,
+    /// so that each report is recorded once).
+    pub feeds_recorder: usize,
     pub batcher: &'a B,
     pub checkpoints: Option<&'a CheckpointWriter>,
     pub stop: &'a StopAgreement,
@@ -63,17 +67,16 @@ pub(crate) struct NodeOutcome<M> {
 }
 
 /// Runs node `rank` to the end. `current_step` tells the trainer where a failure happened.
-pub(crate) fn run_node<M, I, B, C>(
+pub(crate) fn run_node<M, I, B>(
     rank: usize,
     start: NodeStart<M, I>,
     shared: &NodeShared<'_, B>,
-    comm: C,
+    comm: Collective,
     current_step: &AtomicUsize,
 ) -> Result<NodeOutcome<M>>
 where
     M: TrainModel,
     B: Batcher<I, M::Batch>,
-    C: NodeCollective,
 {
     let NodeStart {
         mut replica,
@@ -86,8 +89,8 @@ where
     let device = &shared.devices[rank];
     rng::seed_node(plan.seed, rank);
     let layout = replica.layout().clone();
-    let reports = if shared.one_node_per_process {
-        Reporter::exchanged(shared.recorder)
+    let reports = if shared.spans_processes {
+        Reporter::exchanged(shared.recorder, rank == shared.feeds_recorder)
     } else {
         Reporter::direct(shared.recorder)
     };
@@ -100,7 +103,7 @@ where
         batcher: shared.batcher,
         device: device.clone().inner(),
         reports: &reports,
-        every_rank_keeps_the_average: shared.one_node_per_process,
+        every_rank_keeps_the_average: shared.spans_processes,
     };
     let subset = validation_indices(view.val.len(), Some(plan.val_size), plan.seed);
     let mut loader = NodeLoader::new(view.train, view.sampler);
@@ -138,7 +141,7 @@ where
         };
         for rejoin in rejoins {
             if rejoin.source == Some(rank) || rejoin.ranks.contains(&rank) {
-                elastic::rejoin(
+                rejoin::rejoin(
                     rank,
                     &rejoin,
                     &mut replica,
@@ -154,10 +157,10 @@ where
         }
         let present = faults.is_present(rank, step);
         let view;
-        let collective: &dyn Collective = if faults.is_empty() {
+        let collective = if faults.is_empty() {
             &comm
         } else {
-            view = MembershipView::new(&comm, faults.members(rank, step));
+            view = comm.with_present(faults.members(rank, step));
             &view
         };
         let mut ctx = StepContext {
@@ -244,7 +247,7 @@ where
     // The master of the first node still present at the end.
     let last = plan.max_steps - 1;
     let first_present = (0..plan.num_nodes).find(|&r| plan.faults.is_present(r, last));
-    let keeps_master = shared.one_node_per_process || Some(rank) == first_present;
+    let keeps_master = shared.spans_processes || Some(rank) == first_present;
     let master = match strategy.master_params() {
         Some(flat) if keeps_master => Some(layout.load(model.clone(), flat)),
         _ => None,
@@ -269,7 +272,7 @@ fn snapshot<M: TrainModel, I>(
     replica: &mut ModelReplica<M>,
     strategy: &dyn Strategy,
     loader: &NodeLoader<I>,
-    comm: &impl NodeCollective,
+    comm: &Collective,
     ledger: NodeLedger,
 ) -> Result<NodeCheckpoint> {
     let model = replica.model();
@@ -381,7 +384,7 @@ fn correlate<M: TrainModel>(
     rank: usize,
     step: usize,
     model: &M,
-    observer: &impl Collective,
+    observer: &Collective,
     plan: &RunPlan,
     reports: &Reporter<'_>,
 ) -> Result<()> {
@@ -411,9 +414,9 @@ fn correlate<M: TrainModel>(
 /// original does: every node takes part in the averaging; rank 0 evaluates its own model
 /// while rank 1 evaluates the average. Traffic goes through an observer handle, so it is
 /// not counted as the strategy's communication.
-struct Evaluator<'a, I, B, C> {
+struct Evaluator<'a, I, B> {
     rank: usize,
-    comm: C,
+    comm: Collective,
     faults: &'a FaultTimeline,
     val: &'a dyn Dataset<I>,
     minibatch: usize,
@@ -425,7 +428,7 @@ struct Evaluator<'a, I, B, C> {
     every_rank_keeps_the_average: bool,
 }
 
-impl<I, B, C: Collective> Evaluator<'_, I, B, C> {
+impl<I, B> Evaluator<'_, I, B> {
     /// Reports an evaluation of `kind` at `step`.
     fn report(&self, step: usize, kind: EvalKind, metrics: EvalMetrics, examples: usize) {
         self.reports.report(Report::Eval {

@@ -10,7 +10,7 @@
 //! mean, exactly as the tensor path computes it; which thread sums which chunk changes
 //! nothing, so the result is bit-identical whatever the scheduling.
 
-use super::ReduceOp;
+use crate::comm::group::ReduceOp;
 use burn::tensor::{DType, Device, Tensor, TensorData};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};

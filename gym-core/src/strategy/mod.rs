@@ -1,10 +1,24 @@
-//! The per-node strategy: what a node does with its gradients, and what it communicates.
+//! The contract between the node loop and a distributed training algorithm: what a node
+//! does with its gradient, and what it communicates.
+//!
+//! Owns: [`Strategy`] (one node's algorithm) and [`StrategyConfig`] (the algorithm as a
+//! value, which builds it on every node), what a node knows ([`NodeInfo`],
+//! [`StepContext`]), the model as a strategy sees it ([`Replica`]), and each node's own
+//! optimizer ([`optim`]: Burn's optimizers, parameter groups, schedules, clipping). The
+//! algorithms themselves are in the `gym-strategies` crate.
+//!
+//! Uses: [`crate::comm`] (the collective a strategy talks through) and [`crate::state`]
+//! (parameters, records). The run ([`crate::run`]) uses this module, never the reverse.
 
-use crate::collective::{Collective, Group};
+pub mod optim;
+pub mod replica;
+
+pub use replica::{ModelReplica, Replica};
+
+use crate::comm::{Collective, Group};
 use crate::error::{GymError, Result};
-use crate::params::ParamLayout;
-use crate::replica::Replica;
-use crate::state::StateDict;
+use crate::state::params::ParamLayout;
+use crate::state::record::StateDict;
 use burn::tensor::{Device, Tensor};
 
 /// What a node knows when its strategy is built.
@@ -41,7 +55,7 @@ pub struct StepContext<'a> {
     pub max_steps: usize,
     /// The link to the other nodes; all traffic goes through it, so it is all counted.
     /// Under a fault schedule its [`world`](Collective::world) is the nodes present.
-    pub collective: &'a dyn Collective,
+    pub collective: &'a Collective,
     /// Layout of the trainable parameters (the flat gradient follows it).
     pub layout: &'a ParamLayout,
 }

@@ -1,9 +1,9 @@
 //! What every node of a run does, resolved once by the trainer from its configuration and
 //! the data: the node loop reads this plan, never the configuration.
 
-use crate::faults::FaultTimeline;
-use crate::simulation::SimulationConfig;
-use crate::trainer::NonFinitePolicy;
+use super::config::NonFinitePolicy;
+use crate::comm::faults::FaultTimeline;
+use crate::comm::simulation::SimulationConfig;
 
 /// The schedule of a run's node loop.
 #[derive(Debug, Clone)]

@@ -5,7 +5,7 @@
 //! them. This is what lets a strategy be a value (`Box<dyn StrategyConfig>`) that trains any
 //! model: the model's type stays with the node loop, inside a [`ModelReplica`].
 
-use crate::params::ParamLayout;
+use crate::state::params::ParamLayout;
 use burn::module::Module;
 use burn::optim::ModuleOptimizer;
 use burn::optim::lr_scheduler::module_lr_scheduler::ModuleLearningRate;

@@ -3,7 +3,7 @@
 
 use crate::error::{GymError, Result};
 use crate::metrics::Fingerprint;
-use crate::rng::derive_seed;
+use crate::state::rng::derive_seed;
 use burn::data::dataset::Dataset;
 use rand::SeedableRng;
 use rand::seq::SliceRandom;

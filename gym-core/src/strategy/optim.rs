@@ -9,9 +9,9 @@
 //! every step rather than in their configuration, so the learning rate lives here.
 
 use crate::error::{GymError, Result};
-use crate::params::{ParamEntry, ParamLayout};
-use crate::replica::Replica;
-use crate::state::StateDict;
+use crate::state::params::{ParamEntry, ParamLayout};
+use crate::state::record::StateDict;
+use crate::strategy::replica::Replica;
 use burn::config::Config;
 use burn::module::{ParamGroup, ParamId};
 use burn::optim::decay::WeightDecayConfig;

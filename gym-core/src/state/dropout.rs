@@ -60,7 +60,7 @@ impl Dropout {
         let n: usize = mask_shape.iter().product();
         let keep = 1.0 - self.prob;
         let scale = (1.0 / keep) as f32;
-        let values: Vec<f32> = crate::rng::with_node_rng(|rng| {
+        let values: Vec<f32> = crate::state::rng::with_node_rng(|rng| {
             (0..n)
                 .map(|_| {
                     if rng.random::<f64>() < keep {

@@ -1,0 +1,559 @@
+//! One node's handle on the simulated collective: every call is counted in bytes, charged
+//! to the node's simulated clock, and cut down to the nodes present, here and only here,
+//! above whatever [`Transport`] moves the data.
+
+use super::clock::{NodeClock, SimulatedTime};
+use super::cost::CommStats;
+use super::group::{CollectiveOp, Group, ReduceOp};
+use super::network::Network;
+use super::pending::{Pending, TransferTiming};
+use super::quorum::QuorumRule;
+use super::transport::{Contribution, Delivery, Exchanged, Header, Transport};
+use crate::error::CollectiveError;
+use burn::tensor::{Device, Tensor};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Communication between the nodes of one run, as seen by one node (rank).
+///
+/// Every strategy talks to the other nodes through this handle, as it would on a real
+/// cluster, so every byte it sends is counted ([`stats`](Self::stats)) and, when the run
+/// simulates a network, every call advances the node's simulated clock
+/// ([`simulated_time`](Self::simulated_time)); see [the module](crate::comm) for the cost
+/// model. The data itself moves through a [`Transport`]: threads of this process, or the
+/// processes of an MPI job.
+///
+/// Every member of a group must make the same sequence of calls on that group, with tensors
+/// of equal size; members that disagree get [`CollectiveError::Mismatch`]. Tensors are
+/// exchanged as values (autodiff is dropped), and results land on the device of the
+/// caller's tensor. The `*_in` methods take a [`Group`]; the plain ones use
+/// [`world`](Self::world).
+///
+/// Handles are cheap to clone; clones share the node's clock and counters.
+#[derive(Clone)]
+pub struct Collective {
+    transport: Arc<dyn Transport>,
+    node: Arc<NodeState>,
+    rank: usize,
+    /// Counted apart and never timed: the simulator's own traffic.
+    observer: bool,
+    /// The nodes present that this node can reach, under a fault schedule.
+    present: Option<Group>,
+}
+
+/// A node's simulated network, clock and counters, shared by its handles.
+struct NodeState {
+    network: Option<Network>,
+    clock: Mutex<NodeClock>,
+    /// `[training, observer]`.
+    stats: Mutex<[CommStats; 2]>,
+}
+
+impl std::fmt::Debug for Collective {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Collective")
+            .field("rank", &self.rank)
+            .field("world_size", &self.world_size())
+            .field("observer", &self.observer)
+            .field("present", &self.present)
+            .finish()
+    }
+}
+
+impl Collective {
+    /// Rank `rank`'s handle on `transport`, on `network` if the run simulates time (`None`:
+    /// bytes are counted, no clock is kept).
+    ///
+    /// # Panics
+    /// If `rank` is not a rank of the transport's world.
+    pub fn new(transport: Arc<dyn Transport>, rank: usize, network: Option<Network>) -> Self {
+        assert!(
+            rank < transport.world_size(),
+            "rank {rank} out of range for a world of {}",
+            transport.world_size()
+        );
+        Collective {
+            transport,
+            node: Arc::new(NodeState {
+                network,
+                clock: Mutex::new(NodeClock::default()),
+                stats: Mutex::new([CommStats::default(); 2]),
+            }),
+            rank,
+            observer: false,
+            present: None,
+        }
+    }
+
+    /// This node's rank, in `0..world_size()`.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The number of nodes in the run.
+    pub fn world_size(&self) -> usize {
+        self.transport.world_size()
+    }
+
+    /// The transport the data moves through.
+    pub fn transport(&self) -> &Arc<dyn Transport> {
+        &self.transport
+    }
+
+    /// The nodes taking part in the run now: every rank, or under a fault schedule the
+    /// present nodes this one can reach ([`with_present`](Self::with_present)). The plain
+    /// (world) methods run over this group.
+    pub fn world(&self) -> Group {
+        self.present
+            .clone()
+            .unwrap_or_else(|| Group::world(self.world_size()))
+    }
+
+    /// The same node seeing only `present` (which holds it): [`world`](Self::world) is
+    /// `present`, and every group a call names is cut down to it, so a strategy written for
+    /// a fixed world (an all-reduce over the world, FedAvg's islands) runs unchanged over
+    /// whoever is there; a mean divides by the members present.
+    pub fn with_present(&self, present: Group) -> Self {
+        Collective {
+            present: Some(present),
+            ..self.clone()
+        }
+    }
+
+    /// A handle for the same node whose traffic is counted apart from the training metric
+    /// and never charged to the clock: for what the simulator does to observe the run
+    /// (evaluating the averaged model, averaging the final replicas, gathering the
+    /// records), which a real cluster would not need to send.
+    pub fn observer(&self) -> Self {
+        Collective {
+            observer: true,
+            present: None,
+            ..self.clone()
+        }
+    }
+
+    /// Reduces `tensor` over the members of `group`; every member gets the result.
+    pub fn all_reduce_in(
+        &self,
+        group: &Group,
+        tensor: Tensor<1>,
+        op: ReduceOp,
+    ) -> Result<Tensor<1>, CollectiveError> {
+        self.all_reduce_start_in(group, tensor, op)?.wait()
+    }
+
+    /// Every member of `group` gets `root`'s tensor. Non-root ranks pass a tensor of the
+    /// same size (its values are ignored), as with `torch.distributed.broadcast`.
+    pub fn broadcast_in(
+        &self,
+        group: &Group,
+        tensor: Tensor<1>,
+        root: usize,
+    ) -> Result<Tensor<1>, CollectiveError> {
+        self.broadcast_start_in(group, tensor, root)?.wait()
+    }
+
+    /// Every member of `group` gets every member's tensor, in member order.
+    pub fn all_gather_in(
+        &self,
+        group: &Group,
+        tensor: Tensor<1>,
+    ) -> Result<Vec<Tensor<1>>, CollectiveError> {
+        self.all_gather_start_in(group, tensor)?.wait()
+    }
+
+    /// Every member of `group` gets every member's byte buffer, in member order. For
+    /// payloads built on the host, such as DeMo's compressed (index, value) pairs, whose
+    /// indices are narrower than any float. Buffers must have equal lengths.
+    pub fn all_gather_bytes_in(
+        &self,
+        group: &Group,
+        bytes: Vec<u8>,
+    ) -> Result<Vec<Vec<u8>>, CollectiveError> {
+        self.all_gather_bytes_start_in(group, bytes)?.wait()
+    }
+
+    /// Returns once every member of `group` has called it.
+    pub fn barrier_in(&self, group: &Group) -> Result<(), CollectiveError> {
+        let group = self.present_in(group)?;
+        self.start(&group, CollectiveOp::Barrier, Contribution::None)?
+            .wait()
+            .map(|_| ())
+    }
+
+    /// Every member of `group` gets `root`'s byte buffer (the others pass anything, e.g. an
+    /// empty buffer): a node's whole state, sent to a node that rejoins.
+    pub fn broadcast_bytes_in(
+        &self,
+        group: &Group,
+        bytes: Vec<u8>,
+        root: usize,
+    ) -> Result<Vec<u8>, CollectiveError> {
+        let group = self.present_in(group)?;
+        let op = CollectiveOp::BroadcastBytes { root };
+        match self.start(&group, op, Contribution::Bytes(bytes))?.wait()? {
+            Delivery::Bytes(b) => Ok(b),
+            _ => unreachable!("a byte broadcast yields the root's buffer"),
+        }
+    }
+
+    /// The members of `group` that arrive in time for a round under `rule`, by their
+    /// simulated clocks (the decision Decoupled DiLoCo's syncer takes): every member calls
+    /// it and gets the same answer. A member in the quorum waits, idle, until the quorum
+    /// closes. A member left out is told when it closes and stops there: its clock goes
+    /// back to the close, and the compute it would have done after it is not charged.
+    /// Nothing is sent. Without simulated time every member is on time.
+    pub fn quorum_in(&self, group: &Group, rule: &QuorumRule) -> Result<Group, CollectiveError> {
+        let group = self.present_in(group)?;
+        let own_ready = self.own_ready();
+        let (exchanged, _) =
+            self.exchange(&group, CollectiveOp::Quorum, own_ready, Contribution::None)?;
+        let arrivals: Vec<(usize, f64)> = group
+            .members()
+            .iter()
+            .copied()
+            .zip(exchanged.headers.iter().map(|h| h.ready_s))
+            .collect();
+        let (taken, close) = rule.select(&arrivals);
+        let taken = Group::new(taken);
+        if self.timed() {
+            let mut clock = lock(&self.node.clock);
+            clock.occupy_link(close);
+            if taken.contains(self.rank) {
+                clock.finish(own_ready, close, close);
+            } else {
+                // Left out: the round closed without this node, which stops its late work.
+                clock.abort_to(close);
+            }
+        }
+        Ok(taken)
+    }
+
+    /// [`all_reduce_in`](Self::all_reduce_in) over [`world`](Self::world).
+    pub fn all_reduce(
+        &self,
+        tensor: Tensor<1>,
+        op: ReduceOp,
+    ) -> Result<Tensor<1>, CollectiveError> {
+        self.all_reduce_in(&self.world(), tensor, op)
+    }
+
+    /// [`broadcast_in`](Self::broadcast_in) over [`world`](Self::world).
+    pub fn broadcast(&self, tensor: Tensor<1>, root: usize) -> Result<Tensor<1>, CollectiveError> {
+        self.broadcast_in(&self.world(), tensor, root)
+    }
+
+    /// [`all_gather_in`](Self::all_gather_in) over [`world`](Self::world).
+    pub fn all_gather(&self, tensor: Tensor<1>) -> Result<Vec<Tensor<1>>, CollectiveError> {
+        self.all_gather_in(&self.world(), tensor)
+    }
+
+    /// [`all_gather_bytes_in`](Self::all_gather_bytes_in) over [`world`](Self::world).
+    pub fn all_gather_bytes(&self, bytes: Vec<u8>) -> Result<Vec<Vec<u8>>, CollectiveError> {
+        self.all_gather_bytes_in(&self.world(), bytes)
+    }
+
+    /// [`barrier_in`](Self::barrier_in) over [`world`](Self::world).
+    pub fn barrier(&self) -> Result<(), CollectiveError> {
+        self.barrier_in(&self.world())
+    }
+
+    /// Starts [`all_reduce_in`](Self::all_reduce_in) without waiting for it: the node may
+    /// compute while the transfer is on its link, and [`Pending::wait`] charges the clock
+    /// only the part of the transfer not hidden by then. Every member must start it; the
+    /// result is the same.
+    pub fn all_reduce_start_in(
+        &self,
+        group: &Group,
+        tensor: Tensor<1>,
+        op: ReduceOp,
+    ) -> Result<Pending<Tensor<1>>, CollectiveError> {
+        let group = self.present_in(group)?;
+        let device = tensor.device().inner();
+        let pending = self.start(
+            &group,
+            CollectiveOp::AllReduce(op),
+            Contribution::Tensor(tensor.inner()),
+        )?;
+        Ok(pending.map(|d| one_tensor(d, &device)))
+    }
+
+    /// [`all_reduce_start_in`](Self::all_reduce_start_in) over [`world`](Self::world).
+    pub fn all_reduce_start(
+        &self,
+        tensor: Tensor<1>,
+        op: ReduceOp,
+    ) -> Result<Pending<Tensor<1>>, CollectiveError> {
+        self.all_reduce_start_in(&self.world(), tensor, op)
+    }
+
+    /// Starts [`broadcast_in`](Self::broadcast_in) without waiting for it (see
+    /// [`all_reduce_start_in`](Self::all_reduce_start_in)); the root may
+    /// [`detach`](Pending::detach) it.
+    pub fn broadcast_start_in(
+        &self,
+        group: &Group,
+        tensor: Tensor<1>,
+        root: usize,
+    ) -> Result<Pending<Tensor<1>>, CollectiveError> {
+        let group = self.present_in(group)?;
+        let device = tensor.device().inner();
+        let op = CollectiveOp::Broadcast { root };
+        let pending = self.start(&group, op, Contribution::Tensor(tensor.inner()))?;
+        Ok(pending.map(|d| one_tensor(d, &device)))
+    }
+
+    /// Starts [`all_gather_in`](Self::all_gather_in) without waiting for it (see
+    /// [`all_reduce_start_in`](Self::all_reduce_start_in)).
+    pub fn all_gather_start_in(
+        &self,
+        group: &Group,
+        tensor: Tensor<1>,
+    ) -> Result<Pending<Vec<Tensor<1>>>, CollectiveError> {
+        let group = self.present_in(group)?;
+        let device = tensor.device().inner();
+        let op = CollectiveOp::AllGather;
+        let pending = self.start(&group, op, Contribution::Tensor(tensor.inner()))?;
+        Ok(pending.map(|d| match d {
+            Delivery::Tensors(ts) => ts.into_iter().map(|t| t.to_device(&device)).collect(),
+            _ => unreachable!("an all-gather yields every tensor"),
+        }))
+    }
+
+    /// [`all_gather_start_in`](Self::all_gather_start_in) over [`world`](Self::world).
+    pub fn all_gather_start(
+        &self,
+        tensor: Tensor<1>,
+    ) -> Result<Pending<Vec<Tensor<1>>>, CollectiveError> {
+        self.all_gather_start_in(&self.world(), tensor)
+    }
+
+    /// Starts [`all_gather_bytes_in`](Self::all_gather_bytes_in) without waiting for it
+    /// (see [`all_reduce_start_in`](Self::all_reduce_start_in)).
+    pub fn all_gather_bytes_start_in(
+        &self,
+        group: &Group,
+        bytes: Vec<u8>,
+    ) -> Result<Pending<Vec<Vec<u8>>>, CollectiveError> {
+        let group = self.present_in(group)?;
+        let pending = self.start(
+            &group,
+            CollectiveOp::AllGatherBytes,
+            Contribution::Bytes(bytes),
+        )?;
+        Ok(pending.map(|d| match d {
+            Delivery::AllBytes(all) => all,
+            _ => unreachable!("a byte all-gather yields every buffer"),
+        }))
+    }
+
+    /// The wait of a started collective saved in a checkpoint ([`Pending::timing`]), to be
+    /// taken in the resumed run: it charges the clock as the original would have.
+    pub fn resume_pending(&self, timing: TransferTiming) -> Pending<()> {
+        if self.timed() {
+            self.pending((), timing)
+        } else {
+            Pending::ready(())
+        }
+    }
+
+    /// This node's simulated clock, when the run simulates a network; `None` otherwise.
+    pub fn simulated_time(&self) -> Option<SimulatedTime> {
+        self.node
+            .network
+            .as_ref()
+            .map(|_| lock(&self.node.clock).time)
+    }
+
+    /// The simulated network, if the run simulates time.
+    pub fn network(&self) -> Option<&Network> {
+        self.node.network.as_ref()
+    }
+
+    /// This node's training counters so far (the project's communication metric).
+    pub fn stats(&self) -> CommStats {
+        lock(&self.node.stats)[0]
+    }
+
+    /// This node's [observer](Self::observer) counters so far: not part of the metric.
+    pub fn observer_stats(&self) -> CommStats {
+        lock(&self.node.stats)[1]
+    }
+
+    /// Advances this node's simulated clock by `seconds` of computation (nothing happens
+    /// when time is not simulated).
+    pub fn compute(&self, seconds: f64) {
+        if self.node.network.is_some() {
+            lock(&self.node.clock).compute(seconds);
+        }
+    }
+
+    /// Moves this node's simulated clock forward to `time_s`, the time between counted as
+    /// away ([`SimulatedTime::down_s`]): a node that rejoins catches up with the time the
+    /// others have reached.
+    pub fn away_until(&self, time_s: f64) {
+        if self.node.network.is_some() {
+            lock(&self.node.clock).away_until(time_s);
+        }
+    }
+
+    /// This node's clock and when its link is next free, if time is simulated: what a
+    /// checkpoint saves.
+    pub fn clock_state(&self) -> Option<(SimulatedTime, f64)> {
+        self.node.network.as_ref().map(|_| {
+            let c = lock(&self.node.clock);
+            (c.time, c.link_free_s)
+        })
+    }
+
+    /// Puts the node back where a checkpoint found it: its traffic so far and its clock.
+    pub fn restore(&self, stats: CommStats, clock: Option<(SimulatedTime, f64)>) {
+        lock(&self.node.stats)[0] = stats;
+        if let Some((time, link_free_s)) = clock {
+            *lock(&self.node.clock) = NodeClock { time, link_free_s };
+        }
+    }
+
+    /// Whether this handle's calls are charged to the simulated clock (time is simulated
+    /// and the handle counts training traffic).
+    fn timed(&self) -> bool {
+        self.node.network.is_some() && !self.observer
+    }
+
+    /// When this node is ready for a call on the simulated clock (0 when untimed).
+    fn own_ready(&self) -> f64 {
+        if self.timed() {
+            lock(&self.node.clock).ready()
+        } else {
+            0.0
+        }
+    }
+
+    /// `group` cut down to the nodes present; the caller must be one of them.
+    fn present_in(&self, group: &Group) -> Result<Group, CollectiveError> {
+        let Some(present) = &self.present else {
+            return Ok(group.clone());
+        };
+        let cut = group.intersect(present);
+        if !cut.contains(self.rank) {
+            return Err(CollectiveError::InvalidGroup {
+                members: group.members().to_vec(),
+                rank: self.rank,
+                world_size: self.world_size(),
+                why: "the calling rank is not present",
+            });
+        }
+        Ok(cut)
+    }
+
+    /// Runs one call through the transport, counts it, and times it: the transfer starts
+    /// when the last member is ready and keeps this node's link busy until it ends. The
+    /// returned `Pending` charges the wait when taken.
+    fn start(
+        &self,
+        group: &Group,
+        op: CollectiveOp,
+        contribution: Contribution,
+    ) -> Result<Pending<Delivery>, CollectiveError> {
+        let own_ready = self.own_ready();
+        let (exchanged, payload) = self.exchange(group, op, own_ready, contribution)?;
+        let timing = match &self.node.network {
+            Some(network) if !self.observer => {
+                let start = exchanged
+                    .headers
+                    .iter()
+                    .map(|h| h.ready_s)
+                    .fold(0.0, f64::max);
+                Some(TransferTiming {
+                    own_ready_s: own_ready,
+                    start_s: start,
+                    end_s: start + network.collective_time(op, group, payload),
+                })
+            }
+            _ => None,
+        };
+        Ok(match timing {
+            Some(timing) => {
+                lock(&self.node.clock).occupy_link(timing.end_s);
+                self.pending(exchanged.delivery, timing)
+            }
+            None => Pending::ready(exchanged.delivery),
+        })
+    }
+
+    /// Checks `group` and the call, hands it to the transport, and counts it. Returns the
+    /// outcome and the byte size of one member's payload.
+    fn exchange(
+        &self,
+        group: &Group,
+        op: CollectiveOp,
+        own_ready: f64,
+        contribution: Contribution,
+    ) -> Result<(Exchanged, u64), CollectiveError> {
+        group.validate(self.rank, self.world_size())?;
+        if let CollectiveOp::Broadcast { root } | CollectiveOp::BroadcastBytes { root } = op
+            && !group.contains(root)
+        {
+            return Err(CollectiveError::InvalidGroup {
+                members: group.members().to_vec(),
+                rank: self.rank,
+                world_size: self.world_size(),
+                why: "the broadcast root is not a member",
+            });
+        }
+        let len = match &contribution {
+            Contribution::None => 0,
+            Contribution::Tensor(t) => t.shape().num_elements() as u64,
+            Contribution::Bytes(b) => b.len() as u64,
+        };
+        let header = Header {
+            op,
+            len,
+            ready_s: own_ready,
+        };
+        let element_bytes = match &contribution {
+            Contribution::Tensor(t) => t.dtype().size() as u64,
+            _ => 1,
+        };
+        let exchanged = self
+            .transport
+            .exchange(self.rank, group, header, contribution)?;
+        let payload = payload_len(op, group, &exchanged.headers) * element_bytes;
+        lock(&self.node.stats)[usize::from(self.observer)].record(op, group, self.rank, payload);
+        Ok((exchanged, payload))
+    }
+
+    /// `value`, whose wait charges this node's clock for a transfer timed as `timing`.
+    fn pending<T>(&self, value: T, timing: TransferTiming) -> Pending<T> {
+        let node = self.node.clone();
+        Pending::new(
+            value,
+            Box::new(move || {
+                lock(&node.clock).finish(timing.own_ready_s, timing.start_s, timing.end_s)
+            }),
+            timing,
+        )
+    }
+}
+
+/// The size of one member's payload in elements (tensors) or bytes: for a broadcast of
+/// bytes, the root's length (the others pass anything).
+fn payload_len(op: CollectiveOp, group: &Group, headers: &[Header]) -> u64 {
+    match op {
+        CollectiveOp::BroadcastBytes { root } => {
+            let pos = group.members().iter().position(|&m| m == root);
+            pos.map_or(0, |p| headers[p].len)
+        }
+        _ => headers.first().map_or(0, |h| h.len),
+    }
+}
+
+fn one_tensor(delivery: Delivery, device: &Device) -> Tensor<1> {
+    match delivery {
+        Delivery::Tensor(t) => t.to_device(device),
+        _ => unreachable!("this call yields one tensor"),
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poison| poison.into_inner())
+}

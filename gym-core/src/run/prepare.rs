@@ -1,0 +1,419 @@
+//! What a run does before its nodes start: check the configuration and the data, build
+//! every replica and every node's strategy, load a checkpoint to resume from, and make the
+//! run's folder. Whatever is refused here is an error of the run's set-up.
+
+use super::checkpoint::{Checkpoint, Identity};
+use super::config::TrainerConfig;
+use super::data::{NodeData, get_item};
+use super::node::NodeStart;
+use super::plan::RunPlan;
+use super::trainer::{NodeEnd, Trainer};
+use crate::comm::faults::FaultTimeline;
+use crate::error::{GymError, Result};
+use crate::metrics::ledger::ElasticReport;
+use crate::metrics::{CsvLogs, Fingerprint, Recorder, Records, RunReport, default_run_name};
+use crate::model::TrainModel;
+use crate::state::params::ParamLayout;
+use crate::state::rng;
+use crate::strategy::replica::ModelReplica;
+use crate::strategy::{NodeInfo, StrategyConfig};
+use burn::data::dataloader::batcher::Batcher;
+use burn::module::ParamId;
+use burn::tensor::{Device, Distribution, Tensor, TensorData};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+impl Trainer {
+    /// The recorder of a run planned as `plan`, drawing a bar if `progress`.
+    pub(super) fn recorder(
+        &self,
+        plan: &RunPlan,
+        progress: bool,
+        logs: Option<CsvLogs>,
+    ) -> Recorder {
+        let cfg = &self.config;
+        Recorder::new(
+            cfg.num_nodes,
+            (cfg.batch_size * cfg.num_nodes) as u64,
+            plan.max_steps,
+            cfg.simulation.is_some(),
+            progress,
+            logs,
+        )
+    }
+
+    /// Everything a run started at `fit_start` needs before its nodes start, for the nodes
+    /// `ranks` that run here: checks, data views, replicas, strategies, the run's name and
+    /// log folder (created when `writes_logs`). `run_name`, when given, overrides the
+    /// configured and default names.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn prepare<M, I, B>(
+        &self,
+        init: &(impl Fn(&Device) -> M + Sync),
+        strategy: &dyn StrategyConfig,
+        data: &NodeData<I>,
+        batcher: &B,
+        ranks: &[usize],
+        run_name: Option<String>,
+        writes_logs: bool,
+        fit_start: Instant,
+    ) -> Result<Prepared<M, I>>
+    where
+        M: TrainModel,
+        I: Send + 'static,
+        B: Batcher<I, M::Batch>,
+    {
+        let cfg = &self.config;
+        cfg.validate()?;
+        if self.devices.is_empty() {
+            return Err(GymError::InvalidConfig("no device given".into()));
+        }
+        let k = cfg.num_nodes;
+        let resume = match &cfg.resume_from {
+            Some(path) => Some(Checkpoint::load(Path::new(path))?.0),
+            None => None,
+        };
+        let devices: Vec<Device> = (0..k)
+            .map(|r| self.devices[r % self.devices.len()].clone().autodiff())
+            .collect();
+
+        // Data: every node's view, checked before anything runs (the shortest shard sets
+        // the epoch, so every node's is needed).
+        let mut views: Vec<_> = (0..k)
+            .map(|r| Some(data.node_view(r, k, cfg.shuffle, cfg.seed)))
+            .collect();
+        let mut steps_per_epoch = usize::MAX;
+        for (rank, v) in views.iter().flatten().enumerate() {
+            let shard = v.sampler.shard_len();
+            if v.train.is_empty() {
+                return Err(GymError::Data(format!(
+                    "the training dataset of rank {rank} is empty"
+                )));
+            }
+            if shard < cfg.batch_size {
+                return Err(GymError::Data(format!(
+                    "rank {rank} has {shard} training examples, less than one batch of {}",
+                    cfg.batch_size
+                )));
+            }
+            if v.val.is_empty() {
+                return Err(GymError::Data(format!(
+                    "the validation dataset of rank {rank} is empty"
+                )));
+            }
+            steps_per_epoch = steps_per_epoch.min(shard / cfg.batch_size);
+        }
+
+        // Replicas: rank 0's from the seed, the others copied from it. Every `init` draws
+        // from the backend's global generator (lazily: `materialize` forces it), so all of
+        // them run under the lock, and so does the probe of the model's own randomness.
+        let (replicas, init_fingerprint) = {
+            let _guard = rng::lock_backend_rng();
+            let base = rng::init_seeded(&devices[0], cfg.seed, init);
+            let all_float = ParamLayout::all_float(&base);
+            let base_state = all_float.flatten(&base);
+            // Parameter ids from the seed, the same on every replica: optimizer state, which
+            // Burn keys by id, then means the same on every node (a rejoining node takes a
+            // peer's) and encodes to the same bytes in every run of this seed.
+            let trainable = ParamLayout::trainable(&base);
+            let base_ids: Vec<ParamId> = (0..trainable.entries().len())
+                .map(|i| ParamId::from(rng::derive_seed(cfg.seed, &[0x5041_5241, i as u64])))
+                .collect();
+            let mut base = Some(trainable.with_ids(base, &base_ids));
+            let mut init_fingerprint = Fingerprint::default();
+            for x in base_state
+                .to_data()
+                .try_into_vec_as::<f32>()
+                .map_err(|e| GymError::InvalidConfig(format!("initial parameters: {e:?}")))?
+            {
+                init_fingerprint.write_u64(u64::from(x.to_bits()));
+            }
+            let mut replicas = Vec::with_capacity(ranks.len());
+            for &rank in ranks {
+                if rank == 0
+                    && let Some(base) = base.take()
+                {
+                    replicas.push(base);
+                    continue;
+                }
+                let device = &devices[rank];
+                let fresh = init(device);
+                if ParamLayout::all_float(&fresh).num_elements() != all_float.num_elements() {
+                    return Err(GymError::InvalidConfig(
+                        "the model built by `init` differs between calls".into(),
+                    ));
+                }
+                let state = base_state.clone().to_device(&device.clone().inner());
+                let loaded = all_float.load(fresh, state);
+                replicas.push(trainable.with_ids(loaded, &base_ids));
+            }
+            let first = views[0].as_ref().expect("rank 0's view");
+            let probe_items = (0..cfg.effective_minibatch().min(2))
+                .map(|i| get_item(&*first.train, i))
+                .collect::<Result<Vec<I>>>()?;
+            let probe_batch = batcher.batch(probe_items, &devices[0]);
+            if draws_from_backend_generator(&init(&devices[0]), &probe_batch, &devices[0]) {
+                return Err(GymError::SharedRandomness);
+            }
+            (replicas, init_fingerprint.finish())
+        };
+
+        let mut plan = cfg.plan(steps_per_epoch, replicas[0].flops_per_example())?;
+
+        // A resumed run: the same configuration, then every replica as it was saved, its
+        // parameters under their saved ids (which key the optimizers' saved states).
+        let identity = identity::<M>(cfg, &plan, strategy, &ParamLayout::trainable(&replicas[0]));
+        let mut replicas = replicas;
+        if let Some(saved) = &resume {
+            identity.check(&saved.identity)?;
+            if saved.nodes.len() != k {
+                return Err(GymError::Checkpoint(format!(
+                    "it holds {} nodes where this run has {k}",
+                    saved.nodes.len()
+                )));
+            }
+            replicas = replicas
+                .into_iter()
+                .zip(ranks)
+                .map(|(model, &rank)| {
+                    let node = &saved.nodes[rank];
+                    let state = ParamLayout::all_float(&model);
+                    if node.model.len() != state.num_elements() {
+                        return Err(GymError::Checkpoint(format!(
+                            "a node's model holds {} values where this run's has {}",
+                            node.model.len(),
+                            state.num_elements()
+                        )));
+                    }
+                    let values = Tensor::from_data(
+                        TensorData::new(node.model.clone(), [node.model.len()]),
+                        &devices[rank].clone().inner(),
+                    );
+                    let model = state.load(model, values);
+                    let ids: Vec<ParamId> =
+                        node.param_ids.iter().map(|&id| ParamId::from(id)).collect();
+                    Ok(ParamLayout::trainable(&model).with_ids(model, &ids))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            plan.start_step = saved.next_step;
+        }
+
+        // Every node's strategy, built before any node starts.
+        let num_params = ParamLayout::trainable(&replicas[0]).num_elements();
+        let node_speeds: Vec<f64> = (0..k)
+            .map(|rank| {
+                cfg.simulation
+                    .as_ref()
+                    .and_then(|sim| sim.node_speed.get(rank).copied())
+                    .unwrap_or(1.0)
+            })
+            .collect();
+        let mut starts = Vec::with_capacity(ranks.len());
+        for (model, &rank) in replicas.into_iter().zip(ranks) {
+            let layout = ParamLayout::trainable(&model);
+            let mut node_strategy = strategy.init(&NodeInfo {
+                rank,
+                world_size: k,
+                max_steps: plan.max_steps,
+                seed: cfg.seed,
+                device: &devices[rank],
+                layout: &layout,
+                initial_params: layout.flatten(&model),
+                node_speeds: &node_speeds,
+            })?;
+            let saved = resume.as_ref().map(|c| &c.nodes[rank]);
+            if let Some(node) = saved {
+                node_strategy.load_state(&node.strategy)?;
+            }
+            starts.push(NodeStart {
+                replica: ModelReplica::new(model, layout),
+                strategy: node_strategy,
+                view: views[rank].take().expect("each rank's view once"),
+                resume: saved.map(|n| (n.loader, n.rng)),
+                ledger: saved.map(|n| n.ledger).unwrap_or_default(),
+            });
+        }
+
+        // Logs.
+        let run_name = run_name
+            .or_else(|| cfg.run_name.clone())
+            .or_else(|| resume.as_ref().map(|c| c.run_name.clone()))
+            .unwrap_or_else(|| default_run_name(&strategy.name(), k));
+        let log_dir: Option<PathBuf> = cfg
+            .log_dir
+            .as_ref()
+            .map(|d| PathBuf::from(d).join(&run_name));
+        let logs = match &log_dir {
+            Some(dir) if writes_logs => {
+                let config_json = serde_json::json!({
+                    "run_name": run_name,
+                    "trainer": serde_json::to_value(cfg).expect("config serialises"),
+                    "max_steps": plan.max_steps,
+                    "strategy": { "name": strategy.name(), "config": strategy.to_json() },
+                    "model": { "type": std::any::type_name::<M>(), "trainable_parameters": num_params },
+                    "devices": devices.iter().map(|d| format!("{d:?}")).collect::<Vec<_>>(),
+                });
+                let logs = CsvLogs::create(dir, &config_json, cfg.correlation_interval.is_some())?;
+                if let Some(schedule) = &cfg.faults {
+                    // The faults in effect, random ones as drawn: what the run met.
+                    let faults = serde_json::json!({
+                        "schedule": schedule.to_string(),
+                        "events": plan.faults.events(),
+                        "absent_node_steps": plan.faults.absent_node_steps(),
+                    });
+                    let text = serde_json::to_string_pretty(&faults).expect("faults serialise");
+                    let path = dir.join("faults.json");
+                    std::fs::write(&path, text).map_err(|e| GymError::io(path, e))?;
+                }
+                Some(logs)
+            }
+            _ => None,
+        };
+        let facts = RunFacts {
+            run_name,
+            log_dir,
+            init_fingerprint,
+            steps: plan.max_steps,
+            setup_s: fit_start.elapsed().as_secs_f64(),
+            fit_start,
+        };
+        Ok(Prepared {
+            resume,
+            devices,
+            plan,
+            starts,
+            facts,
+            logs,
+            identity,
+        })
+    }
+}
+
+/// What [`Trainer::prepare`] builds: everything but the collective and the recorder.
+pub(super) struct Prepared<M, I> {
+    pub resume: Option<Checkpoint>,
+    /// Every rank's device (autodiff on).
+    pub devices: Vec<Device>,
+    pub plan: RunPlan,
+    /// The nodes that run here, in the order asked for.
+    pub starts: Vec<NodeStart<M, I>>,
+    pub facts: RunFacts,
+    pub logs: Option<CsvLogs>,
+    pub identity: Identity,
+}
+
+/// What the report says of the run as a whole, known before its nodes start.
+pub(super) struct RunFacts {
+    pub run_name: String,
+    pub log_dir: Option<PathBuf>,
+    init_fingerprint: u64,
+    steps: usize,
+    setup_s: f64,
+    fit_start: Instant,
+}
+
+impl RunFacts {
+    /// The run's report, from the recorder's `records`, every node's end (in rank order)
+    /// and how the run ended.
+    pub(super) fn report(
+        self,
+        records: Records,
+        loop_s: f64,
+        ends: Vec<NodeEnd>,
+        faults: &FaultTimeline,
+        interrupted_at: Option<usize>,
+        checkpoint: Option<PathBuf>,
+    ) -> RunReport {
+        let mut data_fingerprint = Fingerprint::default();
+        for end in &ends {
+            data_fingerprint.write_u64(end.data_fingerprint);
+        }
+        RunReport {
+            run_name: self.run_name,
+            log_dir: self.log_dir,
+            num_nodes: ends.len(),
+            steps: self.steps,
+            train: records.train,
+            validation: records.validation,
+            correlation: records.correlation,
+            init_fingerprint: self.init_fingerprint,
+            data_fingerprint: data_fingerprint.finish(),
+            comm: ends.iter().map(|e| e.comm).collect(),
+            simulated: ends.iter().filter_map(|e| e.simulated).collect(),
+            setup_s: self.setup_s,
+            loop_s,
+            wall_s: self.fit_start.elapsed().as_secs_f64(),
+            interrupted_at,
+            checkpoint,
+            elastic: ElasticReport {
+                faults: faults.events().to_vec(),
+                nodes: ends.iter().map(|e| e.ledger).collect(),
+            },
+        }
+    }
+}
+
+/// What a checkpoint of this run must agree on: the strategy and its settings, the model's
+/// parameters, and every trainer setting that shapes the run (not where logs go, nor the
+/// checkpoints' own settings).
+fn identity<M: TrainModel>(
+    cfg: &TrainerConfig,
+    plan: &RunPlan,
+    strategy: &dyn StrategyConfig,
+    layout: &ParamLayout,
+) -> Identity {
+    let mut trainer = serde_json::to_value(cfg).expect("config serialises");
+    if let Some(fields) = trainer.as_object_mut() {
+        for volatile in [
+            "run_name",
+            "log_dir",
+            "progress",
+            "kernel_threads_per_node",
+            "checkpoint_interval",
+            "checkpoint_dir",
+            "keep_checkpoints",
+            "resume_from",
+        ] {
+            fields.remove(volatile);
+        }
+        fields.insert("max_steps".into(), plan.max_steps.into());
+    }
+    Identity {
+        strategy: strategy.name(),
+        strategy_config: strategy.to_json().to_string(),
+        model: std::any::type_name::<M>().to_string(),
+        parameters: layout
+            .entries()
+            .iter()
+            .map(|e| (e.path.clone(), e.shape.clone()))
+            .collect(),
+        trainer: trainer.to_string(),
+    }
+}
+
+/// Whether a training forward pass of `model` on `batch` draws from the backend's
+/// process-wide generator, as Burn's `Dropout` does (its masks would then depend on how the
+/// node threads interleave). Compares a draw after seeding the generator with one after
+/// seeding it and running the forward pass. A backend whose generator cannot be re-seeded
+/// to the same draws cannot tell, and answers `false`. Call it under
+/// [`rng::lock_backend_rng`].
+fn draws_from_backend_generator<M: TrainModel>(
+    model: &M,
+    batch: &M::Batch,
+    device: &Device,
+) -> bool {
+    // Lazy parameters draw on first use: draw them first.
+    rng::materialize(model);
+    let draw = |forward: bool| {
+        device.seed(0x5EED);
+        if forward {
+            drop(model.loss(batch));
+        }
+        Tensor::<1>::random([16], Distribution::Default, &device.clone().inner())
+            .into_data()
+            .try_to_vec::<f32>()
+            .unwrap_or_default()
+    };
+    let plain = draw(false);
+    plain == draw(false) && draw(true) != plain
+}

@@ -1,0 +1,382 @@
+//! [`Trainer`]: runs the nodes of a run, each on a thread of its own, over a transport,
+//! and collects the final model and what the run measured. What happens before the nodes
+//! start is in `prepare`; what each node does, in `node`.
+
+use super::checkpoint::{CheckpointWriter, StopAgreement};
+use super::config::TrainerConfig;
+use super::data::NodeData;
+use super::node::{NodeShared, NodeStart, run_node};
+use super::prepare::Prepared;
+use crate::comm::clock::SimulatedTime;
+use crate::comm::cost::CommStats;
+use crate::comm::transport::{ThreadTransport, Transport};
+use crate::comm::{Collective, run_on_threads};
+use crate::error::{GymError, Result};
+use crate::metrics::ledger::NodeLedger;
+use crate::metrics::{Records, RunReport, default_run_name, exchange};
+use crate::model::TrainModel;
+use crate::strategy::StrategyConfig;
+use burn::data::dataloader::batcher::Batcher;
+use burn::tensor::Device;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// The trained model and what the run measured.
+pub struct FitOutput<M> {
+    /// The element-wise average of the final replicas (parameters and float buffers such as
+    /// batch-norm statistics), on the first device, in training mode.
+    pub model: M,
+    /// The master copy kept by the strategy (DiLoCo's outer model), for strategies that
+    /// keep one; in training mode on the first device.
+    pub master: Option<M>,
+    /// Metrics, logs and traffic of the run.
+    pub report: RunReport,
+}
+
+/// Runs K simulated nodes.
+///
+/// ```no_run
+/// # use gym_core::*;
+/// # fn demo<M: TrainModel, I: Send + 'static, B: burn::data::dataloader::batcher::Batcher<I, M::Batch>>(
+/// #     init: impl Fn(&burn::tensor::Device) -> M + Sync, data: NodeData<I>, batcher: B,
+/// #     strategies: Vec<Box<dyn StrategyConfig>>) -> Result<()> {
+/// let config = TrainerConfig::new(4).with_max_steps(Some(200)).with_batch_size(64);
+/// for strategy in &strategies {
+///     let out = Trainer::new(config.clone()).fit(&init, strategy.as_ref(), &data, &batcher)?;
+///     println!("{}: final val loss {:?}", strategy.name(), out.report.final_validation().map(|v| v.global_loss));
+/// }
+/// # Ok(()) }
+/// ```
+pub struct Trainer {
+    pub(super) config: TrainerConfig,
+    pub(super) devices: Vec<Device>,
+    pub(super) interrupt: Option<Arc<AtomicBool>>,
+}
+
+impl Trainer {
+    /// A trainer on Burn's default device.
+    pub fn new(config: TrainerConfig) -> Self {
+        Trainer {
+            config,
+            devices: vec![Device::default()],
+            interrupt: None,
+        }
+    }
+
+    /// Stops the run when `flag` turns true (a Ctrl-C handler sets it): every node finishes
+    /// the steps any node has started, a checkpoint is written if a folder for one is known
+    /// (`checkpoint_dir` or the log folder), and `fit` returns with
+    /// [`RunReport::interrupted_at`] set, without the final evaluation.
+    pub fn with_interrupt(mut self, flag: Arc<AtomicBool>) -> Self {
+        self.interrupt = Some(flag);
+        self
+    }
+
+    /// Runs rank `r` on `devices[r % devices.len()]` (several nodes may share a device).
+    /// Autodiff is enabled on each.
+    pub fn with_devices(mut self, devices: Vec<Device>) -> Self {
+        self.devices = devices;
+        self
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &TrainerConfig {
+        &self.config
+    }
+
+    /// Trains a model built by `init` on every node with `strategy`, reading `data` through
+    /// `batcher`: every node a thread of this process ([`ThreadTransport`]).
+    ///
+    /// Before any node starts, `fit` checks the configuration and the data, builds every
+    /// replica (rank 0's from the seed, copied into the others, so all nodes start equal)
+    /// and every node's strategy, and makes sure a training forward pass draws nothing from
+    /// the backend's shared random generator ([`GymError::SharedRandomness`]): whatever it
+    /// refuses is an error of the run's set-up, returned before any step. Nodes then run on a
+    /// dedicated pool with one thread per node. The first node to fail aborts the others,
+    /// and the error names it and its step ([`GymError::NodeFailed`]).
+    pub fn fit<M, I, B>(
+        &self,
+        init: impl Fn(&Device) -> M + Sync,
+        strategy: &dyn StrategyConfig,
+        data: &NodeData<I>,
+        batcher: &B,
+    ) -> Result<FitOutput<M>>
+    where
+        M: TrainModel,
+        I: Send + 'static,
+        B: Batcher<I, M::Batch>,
+    {
+        let transport = Arc::new(ThreadTransport::new(self.config.num_nodes));
+        self.fit_with(transport, init, strategy, data, batcher)
+    }
+
+    /// [`fit`](Self::fit) over `transport`: this process runs the nodes of
+    /// [`Transport::local_ranks`], each on a thread of its own, and the transport joins
+    /// them to the nodes of the other processes, if any (the `MpiTransport` of feature
+    /// `mpi`: an MPI job, several nodes per process). `num_nodes` must be the transport's
+    /// world size.
+    ///
+    /// Every process builds the same replicas, draws the same data and steps the same
+    /// strategy: with the same seed the run gives the same bits whatever the transport and
+    /// however the nodes are spread over processes. With nodes in other processes, the
+    /// nodes exchange their reports after every step (uncounted), so every process's
+    /// [`RunReport`] holds the whole run; only the process of rank 0 writes the log folder
+    /// and draws the progress bar, and every process returns the averaged model. Fault
+    /// schedules, checkpoints, resuming and interrupts need every node in this process
+    /// ([`GymError::InvalidConfig`] otherwise).
+    pub fn fit_with<M, I, B>(
+        &self,
+        transport: Arc<dyn Transport>,
+        init: impl Fn(&Device) -> M + Sync,
+        strategy: &dyn StrategyConfig,
+        data: &NodeData<I>,
+        batcher: &B,
+    ) -> Result<FitOutput<M>>
+    where
+        M: TrainModel,
+        I: Send + 'static,
+        B: Batcher<I, M::Batch>,
+    {
+        let fit_start = Instant::now();
+        let cfg = &self.config;
+        let k = cfg.num_nodes;
+        if transport.world_size() != k {
+            return Err(GymError::InvalidConfig(format!(
+                "`num_nodes` is {k} but the transport has {} ranks",
+                transport.world_size()
+            )));
+        }
+        let spans = transport.spans_processes();
+        if spans {
+            for (asked, what) in [
+                (cfg.faults.is_some(), "a fault schedule"),
+                (cfg.resume_from.is_some(), "resuming"),
+                (cfg.checkpoint_interval.is_some(), "a checkpoint interval"),
+                (self.interrupt.is_some(), "an interrupt flag"),
+            ] {
+                if asked {
+                    return Err(GymError::InvalidConfig(format!(
+                        "{what} needs every node in one process; this run spreads its nodes \
+                         over several"
+                    )));
+                }
+            }
+        }
+        cfg.validate()?;
+        let local = transport.local_ranks();
+        let ranks: Vec<usize> = local.clone().collect();
+        let network = cfg.simulation.as_ref().map(|s| s.network.clone());
+        let nodes: Vec<Collective> = ranks
+            .iter()
+            .map(|&rank| Collective::new(transport.clone(), rank, network.clone()))
+            .collect();
+        // One name for the run, rank 0's (default names carry the time of day).
+        let run_name =
+            if spans {
+                let name = cfg
+                    .run_name
+                    .clone()
+                    .unwrap_or_else(|| default_run_name(&strategy.name(), k));
+                let agreed = run_on_threads(&nodes, |c| {
+                    let observer = c.observer();
+                    observer.broadcast_bytes_in(&observer.world(), name.clone().into_bytes(), 0)
+                })
+                .map_err(|e| GymError::InvalidConfig(format!("cannot start node threads: {e}")))?;
+                let bytes = agreed
+                    .into_iter()
+                    .next()
+                    .expect("a local node")
+                    .map_err(GymError::Panic)??;
+                Some(String::from_utf8(bytes).map_err(|_| {
+                    GymError::InvalidConfig("rank 0's run name is not UTF-8".into())
+                })?)
+            } else {
+                None
+            };
+        let writes_logs = local.contains(&0);
+        let Prepared {
+            resume,
+            devices,
+            plan,
+            starts,
+            facts,
+            logs,
+            identity,
+        } = self.prepare(
+            &init,
+            strategy,
+            data,
+            batcher,
+            &ranks,
+            run_name,
+            writes_logs,
+            fit_start,
+        )?;
+        if let Some(saved) = &resume {
+            for node in &nodes {
+                let rank = node.rank();
+                node.restore(saved.nodes[rank].comm, saved.nodes[rank].clock);
+            }
+        }
+        let checkpoint_dir = cfg
+            .checkpoint_dir
+            .as_ref()
+            .map(PathBuf::from)
+            .or_else(|| facts.log_dir.clone());
+        let checkpoints = checkpoint_dir.map(|dir| {
+            CheckpointWriter::new(dir, cfg.keep_checkpoints, identity, facts.run_name.clone())
+        });
+        let stop = StopAgreement::new(self.interrupt.clone());
+        let recorder = self.recorder(&plan, cfg.progress && writes_logs, logs);
+        if let Some(saved) = resume.as_ref() {
+            recorder.restore(
+                saved.next_step,
+                Records {
+                    train: saved.train.clone(),
+                    validation: saved.validation.clone(),
+                    correlation: saved.correlation.clone(),
+                },
+                saved
+                    .nodes
+                    .iter()
+                    .map(|n| n.clock.map(|c| c.0).unwrap_or_default())
+                    .collect(),
+            );
+        }
+        let shared = NodeShared {
+            plan,
+            devices: &devices,
+            recorder: &recorder,
+            spans_processes: spans,
+            feeds_recorder: local.start,
+            batcher,
+            checkpoints: checkpoints.as_ref(),
+            stop: &stop,
+        };
+        let slots: Vec<Mutex<Option<NodeStart<M, I>>>> =
+            starts.into_iter().map(|s| Mutex::new(Some(s))).collect();
+        let current_step: Vec<AtomicUsize> = ranks.iter().map(|_| AtomicUsize::new(0)).collect();
+
+        let results = run_on_threads(&nodes, |comm| {
+            let rank = comm.rank();
+            let slot = rank - local.start;
+            let start = slots[slot]
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take()
+                .expect("each rank runs once");
+            let outcome = on_node_pool(rank, cfg.kernel_threads_per_node, || {
+                let outcome = run_node(rank, start, &shared, comm.clone(), &current_step[slot])?;
+                let end = NodeEnd {
+                    comm: comm.stats(),
+                    simulated: comm.simulated_time(),
+                    data_fingerprint: outcome.data_fingerprint,
+                    ledger: outcome.ledger,
+                };
+                // With nodes elsewhere, every node learns every node's end.
+                let ends = if spans {
+                    exchange(&comm.observer(), &end, "end")?
+                } else {
+                    vec![end]
+                };
+                Ok((outcome, ends))
+            });
+            match &outcome {
+                Ok(_) => transport.leave(rank),
+                Err(e) => transport.abort(rank, e.to_string()),
+            }
+            outcome
+        })
+        .map_err(|e| GymError::InvalidConfig(format!("cannot start {k} node threads: {e}")))?;
+        let results: Vec<Result<_>> = results
+            .into_iter()
+            .zip(&ranks)
+            .map(|(r, &rank)| {
+                r.unwrap_or_else(|msg| Err(GymError::Panic(msg)))
+                    .map_err(|e| GymError::NodeFailed {
+                        rank,
+                        step: current_step[rank - local.start].load(Ordering::SeqCst),
+                        source: Box::new(e),
+                    })
+            })
+            .collect();
+
+        // The first failure is the cause; the others are its echoes.
+        if let Some((first, _)) = transport.abort_info() {
+            recorder.abandon();
+            let mut errors: Vec<GymError> = results.into_iter().filter_map(|r| r.err()).collect();
+            let pos = errors
+                .iter()
+                .position(|e| matches!(e, GymError::NodeFailed { rank, .. } if *rank == first))
+                .unwrap_or(0);
+            return Err(errors.swap_remove(pos));
+        }
+        let loop_s = recorder.loop_seconds();
+        let records = recorder.finish()?;
+        let (mut model, mut master) = (None, None);
+        let mut ends = Vec::with_capacity(k);
+        for result in results {
+            let (outcome, node_ends) = result?;
+            model = model.or(outcome.final_model);
+            master = master.or(outcome.master);
+            if spans {
+                ends = node_ends;
+            } else {
+                ends.extend(node_ends);
+            }
+        }
+        let model = model.expect("one node returns the final model");
+        let checkpoint = checkpoints
+            .as_ref()
+            .and_then(CheckpointWriter::last_written);
+        let report = facts.report(
+            records,
+            loop_s,
+            ends,
+            &shared.plan.faults,
+            stop.stopped_at(),
+            checkpoint,
+        );
+        Ok(FitOutput {
+            model: model.fork(&devices[0]),
+            master: master.map(|m| m.fork(&devices[0])),
+            report,
+        })
+    }
+}
+
+/// What a node ends a run with that the report needs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(super) struct NodeEnd {
+    pub comm: CommStats,
+    pub simulated: Option<SimulatedTime>,
+    pub data_fingerprint: u64,
+    pub ledger: NodeLedger,
+}
+
+/// Runs `work`, node `rank`'s loop, on a pool of `threads` threads of its own (0: on the
+/// calling thread's pool). Burn's CPU kernels split work with rayon, in the pool of the
+/// calling thread; a node's own small pool keeps that work from spreading over the other
+/// nodes' threads (see `kernel_threads_per_node`).
+fn on_node_pool<T: Send>(
+    rank: usize,
+    threads: usize,
+    work: impl FnOnce() -> Result<T> + Send,
+) -> Result<T> {
+    match threads {
+        0 => work(),
+        n => match rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .thread_name(move |_| format!("gym-node-{rank}"))
+            .build()
+        {
+            Ok(pool) => pool.install(work),
+            Err(e) => Err(GymError::InvalidConfig(format!(
+                "cannot start node threads: {e}"
+            ))),
+        },
+    }
+}

@@ -1,0 +1,140 @@
+//! A run whose nodes are spread over several processes (`Trainer::fit_with`, each process
+//! running its share of the ranks as threads) trains as `Trainer::fit` does: with 4 nodes
+//! over 2 processes of 2 and over 4 processes of 1, the final model, master, traffic,
+//! simulated clocks and every logged loss are the bits of the one `fit`. Here threads stand
+//! in for the processes ([`ProcessShare`]); the MPI tests (`--features mpi`) run the same
+//! cases under `mpirun`.
+
+use burn::tensor::Device;
+use gym_core::{
+    FitOutput, GymError, NodeData, StrategyConfig, ThreadTransport, Trainer, TrainerConfig,
+};
+use gym_models::Mlp;
+use std::sync::Arc;
+use tests::{
+    ProcessShare, Synthetic, SyntheticBatcher, run_digest, small_mlp, spread_cases, spread_config,
+};
+
+const K: usize = 4;
+
+fn data() -> NodeData<tests::Example> {
+    NodeData::shared(Synthetic::new(1024, 16, 4, 1), Synthetic::new(64, 16, 4, 2))
+}
+
+/// The run of `config` spread over `processes` processes (threads), each calling
+/// `fit_with` with its share of one transport; every process's output, in process order.
+fn spread(
+    config: &TrainerConfig,
+    strategy: &dyn StrategyConfig,
+    processes: usize,
+) -> Vec<FitOutput<Mlp>> {
+    let k = config.num_nodes;
+    let per = k / processes;
+    let inner = Arc::new(ThreadTransport::new(k));
+    let data = data();
+    std::thread::scope(|s| {
+        let all: Vec<_> = (0..processes)
+            .map(|p| {
+                let share = Arc::new(ProcessShare {
+                    inner: inner.clone(),
+                    local: p * per..(p + 1) * per,
+                });
+                let data = &data;
+                s.spawn(move || {
+                    Trainer::new(config.clone())
+                        .fit_with(share, small_mlp, strategy, data, &SyntheticBatcher)
+                        .expect("the process trains")
+                })
+            })
+            .collect();
+        all.into_iter().map(|p| p.join().unwrap()).collect()
+    })
+}
+
+#[test]
+fn nodes_spread_over_processes_give_the_bits_of_one_fit() {
+    for (name, strategy, simulated) in spread_cases() {
+        let config = spread_config(K, 20, 8, 32, simulated);
+        let whole = Trainer::new(config.clone())
+            .fit(small_mlp, strategy.as_ref(), &data(), &SyntheticBatcher)
+            .unwrap();
+        let expected = run_digest(&whole);
+        // Not vacuous: the run learned, and reports what the case asks for.
+        let train = &whole.report.train;
+        assert!(train[19].train_loss < train[0].train_loss, "{name}");
+        assert_eq!(whole.report.simulated.len(), if simulated { K } else { 0 });
+        assert_eq!(whole.report.validation.len(), 3, "{name}: steps 0, 10, 20");
+        for processes in [2, 4] {
+            for (p, out) in spread(&config, strategy.as_ref(), processes)
+                .iter()
+                .enumerate()
+            {
+                assert_eq!(
+                    run_digest(out),
+                    expected,
+                    "{name}, process {p} of {processes}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn only_the_process_of_rank_zero_writes_the_run_folder() {
+    let dir = std::env::temp_dir().join(format!("gym-spread-{}", std::process::id()));
+    let (_, strategy, _) = spread_cases().remove(0);
+    let config =
+        spread_config(K, 12, 8, 32, false).with_log_dir(Some(dir.to_string_lossy().into_owned()));
+    let processes = spread(&config, strategy.as_ref(), 2);
+    // One name for the run (rank 0's, with its time of day), one folder.
+    assert!(
+        processes
+            .iter()
+            .all(|n| n.report.run_name == processes[0].report.run_name)
+    );
+    let folders: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+    assert_eq!(folders.len(), 1);
+    let run = dir.join(&processes[0].report.run_name);
+    let train = std::fs::read_to_string(run.join("train.csv")).unwrap();
+    assert_eq!(
+        train.lines().count(),
+        1 + 12,
+        "a header and every step once"
+    );
+    let validation = std::fs::read_to_string(run.join("validation.csv")).unwrap();
+    assert_eq!(validation.lines().count(), 1 + 3, "steps 0, 10 and 12");
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn a_spread_run_refuses_what_needs_every_node_in_one_process() {
+    let strategy = gym_strategies::AllReduceConfig::new();
+    let fit = |config: TrainerConfig| {
+        let share = Arc::new(ProcessShare {
+            inner: Arc::new(ThreadTransport::new(2)),
+            local: 0..1,
+        });
+        Trainer::new(config)
+            .fit_with(
+                share,
+                |d: &Device| small_mlp(d),
+                &strategy,
+                &data(),
+                &SyntheticBatcher,
+            )
+            .err()
+            .map(|e| match e {
+                GymError::InvalidConfig(why) => why,
+                other => panic!("expected InvalidConfig, got {other}"),
+            })
+            .expect("refused")
+    };
+    let two = spread_config(2, 5, 8, 0, false);
+    assert!(fit(spread_config(3, 5, 8, 0, false)).contains("2 ranks"));
+    let faults: gym_core::faults::FaultSchedule = "crash:1@2".parse().unwrap();
+    assert!(fit(two.clone().with_faults(Some(faults))).contains("fault schedule"));
+    assert!(
+        fit(two.clone().with_resume_from(Some("nowhere".into()))).contains("resuming"),
+        "refused before the file is looked for"
+    );
+}
