@@ -53,8 +53,8 @@ pub use run::{
 };
 pub use state::{Dropout, ParamEntry, ParamLayout, StateDict, rng};
 pub use strategy::optim::{
-    InnerOptimizer, InnerOptimizerConfig, LrScheduleConfig, OptimizerConfig, OptimizerGroup,
-    ParamSelection,
+    InnerOptimizer, InnerOptimizerConfig, InnerOptimizerRecord, LrScheduleConfig, OptimizerConfig,
+    OptimizerGroup, ParamSelection,
 };
 pub use strategy::{
     ModelReplica, NodeInfo, RejoinPolicy, Replica, StepContext, Strategy, StrategyConfig, optim,

@@ -4,6 +4,8 @@
 use crate::compress::{CompressionConfig, Compressor};
 use burn::config::Config;
 use burn::tensor::Tensor;
+use gym_core::InnerOptimizerRecord;
+use gym_core::state::fields::Record;
 use gym_core::{
     InnerOptimizer, InnerOptimizerConfig, NodeInfo, Replica, Result, StateDict, StepContext,
     Strategy, StrategyConfig,
@@ -72,17 +74,27 @@ impl Strategy for AllReduce {
         self.optim.lr()
     }
 
-    fn save_state(&self, state: &mut StateDict) -> Result<()> {
-        let (mut inner, mut compressor) = (StateDict::new(), StateDict::new());
-        self.optim.save_state(&mut inner)?;
-        self.compressor.save_state(&mut compressor)?;
-        state.insert_child("inner", inner);
-        state.insert_child("compressor", compressor);
-        Ok(())
+    fn save_state(&self) -> Result<StateDict> {
+        AllReduceRecord {
+            inner: self.optim.record()?,
+            compressor: self.compressor.save_state()?,
+        }
+        .into_state()
     }
 
     fn load_state(&mut self, state: &StateDict) -> Result<()> {
-        self.optim.load_state(&state.child("inner"))?;
-        self.compressor.load_state(&state.child("compressor"))
+        let record = AllReduceRecord::from_state(state)?;
+        self.optim.load_record(record.inner)?;
+        self.compressor.load_state(&record.compressor)
+    }
+}
+
+gym_core::record! {
+    /// What an [`AllReduce`] node carries from one step to the next.
+    pub struct AllReduceRecord {
+        /// The optimizer's state.
+        pub inner: InnerOptimizerRecord,
+        /// The codec's state (error feedback, PowerSGD's factors).
+        pub compressor: StateDict,
     }
 }

@@ -5,7 +5,9 @@
 use crate::communicate::is_sync_step;
 use burn::config::Config;
 use burn::tensor::{Tensor, TensorData};
+use gym_core::InnerOptimizerRecord;
 use gym_core::optim::check_learning_rate;
+use gym_core::state::fields::{Record, Values};
 use gym_core::{
     GymError, InnerOptimizer, InnerOptimizerConfig, NodeInfo, Replica, Result, StateDict,
     StepContext, Strategy, StrategyConfig,
@@ -216,37 +218,57 @@ impl Strategy for AsyncDiLoCo {
         Some(self.master.clone())
     }
 
-    fn save_state(&self, state: &mut StateDict) -> Result<()> {
-        let mut inner = StateDict::new();
-        self.optim.save_state(&mut inner)?;
-        state.insert_child("inner", inner);
-        state.put_tensor("master", &self.master)?;
-        state.put_u64("pushes", self.pushes as u64);
-        // m and G do not exist before the first momentum update / after a flush: a flag each.
-        for (key, value) in [("momentum", &self.momentum), ("buffer", &self.buffer)] {
-            state.put_u64(&format!("has_{key}"), u64::from(value.is_some()));
-            if let Some(t) = value {
-                state.put_tensor(key, t)?;
-            }
+    fn save_state(&self) -> Result<StateDict> {
+        let values = |t: &Option<Tensor<1>>| t.as_ref().map(Values::of).transpose();
+        AsyncDiLoCoRecord {
+            inner: self.optim.record()?,
+            master: Values::of(&self.master)?,
+            pushes: self.pushes,
+            has_momentum: self.momentum.is_some(),
+            momentum: values(&self.momentum)?,
+            has_buffer: self.buffer.is_some(),
+            buffer: values(&self.buffer)?,
         }
-        Ok(())
+        .into_state()
     }
 
     fn load_state(&mut self, state: &StateDict) -> Result<()> {
-        self.optim.load_state(&state.child("inner"))?;
+        let record = AsyncDiLoCoRecord::from_state(state)?;
+        self.optim.load_record(record.inner)?;
         let (n, device) = (self.master.dims()[0], self.master.device());
-        self.master = state.tensor("master", n, &device)?;
-        self.pushes = usize::try_from(state.u64("pushes")?)
-            .map_err(|_| GymError::Checkpoint("`pushes` does not fit this machine".into()))?;
-        let load = |key: &str| -> Result<Option<Tensor<1>>> {
-            match state.u64(&format!("has_{key}"))? {
-                0 => Ok(None),
-                _ => state.tensor(key, n, &device).map(Some),
+        self.master = record.master.tensor(n, &device)?;
+        self.pushes = record.pushes;
+        let load = |flag: bool, saved: Option<Values>, key: &str| -> Result<Option<Tensor<1>>> {
+            match (flag, saved) {
+                (false, _) => Ok(None),
+                (true, Some(values)) => values.tensor(n, &device).map(Some),
+                (true, None) => Err(crate::compress::missing(state, key)),
             }
         };
-        self.momentum = load("momentum")?;
-        self.buffer = load("buffer")?;
+        self.momentum = load(record.has_momentum, record.momentum, "momentum")?;
+        self.buffer = load(record.has_buffer, record.buffer, "buffer")?;
         Ok(())
+    }
+}
+
+gym_core::record! {
+    /// What an [`AsyncDiLoCo`] node carries from one step to the next.
+    pub struct AsyncDiLoCoRecord {
+        /// The inner optimizer's state.
+        pub inner: InnerOptimizerRecord,
+        /// The master copy.
+        pub master: Values,
+        /// Outer gradients pushed so far.
+        pub pushes: usize,
+        /// Whether the momentum exists (not before its first update). The flags stay in
+        /// the record so that a state's encoding, and a rejoin's traffic, is what it was.
+        pub has_momentum: bool,
+        /// Delayed Nesterov's momentum m.
+        pub momentum: Option<Values>,
+        /// Whether the buffer exists (not after a flush).
+        pub has_buffer: bool,
+        /// The buffer G of outer gradients not yet applied.
+        pub buffer: Option<Values>,
     }
 }
 

@@ -2,6 +2,8 @@
 //! own timing (the original's `CommunicateOptimizeStrategy`).
 
 use burn::tensor::Tensor;
+use gym_core::InnerOptimizerRecord;
+use gym_core::state::fields::Record;
 use gym_core::{
     GymError, InnerOptimizer, InnerOptimizerConfig, NodeInfo, Replica, Result, StateDict,
     StepContext, Strategy, StrategyConfig,
@@ -81,9 +83,9 @@ pub trait CommunicationModule: Send {
         None
     }
 
-    /// Writes the module's state for a checkpoint (see
-    /// [`Strategy::save_state`]); the default refuses.
-    fn save_state(&self, _state: &mut StateDict) -> Result<()> {
+    /// The module's state, for a checkpoint (see [`Strategy::save_state`]); the default
+    /// refuses.
+    fn save_state(&self) -> Result<StateDict> {
         Err(GymError::Checkpoint(
             "a communication module does not implement `save_state`/`load_state`".into(),
         ))
@@ -209,24 +211,36 @@ impl Strategy for CommunicateOptimize {
             .try_for_each(|m| m.rejoined(replica))
     }
 
-    fn save_state(&self, state: &mut StateDict) -> Result<()> {
-        let mut inner = StateDict::new();
-        self.optim.save_state(&mut inner)?;
-        state.insert_child("inner", inner);
-        for (i, module) in self.modules.iter().enumerate() {
-            let mut child = StateDict::new();
-            module.save_state(&mut child)?;
-            state.insert_child(&format!("module{i}"), child);
+    fn save_state(&self) -> Result<StateDict> {
+        ComposedRecord {
+            inner: self.optim.record()?,
+            module: self
+                .modules
+                .iter()
+                .map(|m| m.save_state())
+                .collect::<Result<_>>()?,
         }
-        Ok(())
+        .into_state()
     }
 
     fn load_state(&mut self, state: &StateDict) -> Result<()> {
-        self.optim.load_state(&state.child("inner"))?;
-        for (i, module) in self.modules.iter_mut().enumerate() {
-            module.load_state(&state.child(&format!("module{i}")))?;
+        let record = ComposedRecord::from_state(state)?;
+        self.optim.load_record(record.inner)?;
+        let mut saved = record.module.into_iter();
+        for module in &mut self.modules {
+            module.load_state(&saved.next().unwrap_or_default())?;
         }
         Ok(())
+    }
+}
+
+gym_core::record! {
+    /// What a [`CommunicateOptimize`] node carries from one step to the next.
+    pub struct ComposedRecord {
+        /// The inner optimizer's state.
+        pub inner: InnerOptimizerRecord,
+        /// Each communication module's state, in order.
+        pub module: Vec<StateDict>,
     }
 }
 

@@ -6,6 +6,7 @@ use burn::config::Config;
 use burn::optim::lr_scheduler::module_lr_scheduler::ModuleLrScheduler;
 use burn::tensor::Tensor;
 use gym_core::optim::{check_learning_rate, check_max_norm, clip_grad_norm};
+use gym_core::state::fields::{Record, Values};
 use gym_core::{
     GymError, LrScheduleConfig, NodeInfo, ReduceOp, Replica, Result, StateDict, StepContext,
     Strategy, StrategyConfig,
@@ -241,25 +242,42 @@ impl Strategy for DesLoc {
 
     // θ lives in the replica and Adam's step counter is the run's step: u, v and the
     // schedule's position are the whole state.
-    fn save_state(&self, state: &mut StateDict) -> Result<()> {
-        state.put_tensor("u", &self.u)?;
-        state.put_tensor("v", &self.v)?;
-        state.put_u64("steps", self.steps);
-        state.put_f64("lr", self.lr);
-        Ok(())
+    fn save_state(&self) -> Result<StateDict> {
+        DesLocRecord {
+            u: Values::of(&self.u)?,
+            v: Values::of(&self.v)?,
+            steps: self.steps,
+            lr: self.lr,
+        }
+        .into_state()
     }
 
     fn load_state(&mut self, state: &StateDict) -> Result<()> {
+        let record = DesLocRecord::from_state(state)?;
         let (n, device) = (self.u.dims()[0], self.u.device());
-        self.u = state.tensor("u", n, &device)?;
-        self.v = state.tensor("v", n, &device)?;
-        let steps = state.u64("steps")?;
-        // The schedule is replayed to its position (Burn's schedulers keep no record).
-        for _ in self.steps..steps {
+        self.u = record.u.tensor(n, &device)?;
+        self.v = record.v.tensor(n, &device)?;
+        // The schedule is replayed to its position (stricter than Burn's scheduler record,
+        // whose loading ignores a missing state).
+        for _ in self.steps..record.steps {
             self.schedule.step();
         }
-        self.steps = steps;
-        self.lr = state.f64("lr")?;
+        self.steps = record.steps;
+        self.lr = record.lr;
         Ok(())
+    }
+}
+
+gym_core::record! {
+    /// What a [`DesLoc`] node carries from one step to the next.
+    pub struct DesLocRecord {
+        /// Adam's first moment.
+        pub u: Values,
+        /// Adam's second moment.
+        pub v: Values,
+        /// Steps taken (the schedule's position).
+        pub steps: u64,
+        /// The learning rate of the last step.
+        pub lr: f64,
     }
 }

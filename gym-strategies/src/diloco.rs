@@ -5,9 +5,11 @@ use crate::communicate::{
     is_sync_step,
 };
 use crate::compress::{CompressionConfig, Compressor};
+use crate::outer::OuterRecord;
 use crate::outer::{OuterOptimizer, default_outer_optimizer};
 use burn::config::Config;
 use burn::tensor::Tensor;
+use gym_core::state::fields::Record;
 use gym_core::{
     Group, GymError, InnerOptimizerConfig, NodeInfo, OptimizerConfig, QuorumRule, Replica, Result,
     StateDict, StepContext,
@@ -157,18 +159,28 @@ impl CommunicationModule for DiLoCoCommunicator {
         Some(self.outer.master())
     }
 
-    fn save_state(&self, state: &mut StateDict) -> Result<()> {
-        let (mut outer, mut compressor) = (StateDict::new(), StateDict::new());
-        self.outer.save_state(&mut outer)?;
-        self.compressor.save_state(&mut compressor)?;
-        state.insert_child("outer", outer);
-        state.insert_child("compressor", compressor);
-        Ok(())
+    fn save_state(&self) -> Result<StateDict> {
+        DiLoCoRecord {
+            outer: self.outer.record()?,
+            compressor: self.compressor.save_state()?,
+        }
+        .into_state()
     }
 
     fn load_state(&mut self, state: &StateDict) -> Result<()> {
-        self.outer.load_state(&state.child("outer"))?;
-        self.compressor.load_state(&state.child("compressor"))
+        let record = DiLoCoRecord::from_state(state)?;
+        self.outer.load_record(record.outer)?;
+        self.compressor.load_state(&record.compressor)
+    }
+}
+
+gym_core::record! {
+    /// What a [`DiLoCoCommunicator`] carries from one synchronisation to the next.
+    pub struct DiLoCoRecord {
+        /// The master and the outer optimizer's state.
+        pub outer: OuterRecord,
+        /// The codec's state (error feedback).
+        pub compressor: StateDict,
     }
 }
 

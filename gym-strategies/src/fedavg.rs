@@ -7,6 +7,7 @@ use crate::communicate::{
 use crate::compress::{CompressionConfig, Compressor};
 use burn::config::Config;
 use gym_core::rng::derive_seed;
+use gym_core::state::fields::Record;
 use gym_core::{
     Group, GymError, InnerOptimizerConfig, NodeInfo, Replica, Result, StateDict, StepContext,
 };
@@ -132,15 +133,24 @@ impl CommunicationModule for AveragingCommunicator {
     }
 
     // The islands are a function of (seed, step): only the compressor carries state.
-    fn save_state(&self, state: &mut StateDict) -> Result<()> {
-        let mut compressor = StateDict::new();
-        self.compressor.save_state(&mut compressor)?;
-        state.insert_child("compressor", compressor);
-        Ok(())
+    fn save_state(&self) -> Result<StateDict> {
+        AveragingRecord {
+            compressor: self.compressor.save_state()?,
+        }
+        .into_state()
     }
 
     fn load_state(&mut self, state: &StateDict) -> Result<()> {
-        self.compressor.load_state(&state.child("compressor"))
+        let record = AveragingRecord::from_state(state)?;
+        self.compressor.load_state(&record.compressor)
+    }
+}
+
+gym_core::record! {
+    /// What an [`AveragingCommunicator`] carries between synchronisations.
+    pub struct AveragingRecord {
+        /// The codec's state.
+        pub compressor: StateDict,
     }
 }
 

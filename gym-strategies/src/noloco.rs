@@ -9,6 +9,7 @@ use burn::config::Config;
 use burn::tensor::Tensor;
 use gym_core::optim::check_learning_rate;
 use gym_core::rng::derive_seed;
+use gym_core::state::fields::{Record, Values};
 use gym_core::{
     Group, GymError, InnerOptimizerConfig, NodeInfo, OptimizerConfig, ReduceOp, Replica, Result,
     StateDict, StepContext,
@@ -207,16 +208,30 @@ impl CommunicationModule for NoLoCoCommunicator {
     }
 
     // The groups are a function of (seed, step): φ_i and m_i are the whole state.
-    fn save_state(&self, state: &mut StateDict) -> Result<()> {
-        state.put_tensor("phi", &self.phi)?;
-        state.put_tensor("momentum", &self.momentum)
+    fn save_state(&self) -> Result<StateDict> {
+        NoLoCoRecord {
+            phi: Values::of(&self.phi)?,
+            momentum: Values::of(&self.momentum)?,
+        }
+        .into_state()
     }
 
     fn load_state(&mut self, state: &StateDict) -> Result<()> {
+        let record = NoLoCoRecord::from_state(state)?;
         let (n, device) = (self.phi.dims()[0], self.phi.device());
-        self.phi = state.tensor("phi", n, &device)?;
-        self.momentum = state.tensor("momentum", n, &device)?;
+        self.phi = record.phi.tensor(n, &device)?;
+        self.momentum = record.momentum.tensor(n, &device)?;
         Ok(())
+    }
+}
+
+gym_core::record! {
+    /// What a [`NoLoCoCommunicator`] carries between synchronisations.
+    pub struct NoLoCoRecord {
+        /// The outer parameters φ.
+        pub phi: Values,
+        /// The outer momentum.
+        pub momentum: Values,
     }
 }
 

@@ -5,7 +5,8 @@ use burn::module::{Module, Param, ParamId};
 use burn::optim::{GradientsParams, ModuleOptimizer};
 use burn::tensor::Tensor;
 use gym_core::optim::check_learning_rate;
-use gym_core::{GymError, OptimizerConfig, Result, StateDict};
+use gym_core::state::fields::{OptimizerState, Values};
+use gym_core::{GymError, OptimizerConfig, Result};
 
 /// The outer optimizer's default: SGD with Nesterov momentum 0.9 and PyTorch's dampening 0
 /// (DiLoCo's; its learning rate is 0.7).
@@ -71,24 +72,37 @@ impl OuterOptimizer {
         self.master.values.val().inner()
     }
 
-    /// Saves φ and the optimizer's state, with the id that keys that state.
-    pub fn save_state(&self, state: &mut StateDict) -> Result<()> {
-        state.put_tensor("master", &self.master())?;
-        state.put_u64("master_id", self.master.values.id.val());
-        state.put_optimizer("optimizer", &self.optimizer)
+    /// φ and the optimizer's state, with the id that keys that state.
+    pub fn record(&self) -> Result<OuterRecord> {
+        Ok(OuterRecord {
+            master: Values::of(&self.master())?,
+            master_id: self.master.values.id.val(),
+            optimizer: OptimizerState::of(&self.optimizer)?,
+        })
     }
 
-    /// Restores what [`save_state`](Self::save_state) wrote into an outer optimizer built
-    /// from the same configuration.
-    pub fn load_state(&mut self, state: &StateDict) -> Result<()> {
+    /// Restores `record` into an outer optimizer built from the same configuration.
+    pub fn load_record(&mut self, record: OuterRecord) -> Result<()> {
         let n = self.master.values.val().dims()[0];
         let device = self.master.values.val().device();
-        let values = state.tensor("master", n, &device.inner())?;
+        let values = record.master.tensor(n, &device.inner())?;
         self.master = Master {
-            values: Param::initialized(ParamId::from(state.u64("master_id")?), values.autodiff()),
+            values: Param::initialized(ParamId::from(record.master_id), values.autodiff()),
         };
         let fresh = std::mem::replace(&mut self.optimizer, OptimizerConfig::sgd().init());
-        self.optimizer = state.optimizer("optimizer", fresh)?;
+        self.optimizer = record.optimizer.load_into(fresh)?;
         Ok(())
+    }
+}
+
+gym_core::record! {
+    /// What an [`OuterOptimizer`] carries from one synchronisation to the next.
+    pub struct OuterRecord {
+        /// φ.
+        pub master: Values,
+        /// The id that keys the optimizer's state.
+        pub master_id: u64,
+        /// Burn's optimizer state.
+        pub optimizer: OptimizerState,
     }
 }

@@ -18,6 +18,7 @@ use crate::communicate::{
 use burn::config::Config;
 use burn::tensor::{IndexingUpdateOp, Int, Tensor, TensorData};
 use gym_core::rng::derive_seed;
+use gym_core::state::fields::Record;
 use gym_core::{
     GymError, InnerOptimizerConfig, NodeInfo, ParamLayout, ReduceOp, Replica, Result, StateDict,
     StepContext,
@@ -112,14 +113,23 @@ impl IndexSelector {
 
     /// Saves the selector's position: every draw is seeded from (seed, iteration), so the
     /// counter is the whole random state.
-    pub fn save_state(&self, state: &mut StateDict) {
-        state.put_u64("iteration", self.iteration);
+    pub fn record(&self) -> IndexSelectorRecord {
+        IndexSelectorRecord {
+            iteration: self.iteration,
+        }
     }
 
-    /// Restores what [`save_state`](Self::save_state) wrote.
-    pub fn load_state(&mut self, state: &StateDict) -> Result<()> {
-        self.iteration = state.u64("iteration")?;
-        Ok(())
+    /// Restores what [`record`](Self::record) gave.
+    pub fn load_record(&mut self, record: IndexSelectorRecord) {
+        self.iteration = record.iteration;
+    }
+}
+
+gym_core::record! {
+    /// Where an [`IndexSelector`] is in its sequence.
+    pub struct IndexSelectorRecord {
+        /// Selections made so far.
+        pub iteration: u64,
     }
 }
 
@@ -221,15 +231,25 @@ impl CommunicationModule for SparseCommunicator {
         Ok(())
     }
 
-    fn save_state(&self, state: &mut StateDict) -> Result<()> {
-        let mut selector = StateDict::new();
-        self.selector.save_state(&mut selector);
-        state.insert_child("selector", selector);
-        Ok(())
+    fn save_state(&self) -> Result<StateDict> {
+        SparseRecord {
+            selector: self.selector.record(),
+        }
+        .into_state()
     }
 
     fn load_state(&mut self, state: &StateDict) -> Result<()> {
-        self.selector.load_state(&state.child("selector"))
+        self.selector
+            .load_record(SparseRecord::from_state(state)?.selector);
+        Ok(())
+    }
+}
+
+gym_core::record! {
+    /// What a [`SparseCommunicator`] carries between steps.
+    pub struct SparseRecord {
+        /// Its index selector's position.
+        pub selector: IndexSelectorRecord,
     }
 }
 

@@ -6,9 +6,11 @@ use crate::communicate::{
     CommunicateOptimizeConfig, CommunicationModule, CommunicationModuleConfig, composed_strategy,
 };
 use crate::compress::{Codec, CompressionConfig, Compressor, Quantizer};
+use crate::outer::OuterRecord;
 use crate::outer::{OuterOptimizer, default_outer_optimizer};
 use burn::config::Config;
 use burn::tensor::Tensor;
+use gym_core::state::fields::{Record, Values};
 use gym_core::{
     GymError, InnerOptimizerConfig, NodeInfo, OptimizerConfig, ParamLayout, Pending, Replica,
     Result, StateDict, StepContext, TransferTiming,
@@ -442,68 +444,123 @@ impl CommunicationModule for StreamingDiLoCo {
         Some(Tensor::cat(pieces.into_iter().map(|(_, t)| t).collect(), 0))
     }
 
-    fn save_state(&self, state: &mut StateDict) -> Result<()> {
-        for (p, fragment) in self.fragments.iter().enumerate() {
-            let (mut outer, mut compressor) = (StateDict::new(), StateDict::new());
-            fragment.outer.save_state(&mut outer)?;
-            fragment.compressor.save_state(&mut compressor)?;
-            state.insert_child(&format!("fragment{p}/outer"), outer);
-            state.insert_child(&format!("fragment{p}/compressor"), compressor);
-        }
-        state.put_u64("in_flight", u64::from(self.in_flight.is_some()));
-        if let Some(f) = &self.in_flight {
-            let mean = f.mean.as_ref().map_err(|e| {
-                GymError::Checkpoint(format!("Streaming DiLoCo: the mean in flight failed: {e}"))
-            })?;
-            state.put_u64("in_flight/fragment", f.fragment as u64);
-            state.put_u64("in_flight/sync_step", f.sync_step as u64);
-            state.put_tensor("in_flight/mean", mean)?;
-            if let Some(t) = f.transfer.timing() {
-                state.put_f64("in_flight/own_ready_s", t.own_ready_s);
-                state.put_f64("in_flight/start_s", t.start_s);
-                state.put_f64("in_flight/end_s", t.end_s);
+    fn save_state(&self) -> Result<StateDict> {
+        let fragment = self
+            .fragments
+            .iter()
+            .map(|f| {
+                Ok(FragmentRecord {
+                    outer: f.outer.record()?,
+                    compressor: f.compressor.save_state()?,
+                })
+            })
+            .collect::<Result<_>>()?;
+        let in_flight = match &self.in_flight {
+            None => None,
+            Some(f) => {
+                let mean = f.mean.as_ref().map_err(|e| {
+                    GymError::Checkpoint(format!(
+                        "Streaming DiLoCo: the mean in flight failed: {e}"
+                    ))
+                })?;
+                let timing = f.transfer.timing();
+                Some(InFlightRecord {
+                    fragment: f.fragment,
+                    sync_step: f.sync_step,
+                    mean: Values::of(mean)?,
+                    own_ready_s: timing.map(|t| t.own_ready_s),
+                    start_s: timing.map(|t| t.start_s),
+                    end_s: timing.map(|t| t.end_s),
+                })
             }
+        };
+        StreamingRecord {
+            fragment,
+            in_flight: in_flight.is_some(),
+            in_flight_mean: in_flight,
         }
-        Ok(())
+        .into_state()
     }
 
     fn load_state(&mut self, state: &StateDict) -> Result<()> {
+        let record = StreamingRecord::from_state(state)?;
+        let mut saved = record.fragment.into_iter();
         for (p, fragment) in self.fragments.iter_mut().enumerate() {
-            fragment
-                .outer
-                .load_state(&state.child(&format!("fragment{p}/outer")))?;
-            fragment
-                .compressor
-                .load_state(&state.child(&format!("fragment{p}/compressor")))?;
+            let saved = match saved.next() {
+                Some(saved) => saved,
+                // Fails, naming what is missing.
+                None => FragmentRecord::from_state(&state.child(&format!("fragment{p}")))?,
+            };
+            fragment.outer.load_record(saved.outer)?;
+            fragment.compressor.load_state(&saved.compressor)?;
         }
         self.in_flight = None;
-        if state.u64("in_flight")? != 0 {
-            let index = |key: &str| -> Result<usize> {
-                usize::try_from(state.u64(key)?)
-                    .map_err(|_| GymError::Checkpoint(format!("`{key}` is out of range")))
-            };
-            let p = index("in_flight/fragment")?;
-            let Some(fragment) = self.fragments.get(p) else {
-                return Err(GymError::Checkpoint(format!(
-                    "`in_flight/fragment` is {p} where this run has {} fragments",
-                    self.fragments.len()
-                )));
-            };
-            let phi = fragment.outer.master();
-            let (n, device) = (phi.dims()[0], phi.device());
-            self.in_flight = Some(InFlight {
-                fragment: p,
-                sync_step: index("in_flight/sync_step")?,
-                mean: Ok(state.tensor("in_flight/mean", n, &device)?),
-                transfer: Transfer::Resumed(state.f64("in_flight/end_s").ok().map(|end_s| {
-                    TransferTiming {
-                        own_ready_s: state.f64("in_flight/own_ready_s").unwrap_or(end_s),
-                        start_s: state.f64("in_flight/start_s").unwrap_or(end_s),
-                        end_s,
-                    }
-                })),
-            });
+        if !record.in_flight {
+            return Ok(());
         }
+        let f = match record.in_flight_mean {
+            Some(f) => f,
+            None => InFlightRecord::from_state(&state.child("in_flight"))?,
+        };
+        let Some(fragment) = self.fragments.get(f.fragment) else {
+            return Err(GymError::Checkpoint(format!(
+                "`in_flight/fragment` is {} where this run has {} fragments",
+                f.fragment,
+                self.fragments.len()
+            )));
+        };
+        let phi = fragment.outer.master();
+        let (n, device) = (phi.dims()[0], phi.device());
+        self.in_flight = Some(InFlight {
+            fragment: f.fragment,
+            sync_step: f.sync_step,
+            mean: Ok(f.mean.tensor(n, &device)?),
+            transfer: Transfer::Resumed(f.end_s.map(|end_s| TransferTiming {
+                own_ready_s: f.own_ready_s.unwrap_or(end_s),
+                start_s: f.start_s.unwrap_or(end_s),
+                end_s,
+            })),
+        });
         Ok(())
+    }
+}
+
+gym_core::record! {
+    /// What a [`StreamingDiLoCo`] node carries from one step to the next.
+    pub struct StreamingRecord {
+        /// Each fragment's outer optimizer and codec.
+        pub fragment: Vec<FragmentRecord>,
+        /// Whether a fragment's mean is in flight.
+        pub in_flight: bool,
+        /// The mean in flight, stored under `in_flight/`.
+        pub in_flight_mean as "in_flight": Option<InFlightRecord>,
+    }
+}
+
+gym_core::record! {
+    /// One fragment's outer optimizer and codec.
+    pub struct FragmentRecord {
+        /// The fragment's master and outer optimizer state.
+        pub outer: OuterRecord,
+        /// The fragment's codec state.
+        pub compressor: StateDict,
+    }
+}
+
+gym_core::record! {
+    /// A fragment's mean still in flight: which, since when, and when its transfer ran.
+    pub struct InFlightRecord {
+        /// The fragment.
+        pub fragment: usize,
+        /// The step its synchronisation started at.
+        pub sync_step: usize,
+        /// The averaged outer gradient Δ̄.
+        pub mean: Values,
+        /// When this node was ready for the transfer.
+        pub own_ready_s: Option<f64>,
+        /// When the transfer started.
+        pub start_s: Option<f64>,
+        /// When it ended.
+        pub end_s: Option<f64>,
     }
 }

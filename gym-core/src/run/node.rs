@@ -14,7 +14,6 @@ use crate::metrics::{EvalKind, NodeStep, Recorder, Report, Reporter, mean_pairwi
 use crate::model::{EvalMetrics, TrainModel};
 use crate::rng;
 use crate::state::params::ParamLayout;
-use crate::state::record::StateDict;
 use crate::strategy::replica::ModelReplica;
 use crate::strategy::{StepContext, Strategy};
 use burn::data::dataloader::batcher::Batcher;
@@ -281,9 +280,8 @@ fn snapshot<M: TrainModel, I>(
         .into_data()
         .try_into_vec::<f32>()
         .map_err(|e| GymError::Checkpoint(format!("model values: {e:?}")))?;
-    let mut state = StateDict::new();
-    strategy
-        .save_state(&mut state)
+    let state = strategy
+        .save_state()
         .map_err(|e| GymError::Checkpoint(format!("strategy state: {e}")))?;
     Ok(NodeCheckpoint {
         model: model_values,

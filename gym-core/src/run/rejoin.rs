@@ -67,8 +67,7 @@ pub(crate) fn rejoin<M: TrainModel>(
         Vec::new()
     } else {
         let model = replica.model();
-        let mut state = StateDict::new();
-        strategy.save_state(&mut state)?;
+        let state = strategy.save_state()?;
         let peer = PeerState {
             model: ParamLayout::all_float(model)
                 .flatten(model)

@@ -1,9 +1,10 @@
 //! The state a strategy keeps between steps, as named values: what a checkpoint saves and
 //! a resumed run loads back ([`Strategy::save_state`](crate::Strategy::save_state)).
+//! Strategies declare their state as typed records ([`fields`](super::fields)), which are
+//! written into this container.
 
 use crate::error::{GymError, Result};
-use burn::optim::ModuleOptimizer;
-use burn::tensor::{Bytes, Device, Tensor, TensorData};
+use burn::tensor::Bytes;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -39,33 +40,6 @@ impl StateDict {
     /// Whether nothing is stored.
     pub fn is_empty(&self) -> bool {
         self.tensors.is_empty() && self.bytes.is_empty() && self.numbers.is_empty()
-    }
-
-    /// Stores a flat tensor's values (exactly: f32 bits).
-    pub fn put_tensor(&mut self, key: &str, tensor: &Tensor<1>) -> Result<()> {
-        let values = tensor
-            .to_data()
-            .convert::<f32>()
-            .try_into_vec::<f32>()
-            .map_err(|e| GymError::Checkpoint(format!("`{key}`: {e:?}")))?;
-        self.tensors.insert(key.to_string(), values);
-        Ok(())
-    }
-
-    /// The flat tensor stored under `key`, on `device`, checked to hold `len` values.
-    pub fn tensor(&self, key: &str, len: usize, device: &Device) -> Result<Tensor<1>> {
-        let values = self.values(key)?;
-        if values.len() != len {
-            return Err(GymError::Checkpoint(format!(
-                "`{}{key}` holds {} values where this run has {len}",
-                self.prefix,
-                values.len()
-            )));
-        }
-        Ok(Tensor::from_data(
-            TensorData::new(values.to_vec(), [len]),
-            device,
-        ))
     }
 
     /// Stores host values.
@@ -118,26 +92,6 @@ impl StateDict {
         self.u64(key).map(f64::from_bits)
     }
 
-    /// Stores a Burn optimizer's state (its burnpack record).
-    pub fn put_optimizer(&mut self, key: &str, optimizer: &ModuleOptimizer) -> Result<()> {
-        let bytes = optimizer
-            .into_bytes()
-            .map_err(|e| GymError::Checkpoint(format!("`{key}`: {e}")))?;
-        let bytes =
-            canonical_record(bytes).map_err(|e| GymError::Checkpoint(format!("`{key}`: {e}")))?;
-        self.put_bytes(key, bytes.to_vec());
-        Ok(())
-    }
-
-    /// `fresh` (an optimizer built from the same configuration) with the state stored under
-    /// `key`. The state is keyed by parameter ids, which a resumed run restores.
-    pub fn optimizer(&self, key: &str, fresh: ModuleOptimizer) -> Result<ModuleOptimizer> {
-        let bytes = Bytes::from_bytes_vec(self.bytes(key)?.to_vec());
-        fresh
-            .from_bytes(bytes)
-            .map_err(|e| GymError::Checkpoint(format!("`{key}`: {e}")))
-    }
-
     /// Nests `child` under `prefix`.
     pub fn insert_child(&mut self, prefix: &str, child: StateDict) {
         let key = |k: String| format!("{prefix}/{k}");
@@ -167,10 +121,45 @@ impl StateDict {
 }
 
 impl StateDict {
+    /// Whether anything is stored under `prefix/`.
+    pub fn has_child(&self, prefix: &str) -> bool {
+        let start = format!("{prefix}/");
+        fn under<V>(map: &BTreeMap<String, V>, start: &str) -> bool {
+            map.range(start.to_string()..)
+                .next()
+                .is_some_and(|(k, _)| k.starts_with(start))
+        }
+        under(&self.tensors, &start) || under(&self.bytes, &start) || under(&self.numbers, &start)
+    }
+
+    /// The largest `i` for which something is stored under `{key}{i}` (a value, or a child
+    /// `{key}{i}/…`), if any.
+    pub fn indices(&self, key: &str) -> Option<usize> {
+        let index = |k: &String| -> Option<usize> {
+            let rest = k.strip_prefix(key)?;
+            let digits = rest.split('/').next()?;
+            if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            digits.parse().ok()
+        };
+        let all = self
+            .tensors
+            .keys()
+            .chain(self.bytes.keys())
+            .chain(self.numbers.keys());
+        all.filter_map(index).max()
+    }
+
+    /// `key`'s full path from the outermost state, for error messages.
+    pub fn path(&self, key: &str) -> String {
+        format!("{}{key}", self.prefix)
+    }
+
     fn missing(&self, key: &str) -> GymError {
         GymError::Checkpoint(format!(
-            "no `{}{key}` in the saved state: it comes from another strategy or configuration",
-            self.prefix
+            "no `{}` in the saved state: it comes from another strategy or configuration",
+            self.path(key)
         ))
     }
 }
@@ -180,7 +169,7 @@ impl StateDict {
 /// different bytes (and lengths) from run to run. Rewritten with its tensors sorted by name,
 /// the same state is the same bytes, so a node's state sent to a rejoining peer has the same
 /// size in every run of a seed, and checkpoints of the same state are identical.
-fn canonical_record(bytes: Bytes) -> std::result::Result<Bytes, burn_pack::Error> {
+pub(super) fn canonical_record(bytes: Bytes) -> std::result::Result<Bytes, burn_pack::Error> {
     let reader = burn_pack::Reader::from_bytes(bytes)?;
     let scalars = reader.scalars().clone();
     let metadata = reader.metadata().clone();
@@ -202,7 +191,6 @@ mod tests {
 
     #[test]
     fn resume_state_round_trips_and_names_what_is_missing() {
-        let device = Device::default();
         let mut child = StateDict::new();
         child.put_values("e", vec![1.0, -0.0, f32::MIN_POSITIVE]);
         child.put_u64("calls", 7);
@@ -211,15 +199,10 @@ mod tests {
         state.insert_child("module0", child.clone());
         assert_eq!(state.child("module0"), child);
         assert!(state.child("module1").is_empty());
-        let t = state.child("module0").tensor("e", 3, &device).unwrap();
-        let back: Vec<f32> = t.into_data().try_into_vec().unwrap();
+        let back = state.child("module0").values("e").unwrap().to_vec();
         assert_eq!(back[1].to_bits(), (-0.0f32).to_bits());
         assert_eq!(state.child("module0").f64("lr").unwrap(), 0.1 + 0.2);
-        let err = state.child("module0").tensor("e", 4, &device).unwrap_err();
-        assert!(
-            err.to_string().contains("`module0/e` holds 3 values"),
-            "{err}"
-        );
+        assert!(state.has_child("module0") && !state.has_child("module1"));
         let err = state.child("module0").u64("steps").unwrap_err();
         assert!(err.to_string().contains("`module0/steps`"), "{err}");
         let err = state.u64("calls").unwrap_err();

@@ -185,11 +185,12 @@ pub trait Strategy: Send {
         None
     }
 
-    /// Writes everything the strategy carries from one step to the next (optimizer state,
-    /// schedule position, master copies, error-feedback buffers, counters) into `state`, for a
-    /// checkpoint. A run resumed from it must continue exactly as if never stopped. The
+    /// Everything the strategy carries from one step to the next (optimizer state,
+    /// schedule position, master copies, error-feedback buffers, counters), for a checkpoint
+    /// or a peer that rejoins: a typed record ([`record!`](crate::record)) written as a
+    /// [`StateDict`]. A run resumed from it must continue exactly as if never stopped. The
     /// default refuses: a strategy that checkpoints says so by implementing both methods.
-    fn save_state(&self, _state: &mut StateDict) -> Result<()> {
+    fn save_state(&self) -> Result<StateDict> {
         Err(GymError::Checkpoint(
             "this strategy does not implement `save_state`/`load_state`".into(),
         ))

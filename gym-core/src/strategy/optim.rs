@@ -9,8 +9,8 @@
 //! every step rather than in their configuration, so the learning rate lives here.
 
 use crate::error::{GymError, Result};
+use crate::state::fields::OptimizerState;
 use crate::state::params::{ParamEntry, ParamLayout};
-use crate::state::record::StateDict;
 use crate::strategy::replica::Replica;
 use burn::config::Config;
 use burn::module::{ParamGroup, ParamId};
@@ -26,6 +26,18 @@ use burn::optim::{
     ModuleOptimizer, MuonConfig, RmsPropConfig, SgdConfig,
 };
 use burn::tensor::Tensor;
+
+crate::record! {
+    /// What an [`InnerOptimizer`] carries from one step to the next.
+    pub struct InnerOptimizerRecord {
+        /// Burn's optimizer state.
+        pub optimizer: OptimizerState,
+        /// Steps taken (the schedule's position).
+        pub steps: u64,
+        /// The learning rate of the last step.
+        pub lr: f64,
+    }
+}
 
 /// Checks that `value`, the setting called `field`, is a usable learning rate.
 pub fn check_learning_rate(field: &str, value: f64) -> Result<()> {
@@ -438,25 +450,25 @@ impl InnerOptimizer {
         replica.optimizer_step(&mut self.optim, lr, grads);
     }
 
-    /// Saves the optimizer's state (Burn's record) and the schedule's position.
-    pub fn save_state(&self, state: &mut StateDict) -> Result<()> {
-        state.put_optimizer("optimizer", &self.optim)?;
-        state.put_u64("steps", self.steps);
-        state.put_f64("lr", self.lr);
-        Ok(())
+    /// What the optimizer carries from one step to the next, for a checkpoint.
+    pub fn record(&self) -> Result<InnerOptimizerRecord> {
+        Ok(InnerOptimizerRecord {
+            optimizer: OptimizerState::of(&self.optim)?,
+            steps: self.steps,
+            lr: self.lr,
+        })
     }
 
-    /// Restores what [`save_state`](Self::save_state) wrote into an optimizer freshly built
-    /// from the same configuration (the schedule is replayed to its position).
-    pub fn load_state(&mut self, state: &StateDict) -> Result<()> {
+    /// Restores `record` into an optimizer freshly built from the same configuration (the
+    /// schedule is replayed to its position).
+    pub fn load_record(&mut self, record: InnerOptimizerRecord) -> Result<()> {
         let fresh = std::mem::replace(&mut self.optim, OptimizerConfig::sgd().init());
-        self.optim = state.optimizer("optimizer", fresh)?;
-        let steps = state.u64("steps")?;
-        for _ in self.steps..steps {
+        self.optim = record.optimizer.load_into(fresh)?;
+        for _ in self.steps..record.steps {
             self.schedule.step();
         }
-        self.steps = steps;
-        self.lr = state.f64("lr")?;
+        self.steps = record.steps;
+        self.lr = record.lr;
         Ok(())
     }
 

@@ -24,6 +24,7 @@ pub use powersgd::{PowerSgdCompressionConfig, PowerSgdCompressor};
 
 use burn::tensor::{Tensor, TensorData};
 use gym_core::rng::derive_seed;
+use gym_core::state::fields::{Record, Values};
 use gym_core::{Group, GymError, NodeInfo, Pending, ReduceOp, Result, StateDict, StepContext};
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -233,9 +234,9 @@ pub trait Compressor: Send {
         self.start_mean(group, x, ctx)?.wait()?
     }
 
-    /// Writes the compressor's state (residuals, counters, warm-start factors) for a
-    /// checkpoint; a stateless compressor writes nothing.
-    fn save_state(&self, state: &mut StateDict) -> Result<()>;
+    /// The compressor's state (residuals, counters, warm-start factors), for a checkpoint;
+    /// a stateless compressor's is empty.
+    fn save_state(&self) -> Result<StateDict>;
 
     /// Restores what [`save_state`](Self::save_state) wrote.
     fn load_state(&mut self, state: &StateDict) -> Result<()>;
@@ -257,8 +258,8 @@ impl Compressor for Exact {
             .map(Ok))
     }
 
-    fn save_state(&self, _state: &mut StateDict) -> Result<()> {
-        Ok(())
+    fn save_state(&self) -> Result<StateDict> {
+        Ok(StateDict::new())
     }
 
     fn load_state(&mut self, _state: &StateDict) -> Result<()> {
@@ -327,21 +328,46 @@ impl Compressor for CodecCompressor {
         }))
     }
 
-    fn save_state(&self, state: &mut StateDict) -> Result<()> {
-        state.put_u64("calls", self.calls);
-        if let Some(ef) = &self.feedback {
-            state.put_values("residual", ef.residual.clone());
+    fn save_state(&self) -> Result<StateDict> {
+        CodecRecord {
+            calls: self.calls,
+            residual: self
+                .feedback
+                .as_ref()
+                .map(|ef| Values::from(ef.residual.clone())),
         }
-        Ok(())
+        .into_state()
     }
 
     fn load_state(&mut self, state: &StateDict) -> Result<()> {
-        self.calls = state.u64("calls")?;
+        let record = CodecRecord::from_state(state)?;
+        self.calls = record.calls;
         if let Some(ef) = &mut self.feedback {
-            ef.residual = state.values("residual")?.to_vec();
+            ef.residual = match record.residual {
+                Some(residual) => residual.into_vec(),
+                None => return Err(missing(state, "residual")),
+            };
         }
         Ok(())
     }
+}
+
+gym_core::record! {
+    /// What a codec's mean carries between calls.
+    struct CodecRecord {
+        /// Calls so far (random-k's draws follow them).
+        calls: u64,
+        /// The error-feedback residual, with error feedback.
+        residual: Option<Values>,
+    }
+}
+
+/// The error of a saved state that lacks `key`, as a missing field's.
+pub(crate) fn missing(state: &StateDict, key: &str) -> GymError {
+    GymError::Checkpoint(format!(
+        "no `{}` in the saved state: it comes from another strategy or configuration",
+        state.path(key)
+    ))
 }
 
 /// A flat tensor's values on the host.

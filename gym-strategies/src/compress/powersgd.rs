@@ -35,9 +35,11 @@
 //! on the host in f32 in a fixed order, so every node computes bit-identical `P` and `Q`
 //! from the same reduced sums, and a run is reproducible.
 
+use super::missing;
 use super::{Compressor, PendingMean, to_host};
 use burn::tensor::{Tensor, TensorData};
 use gym_core::rng::derive_seed;
+use gym_core::state::fields::{Record, Values};
 use gym_core::{
     Group, GymError, NodeInfo, ParamLayout, Pending, ReduceOp, Result, StateDict, StepContext,
 };
@@ -355,36 +357,58 @@ impl Compressor for PowerSgdCompressor {
         ))))
     }
 
-    fn save_state(&self, state: &mut StateDict) -> Result<()> {
-        state.put_u64("calls", self.calls);
-        state.put_u64("has_q", u64::from(self.has_q));
-        for (i, m) in self.matrices.iter().enumerate() {
-            state.put_values(&format!("q{i}"), m.q.clone());
-            state.put_values(&format!("error{i}"), m.error.clone());
+    fn save_state(&self) -> Result<StateDict> {
+        PowerSgdRecord {
+            calls: self.calls,
+            has_q: self.has_q,
+            q: self
+                .matrices
+                .iter()
+                .map(|m| Values::from(m.q.clone()))
+                .collect(),
+            error: self
+                .matrices
+                .iter()
+                .map(|m| Values::from(m.error.clone()))
+                .collect(),
         }
-        Ok(())
+        .into_state()
     }
 
     fn load_state(&mut self, state: &StateDict) -> Result<()> {
-        self.calls = state.u64("calls")?;
-        self.has_q = state.u64("has_q")? != 0;
+        let record = PowerSgdRecord::from_state(state)?;
+        self.calls = record.calls;
+        self.has_q = record.has_q;
+        let (mut q, mut error) = (record.q.into_iter(), record.error.into_iter());
         for (i, m) in self.matrices.iter_mut().enumerate() {
-            for (key, buffer) in [
-                (format!("q{i}"), &mut m.q),
-                (format!("error{i}"), &mut m.error),
+            for (saved, name, buffer) in [
+                (q.next(), "q", &mut m.q),
+                (error.next(), "error", &mut m.error),
             ] {
-                let saved = state.values(&key)?;
-                if saved.len() != buffer.len() && !buffer.is_empty() {
-                    return Err(GymError::Checkpoint(format!(
-                        "PowerSGD: `{key}` holds {} values where this run has {}",
-                        saved.len(),
-                        buffer.len()
-                    )));
-                }
-                *buffer = saved.to_vec();
+                let saved = saved.ok_or_else(|| missing(state, &format!("{name}{i}")))?;
+                // An empty buffer (no warm start yet) takes whatever was saved.
+                *buffer = if buffer.is_empty() {
+                    saved.into_vec()
+                } else {
+                    saved.into_vec_of(buffer.len())?
+                };
             }
         }
         Ok(())
+    }
+}
+
+gym_core::record! {
+    /// What PowerSGD's compressor carries between calls.
+    pub struct PowerSgdRecord {
+        /// Calls so far.
+        pub calls: u64,
+        /// Whether the factors Q hold a warm start.
+        pub has_q: bool,
+        /// Each matrix's factor Q.
+        pub q: Vec<Values>,
+        /// Each matrix's error-feedback buffer.
+        pub error: Vec<Values>,
     }
 }
 

@@ -29,12 +29,14 @@
 pub mod codec;
 pub mod dct;
 
+use crate::compress::missing;
 use burn::config::Config;
 use burn::optim::lr_scheduler::module_lr_scheduler::ModuleLrScheduler;
 use burn::tensor::{Tensor, TensorData};
 use codec::{IndexWidth, SparseCoefficients, read_index, top_k_per_chunk};
 use dct::{ChunkGrid, Dct};
 use gym_core::optim::{check_learning_rate, check_max_norm, clip_grad_norm};
+use gym_core::state::fields::{Bytes, Record, Values};
 use gym_core::{
     GymError, LrScheduleConfig, NodeInfo, ParamLayout, Replica, Result, StateDict, StepContext,
     Strategy, StrategyConfig,
@@ -194,52 +196,86 @@ impl Strategy for DeMo {
         self.lr
     }
 
-    fn save_state(&self, state: &mut StateDict) -> Result<()> {
-        state.put_u64("steps", self.steps);
-        state.put_f64("lr", self.lr);
-        for (i, p) in self.params.iter().enumerate() {
+    fn save_state(&self) -> Result<StateDict> {
+        DeMoRecord {
+            steps: self.steps,
+            lr: self.lr,
             // δ as stored: its DCT coefficients, chunk-major.
-            state.put_values(&format!("delta{i}"), p.delta.clone());
-            // What was sent last (only `last_sent` reads it), so that it survives too.
-            state.put_values(&format!("sent{i}/values"), p.sent.values.clone());
-            let indices = p
-                .sent
-                .indices
+            delta: self
+                .params
                 .iter()
-                .flat_map(|i| i.to_le_bytes())
-                .collect();
-            state.put_bytes(&format!("sent{i}/indices"), indices);
+                .map(|p| Values::from(p.delta.clone()))
+                .collect(),
+            // What was sent last (only `last_sent` reads it), so that it survives too.
+            sent: self
+                .params
+                .iter()
+                .map(|p| SentRecord {
+                    values: Values::from(p.sent.values.clone()),
+                    indices: Bytes(
+                        p.sent
+                            .indices
+                            .iter()
+                            .flat_map(|i| i.to_le_bytes())
+                            .collect(),
+                    ),
+                })
+                .collect(),
         }
-        Ok(())
+        .into_state()
     }
 
     fn load_state(&mut self, state: &StateDict) -> Result<()> {
-        let steps = state.u64("steps")?;
-        // The schedule is replayed to its position (Burn's schedulers keep no record).
-        for _ in self.steps..steps {
+        let record = DeMoRecord::from_state(state)?;
+        // The schedule is replayed to its position (stricter than Burn's scheduler record,
+        // whose loading ignores a missing state).
+        for _ in self.steps..record.steps {
             self.schedule.step();
         }
-        self.steps = steps;
-        self.lr = state.f64("lr")?;
+        self.steps = record.steps;
+        self.lr = record.lr;
+        let (mut delta, mut sent) = (record.delta.into_iter(), record.sent.into_iter());
         for (i, p) in self.params.iter_mut().enumerate() {
-            let key = format!("delta{i}");
-            let delta = state.values(&key)?;
-            if delta.len() != p.delta.len() {
-                return Err(GymError::Checkpoint(format!(
-                    "DeMo: `{key}` holds {} values where this run has {}",
-                    delta.len(),
-                    p.delta.len()
-                )));
-            }
-            p.delta.copy_from_slice(delta);
-            p.sent.values = state.values(&format!("sent{i}/values"))?.to_vec();
-            p.sent.indices = state
-                .bytes(&format!("sent{i}/indices"))?
+            let saved = delta
+                .next()
+                .ok_or_else(|| missing(state, &format!("delta{i}")))?;
+            p.delta = saved.into_vec_of(p.delta.len())?;
+            let last = sent
+                .next()
+                .ok_or_else(|| missing(state, &format!("sent{i}/values")))?;
+            p.sent.values = last.values.into_vec();
+            p.sent.indices = last
+                .indices
+                .0
                 .chunks_exact(4)
                 .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
                 .collect();
         }
         Ok(())
+    }
+}
+
+gym_core::record! {
+    /// What a [`DeMo`] node carries from one step to the next.
+    pub struct DeMoRecord {
+        /// Steps taken (the schedule's position).
+        pub steps: u64,
+        /// The learning rate of the last step.
+        pub lr: f64,
+        /// Each parameter's δ, as its DCT coefficients.
+        pub delta: Vec<Values>,
+        /// Each parameter's coefficients sent last.
+        pub sent: Vec<SentRecord>,
+    }
+}
+
+gym_core::record! {
+    /// The coefficients a DeMo node sent last for one parameter.
+    pub struct SentRecord {
+        /// Their values.
+        pub values: Values,
+        /// Their indices (u32, little-endian).
+        pub indices: Bytes,
     }
 }
 
