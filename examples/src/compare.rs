@@ -87,8 +87,7 @@ impl std::str::FromStr for CompareEntry {
             Some((label, name)) => (label.trim(), name.trim()),
             None => (s.trim(), s.trim()),
         };
-        let strategy = <StrategyName as clap::ValueEnum>::from_str(name, false)
-            .map_err(|_| format!("`{name}` is not a strategy"))?;
+        let strategy = StrategyName::named(name)?;
         let ok = !label.is_empty()
             && label
                 .chars()
@@ -191,7 +190,10 @@ pub fn run(argv: &[OsString]) -> Result<Comparison, BoxError> {
             args.common
                 .trainer_config()
                 .map_err(|e| format!("{label}: {e}"))?;
-            let strategy = args.common.strategy_config();
+            let strategy = args
+                .common
+                .strategy_config()
+                .map_err(|e| format!("{label}: {e}"))?;
             Ok(Planned {
                 entry: entry.clone(),
                 args,
@@ -376,7 +378,7 @@ pub fn results_table(
     );
     let baseline = outcomes
         .iter()
-        .find(|o| o.strategy == StrategyName::Allreduce)
+        .find(|o| o.strategy.as_str() == "allreduce")
         .map(|o| o.summary.bytes_sent_per_node);
     let simulated = outcomes
         .iter()

@@ -9,6 +9,7 @@ pub mod backend;
 pub mod bench_suite;
 pub mod cli;
 pub mod compare;
+pub mod config_file;
 pub mod plot;
 pub mod runner;
 pub mod summary;

@@ -235,7 +235,7 @@ pub fn train_main<A: serde::Serialize>(
     let run = || -> Result<RunResult, BoxError> {
         let runner = Runner::new(process_start).with_interrupt(interrupt.clone());
         let task = task()?;
-        let strategy = common.strategy_config();
+        let strategy = common.strategy_config()?;
         task.train(
             &runner,
             common,

@@ -19,6 +19,7 @@ use crate::summary::{RunSummary, percent, seconds};
 use crate::tasks::{self, TaskArgs};
 use clap::{CommandFactory, Parser};
 use gym_core::RunReport;
+use gym_strategies::registry::SyncArgs;
 use serde::Serialize;
 use std::ffi::OsString;
 use std::fmt::Write as _;
@@ -45,7 +46,7 @@ pub struct SweepArgs {
     /// are skipped for the others.
     #[arg(
         long,
-        value_enum,
+        value_parser = StrategyName::parser(),
         value_delimiter = ',',
         default_value = "allreduce,diloco"
     )]
@@ -155,7 +156,7 @@ pub fn run(argv: &[OsString]) -> Result<Sweep, BoxError> {
         let intervals: Vec<Option<usize>> = if from_axis {
             args.sync_intervals.iter().copied().map(Some).collect()
         } else if strategy.has_sync_interval() {
-            vec![args.common.sync_interval]
+            vec![args.common.strategy_flags.get::<SyncArgs>()?.sync_interval]
         } else {
             vec![None]
         };
@@ -199,7 +200,7 @@ pub fn run(argv: &[OsString]) -> Result<Sweep, BoxError> {
     for (strategy, h, network, k, cell_args) in plan {
         eprintln!("── {} ──", cell_name(strategy, h, k, &network));
         let config = serde_json::to_value(&cell_args)?;
-        let strategy_config = cell_args.common.strategy_config();
+        let strategy_config = cell_args.common.strategy_config()?;
         let result = task.train(
             &runner,
             &cell_args.common,

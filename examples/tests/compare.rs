@@ -3,6 +3,7 @@
 
 use examples::cli::StrategyName;
 use examples::compare;
+use gym_strategies::registry::{OptimizerArgs, QuorumArgs};
 use std::ffi::OsString;
 use std::path::PathBuf;
 
@@ -61,22 +62,32 @@ fn one_command_compares_five_strategies_under_identical_conditions() {
     assert_eq!(
         names,
         [
-            StrategyName::Allreduce,
-            StrategyName::Diloco,
-            StrategyName::Sparta,
-            StrategyName::Fedavg,
-            StrategyName::Demo
+            named("allreduce"),
+            named("diloco"),
+            named("sparta"),
+            named("fedavg"),
+            named("demo")
         ]
     );
     for o in &result.outcomes {
         assert_eq!(o.report.steps, 6, "the command line wins over the file");
         assert_eq!(o.args.common.num_nodes, 4, "read from the file");
-        let lr = if o.strategy == StrategyName::Demo {
+        let lr = if o.strategy == named("demo") {
             1e-3
         } else {
             3e-4
         };
-        assert_eq!(o.args.common.lr, lr, "{:?}", o.strategy);
+        assert_eq!(
+            o.args
+                .common
+                .strategy_flags
+                .get::<OptimizerArgs>()
+                .unwrap()
+                .lr,
+            lr,
+            "{:?}",
+            o.strategy
+        );
         assert_eq!(o.args.common.strategy, o.strategy);
     }
     // Identical conditions: same initial parameters and sample order.
@@ -302,12 +313,12 @@ fn zoo_the_2026_algorithms_reach_88_percent_on_mnist_and_send_what_they_promise(
         assert_eq!(o.args.common.num_nodes, 4);
         assert_eq!(o.args.common.batch_size, 64);
     }
-    let ratio = bytes(StrategyName::Diloco) / bytes(StrategyName::Sparseloco);
+    let ratio = bytes(named("diloco")) / bytes(named("sparseloco"));
     assert!(
         ratio >= 20.0,
         "sparseloco sends 1/{ratio:.1} of diloco's bytes"
     );
-    let ratio = bytes(StrategyName::Allreduce) / bytes(StrategyName::Powersgd);
+    let ratio = bytes(named("allreduce")) / bytes(named("powersgd"));
     assert!(
         ratio >= 10.0,
         "powersgd sends 1/{ratio:.1} of allreduce's bytes"
@@ -363,11 +374,19 @@ fn elastic_compare_runs_labelled_variants_under_the_same_faults() {
         result
             .outcomes
             .iter()
-            .all(|o| o.strategy == StrategyName::Diloco)
+            .all(|o| o.strategy == named("diloco"))
     );
     let (plain, quorum) = (&result.outcomes[0], &result.outcomes[1]);
     assert_eq!(plain.report.elastic.faults, quorum.report.elastic.faults);
-    assert!(quorum.args.common.min_quorum == Some(3) && plain.args.common.min_quorum.is_none());
+    let min_quorum = |o: &compare::Outcome| {
+        o.args
+            .common
+            .strategy_flags
+            .get::<QuorumArgs>()
+            .unwrap()
+            .min_quorum
+    };
+    assert!(min_quorum(quorum) == Some(3) && min_quorum(plain).is_none());
     assert!(quorum.report.node_steps_lost() > plain.report.node_steps_lost());
     let time = |o: &compare::Outcome| o.report.simulated_time_s().unwrap();
     assert!(
@@ -380,4 +399,9 @@ fn elastic_compare_runs_labelled_variants_under_the_same_faults() {
     assert!(table.contains("| **diloco-quorum** |"), "{table}");
     assert!(out.join("result/runs/diloco-quorum/faults.json").exists());
     std::fs::remove_dir_all(&out).ok();
+}
+
+/// The registered strategy called `name`.
+fn named(name: &str) -> StrategyName {
+    StrategyName::named(name).unwrap()
 }

@@ -411,8 +411,8 @@ fn every_result_of_the_golden_set_is_unchanged() {
             .collect()
     });
     let mut failures: Vec<String> = results
-        .iter()
-        .filter_map(|(_, r)| r.as_ref().err().cloned())
+        .values()
+        .filter_map(|r| r.as_ref().err().cloned())
         .collect();
     assert!(failures.is_empty(), "runs failed:\n{}", failures.join("\n"));
     let got: Map<String, Value> = results

@@ -62,7 +62,7 @@ pub trait TrainModel: Module + 'static {
     }
 
     /// FLOPs of one example's forward and backward passes, which the simulated clock
-    /// charges ([`crate::simulation`]). Counted as the matrix products' and convolutions'
+    /// charges ([`crate::comm::simulation`]). Counted as the matrix products' and convolutions'
     /// multiply-adds, two FLOPs each forward and twice that backward; element-wise
     /// operations, normalisation and pooling are left out.
     ///

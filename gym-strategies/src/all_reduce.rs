@@ -11,6 +11,9 @@ use gym_core::{
     Strategy, StrategyConfig,
 };
 
+/// The strategy's name, on the command line and in logs.
+pub(crate) const NAME: &str = "allreduce";
+
 /// Configuration of [`AllReduce`].
 #[derive(Config, Debug)]
 pub struct AllReduceConfig {
@@ -42,7 +45,7 @@ pub struct AllReduce {
 
 impl StrategyConfig for AllReduceConfig {
     fn name(&self) -> String {
-        "allreduce".into()
+        NAME.into()
     }
 
     fn to_json(&self) -> serde_json::Value {
@@ -79,7 +82,7 @@ impl Strategy for AllReduce {
             inner: self.optim.record()?,
             compressor: self.compressor.save_state()?,
         }
-        .into_state()
+        .to_state()
     }
 
     fn load_state(&mut self, state: &StateDict) -> Result<()> {
@@ -97,4 +100,26 @@ gym_core::record! {
         /// The codec's state (error feedback, PowerSGD's factors).
         pub compressor: StateDict,
     }
+}
+
+/// AllReduce in the product's registry: its flags and how they build it.
+#[cfg(feature = "cli")]
+pub(crate) mod cli {
+    use super::*;
+    use crate::registry::{CompressionArgs, Entry, OptimizerArgs, Shared};
+
+    /// AllReduce in the registry.
+    pub const ENTRY: Entry = Entry {
+        name: NAME,
+        about: "Gradients averaged every step (PyTorch DDP)",
+        uses: &[Shared::Compression],
+        flags: None,
+        build: |f| {
+            Ok(Box::new(
+                AllReduceConfig::new()
+                    .with_inner(f.get::<OptimizerArgs>()?.inner())
+                    .with_compression(f.get::<CompressionArgs>()?.or(CompressionConfig::None)),
+            ))
+        },
+    };
 }

@@ -13,6 +13,9 @@ use gym_core::{
     StepContext, Strategy, StrategyConfig,
 };
 
+/// The strategy's name, on the command line and in logs.
+pub(crate) const NAME: &str = "async-diloco";
+
 /// Asynchronous DiLoCo with Delayed Nesterov (DN) and Dynamic Local Updates (DyLU).
 ///
 /// **DyLU.** Worker k, of relative speed s_k, takes `H_k = ⌊H·s_k / max_j s_j⌋` local steps
@@ -80,7 +83,7 @@ pub struct AsyncDiLoCo {
 
 impl StrategyConfig for AsyncDiLoCoConfig {
     fn name(&self) -> String {
-        "async-diloco".into()
+        NAME.into()
     }
 
     fn to_json(&self) -> serde_json::Value {
@@ -229,7 +232,7 @@ impl Strategy for AsyncDiLoCo {
             has_buffer: self.buffer.is_some(),
             buffer: values(&self.buffer)?,
         }
-        .into_state()
+        .to_state()
     }
 
     fn load_state(&mut self, state: &StateDict) -> Result<()> {
@@ -315,4 +318,50 @@ mod tests {
             assert!((got - want).abs() < 1e-6, "{got} vs {want}");
         }
     }
+}
+/// Asynchronous DiLoCo in the product's registry: its flags and how they build it.
+#[cfg(feature = "cli")]
+pub(crate) mod cli {
+    use super::*;
+    use crate::registry::{Entry, OptimizerArgs, OuterArgs, OwnFlags, Shared, SyncArgs};
+    use clap::Args;
+    use serde::Serialize;
+
+    /// Asynchronous DiLoCo's own flags.
+    #[derive(Debug, Clone, Args, Serialize)]
+    pub struct AsyncDiLoCoArgs {
+        /// Asynchronous DiLoCo: pushes between outer momentum updates (default: K).
+        #[arg(long)]
+        pub momentum_period: Option<usize>,
+        /// Asynchronous DiLoCo: the fewest local steps a slow node takes per round.
+        #[arg(long, default_value_t = 1)]
+        pub min_local_steps: usize,
+        /// Asynchronous DiLoCo: every node takes H steps, however slow (no DyLU).
+        #[arg(long)]
+        pub no_dynamic_local_updates: bool,
+    }
+
+    /// Asynchronous DiLoCo in the registry.
+    pub const ENTRY: Entry = Entry {
+        name: NAME,
+        about: "Asynchronous DiLoCo: slower nodes take fewer local steps, Delayed Nesterov \
+                (H 100, outer lr 0.7, momentum 0.9)",
+        uses: &[Shared::Sync, Shared::Outer],
+        flags: OwnFlags::of::<AsyncDiLoCoArgs>("Asynchronous DiLoCo"),
+        build: |f| {
+            let (own, outer) = (f.get::<AsyncDiLoCoArgs>()?, f.get::<OuterArgs>()?);
+            let defaults = AsyncDiLoCoConfig::new();
+            Ok(Box::new(
+                defaults
+                    .clone()
+                    .with_inner(f.get::<OptimizerArgs>()?.inner())
+                    .with_sync_interval(f.get::<SyncArgs>()?.or(defaults.sync_interval))
+                    .with_outer_lr(outer.lr_or(defaults.outer_lr))
+                    .with_outer_momentum(outer.momentum_or(defaults.outer_momentum))
+                    .with_momentum_period(own.momentum_period)
+                    .with_min_local_steps(own.min_local_steps)
+                    .with_dynamic_local_updates(!own.no_dynamic_local_updates),
+            ))
+        },
+    };
 }

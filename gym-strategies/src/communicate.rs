@@ -220,7 +220,7 @@ impl Strategy for CommunicateOptimize {
                 .map(|m| m.save_state())
                 .collect::<Result<_>>()?,
         }
-        .into_state()
+        .to_state()
     }
 
     fn load_state(&mut self, state: &StateDict) -> Result<()> {
@@ -247,7 +247,7 @@ gym_core::record! {
 /// Implements [`StrategyConfig`] for a strategy configuration that describes a
 /// [`CommunicateOptimizeConfig`] through a `compose()` method.
 macro_rules! composed_strategy {
-    ($config:ty, $name:literal) => {
+    ($config:ty, $name:expr) => {
         impl gym_core::StrategyConfig for $config {
             fn name(&self) -> String {
                 $name.into()

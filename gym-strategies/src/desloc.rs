@@ -12,6 +12,9 @@ use gym_core::{
     Strategy, StrategyConfig,
 };
 
+/// The strategy's name, on the command line and in logs.
+pub(crate) const NAME: &str = "desloc";
+
 /// DES-LOC: each node runs Adam(W) on its own replica, and after the local update of step
 /// `t` (from 0) averages over all nodes, each by an exact all-reduce:
 ///
@@ -157,7 +160,7 @@ pub struct DesLoc {
 
 impl StrategyConfig for DesLocConfig {
     fn name(&self) -> String {
-        "desloc".into()
+        NAME.into()
     }
 
     fn to_json(&self) -> serde_json::Value {
@@ -249,7 +252,7 @@ impl Strategy for DesLoc {
             steps: self.steps,
             lr: self.lr,
         }
-        .into_state()
+        .to_state()
     }
 
     fn load_state(&mut self, state: &StateDict) -> Result<()> {
@@ -280,4 +283,62 @@ gym_core::record! {
         /// The learning rate of the last step.
         pub lr: f64,
     }
+}
+/// DES-LOC in the product's registry: its flags and how they build it.
+#[cfg(feature = "cli")]
+pub(crate) mod cli {
+    use super::*;
+    use crate::registry::{Entry, OptimizerArgs, OwnFlags, Shared, SyncArgs};
+    use clap::Args;
+    use serde::Serialize;
+
+    /// DES-LOC's own flags.
+    #[derive(Debug, Clone, Args, Serialize)]
+    pub struct DesLocArgs {
+        /// DES-LOC: clip each gradient coordinate to ±ρ before the moments (default: none).
+        #[arg(long)]
+        pub desloc_clip: Option<f64>,
+        /// DES-LOC: Adam's β₁.
+        #[arg(long, default_value_t = 0.9)]
+        pub desloc_beta1: f64,
+        /// DES-LOC: Adam's β₂.
+        #[arg(long, default_value_t = 0.999)]
+        pub desloc_beta2: f64,
+        /// DES-LOC: Adam's ε.
+        #[arg(long, default_value_t = 1e-8)]
+        pub desloc_eps: f64,
+        /// DES-LOC: steps between averagings of Adam's first moment (default 3·H).
+        #[arg(long)]
+        pub first_moment_interval: Option<usize>,
+        /// DES-LOC: steps between averagings of Adam's second moment (default 6·H).
+        #[arg(long)]
+        pub second_moment_interval: Option<usize>,
+    }
+
+    /// DES-LOC in the registry. Its Adam is its own: `--optimizer` is not read; `-H` is its
+    /// parameters' period.
+    pub const ENTRY: Entry = Entry {
+        name: NAME,
+        about: "DES-LOC: parameters and Adam's two moments averaged on their own periods (H 16)",
+        uses: &[Shared::Sync],
+        flags: OwnFlags::of::<DesLocArgs>("DES-LOC"),
+        build: |f| {
+            let (opt, own) = (f.get::<OptimizerArgs>()?, f.get::<DesLocArgs>()?);
+            let defaults = DesLocConfig::new();
+            Ok(Box::new(
+                defaults
+                    .clone()
+                    .with_lr(opt.lr)
+                    .with_schedule(opt.schedule())
+                    .with_max_norm(opt.max_norm)
+                    .with_weight_decay(opt.weight_decay.map_or(defaults.weight_decay, f64::from))
+                    .with_param_interval(f.get::<SyncArgs>()?.or(defaults.param_interval))
+                    .with_first_moment_interval(own.first_moment_interval)
+                    .with_second_moment_interval(own.second_moment_interval)
+                    .with_rho(own.desloc_clip)
+                    .with_betas((own.desloc_beta1, own.desloc_beta2))
+                    .with_eps(own.desloc_eps),
+            ))
+        },
+    };
 }

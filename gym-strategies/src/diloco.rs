@@ -15,6 +15,9 @@ use gym_core::{
     StateDict, StepContext,
 };
 
+/// The strategy's name, on the command line and in logs.
+pub(crate) const NAME: &str = "diloco";
+
 /// Configuration of the DiLoCo communication module.
 #[derive(Config, Debug)]
 pub struct DiLoCoCommunicatorConfig {
@@ -68,7 +71,7 @@ pub struct DiLoCoCommunicator {
 
 impl CommunicationModuleConfig for DiLoCoCommunicatorConfig {
     fn name(&self) -> String {
-        "diloco".into()
+        NAME.into()
     }
 
     fn to_json(&self) -> serde_json::Value {
@@ -164,7 +167,7 @@ impl CommunicationModule for DiLoCoCommunicator {
             outer: self.outer.record()?,
             compressor: self.compressor.save_state()?,
         }
-        .into_state()
+        .to_state()
     }
 
     fn load_state(&mut self, state: &StateDict) -> Result<()> {
@@ -204,4 +207,47 @@ impl DiLoCoConfig {
     }
 }
 
-composed_strategy!(DiLoCoConfig, "diloco");
+composed_strategy!(DiLoCoConfig, NAME);
+
+/// DiLoCo in the product's registry: its flags and how they build it.
+#[cfg(feature = "cli")]
+pub(crate) mod cli {
+    use super::*;
+    use crate::registry::shared::diloco_communicator;
+    use crate::registry::{CompressionArgs, Entry, Flags, OptimizerArgs, Shared};
+
+    /// DiLoCo in the registry.
+    pub const ENTRY: Entry = Entry {
+        name: NAME,
+        about: "H local steps, then an outer Nesterov step on the averaged replicas \
+                (H 100, outer lr 0.7)",
+        uses: &[
+            Shared::Sync,
+            Shared::Outer,
+            Shared::Compression,
+            Shared::Quorum,
+        ],
+        flags: None,
+        build: |f| {
+            Ok(Box::new(
+                DiLoCoConfig::new()
+                    .with_inner(f.get::<OptimizerArgs>()?.inner())
+                    .with_communicator(communicator(f, DiLoCoCommunicatorConfig::new())?),
+            ))
+        },
+    };
+
+    /// DiLoCo's synchronisation from `defaults`, with what the shared flags set.
+    pub fn communicator(
+        f: &Flags,
+        defaults: DiLoCoCommunicatorConfig,
+    ) -> Result<DiLoCoCommunicatorConfig, String> {
+        diloco_communicator(
+            defaults,
+            &f.get()?,
+            &f.get()?,
+            &f.get::<CompressionArgs>()?,
+            &f.get()?,
+        )
+    }
+}

@@ -15,6 +15,9 @@ use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 
+/// The strategy's name, on the command line and in logs.
+pub(crate) const NAME: &str = "fedavg";
+
 /// A random split of the ranks into islands of `island_size` (the last may be smaller),
 /// drawn from the run seed and the step, so every node draws the same islands.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -137,7 +140,7 @@ impl CommunicationModule for AveragingCommunicator {
         AveragingRecord {
             compressor: self.compressor.save_state()?,
         }
-        .into_state()
+        .to_state()
     }
 
     fn load_state(&mut self, state: &StateDict) -> Result<()> {
@@ -175,4 +178,43 @@ impl FedAvgConfig {
     }
 }
 
-composed_strategy!(FedAvgConfig, "fedavg");
+composed_strategy!(FedAvgConfig, NAME);
+/// FedAvg in the product's registry: its flags and how they build it.
+#[cfg(feature = "cli")]
+pub(crate) mod cli {
+    use super::*;
+    use crate::registry::{CompressionArgs, Entry, OptimizerArgs, OwnFlags, Shared, SyncArgs};
+    use clap::Args;
+    use serde::Serialize;
+
+    /// FedAvg's own flags.
+    #[derive(Debug, Clone, Args, Serialize)]
+    pub struct FedAvgArgs {
+        /// FedAvg: average within random islands of this many nodes (default: all nodes).
+        #[arg(long)]
+        pub island_size: Option<usize>,
+    }
+
+    /// FedAvg in the registry.
+    pub const ENTRY: Entry = Entry {
+        name: NAME,
+        about: "Replicas averaged every H steps, optionally within random islands (H 1)",
+        uses: &[Shared::Sync, Shared::Compression],
+        flags: OwnFlags::of::<FedAvgArgs>("FedAvg"),
+        build: |f| {
+            let own: FedAvgArgs = f.get()?;
+            Ok(Box::new(
+                FedAvgConfig::new()
+                    .with_inner(f.get::<OptimizerArgs>()?.inner())
+                    .with_communicator(
+                        AveragingCommunicatorConfig::new()
+                            .with_sync_interval(f.get::<SyncArgs>()?.or(1))
+                            .with_island_size(own.island_size)
+                            .with_compression(
+                                f.get::<CompressionArgs>()?.or(CompressionConfig::None),
+                            ),
+                    ),
+            ))
+        },
+    };
+}

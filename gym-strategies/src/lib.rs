@@ -49,10 +49,32 @@ mod muloco;
 mod noloco;
 mod outer;
 mod powersgd;
+#[cfg(feature = "cli")]
+pub mod registry;
 mod sparseloco;
 mod sparta;
 mod sparta_diloco;
 mod streaming_diloco;
+
+/// The strategies of the product, in the order `--help` lists them: one line each. The
+/// example binaries' `--strategy`, `--help`, `--config`, `compare` and `sweep` read this
+/// list ([`registry`]).
+#[cfg(feature = "cli")]
+pub static STRATEGIES: &[registry::Entry] = &[
+    all_reduce::cli::ENTRY,
+    diloco::cli::ENTRY,
+    fedavg::cli::ENTRY,
+    sparta::cli::ENTRY,
+    sparta_diloco::cli::ENTRY,
+    demo::cli::ENTRY,
+    streaming_diloco::cli::ENTRY,
+    sparseloco::cli::ENTRY,
+    muloco::cli::ENTRY,
+    desloc::cli::ENTRY,
+    noloco::cli::ENTRY,
+    async_diloco::cli::ENTRY,
+    powersgd::cli::ENTRY,
+];
 
 pub use all_reduce::{AllReduce, AllReduceConfig};
 pub use async_diloco::{AsyncDiLoCo, AsyncDiLoCoConfig};

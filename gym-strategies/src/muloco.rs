@@ -9,6 +9,9 @@ use burn::optim::momentum::MomentumConfig;
 use burn::optim::{AdjustLrFn, MuonConfig};
 use gym_core::{InnerOptimizerConfig, OptimizerConfig, OptimizerGroup, ParamSelection};
 
+/// The strategy's name, on the command line and in logs.
+pub(crate) const NAME: &str = "muloco";
+
 /// The parameters MuLoCo gives to Muon: the hidden weight matrices, i.e. every 2-D
 /// parameter except embedding tables and the output head, which MuLoCo (and Muon's
 /// authors) leave to AdamW. Like MuLoCo, it routes by name: a path containing `embed`,
@@ -91,4 +94,37 @@ impl MuLoCoConfig {
     }
 }
 
-composed_strategy!(MuLoCoConfig, "muloco");
+composed_strategy!(MuLoCoConfig, NAME);
+/// MuLoCo in the product's registry: its flags and how they build it.
+#[cfg(feature = "cli")]
+pub(crate) mod cli {
+    use super::*;
+    use crate::diloco::cli::communicator;
+    use crate::registry::{Entry, OptimizerArgs, OptimizerName, Shared};
+
+    /// MuLoCo in the registry.
+    pub const ENTRY: Entry = Entry {
+        name: NAME,
+        about: "MuLoCo: DiLoCo with Muon as the inner optimizer, 2-bit outer gradients \
+                (H 30, outer lr 0.8)",
+        uses: &[
+            Shared::Sync,
+            Shared::Outer,
+            Shared::Compression,
+            Shared::Quorum,
+        ],
+        flags: None,
+        build: |f| {
+            let opt: OptimizerArgs = f.get()?;
+            let inner = match opt.optimizer {
+                OptimizerName::Muon => opt.inner(),
+                _ => muon_for_matrices(opt.inner()),
+            };
+            Ok(Box::new(
+                MuLoCoConfig::new()
+                    .with_inner(inner)
+                    .with_communicator(communicator(f, muloco_communicator())?),
+            ))
+        },
+    };
+}

@@ -18,6 +18,9 @@ use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 
+/// The strategy's name, on the command line and in logs.
+pub(crate) const NAME: &str = "noloco";
+
 /// NoLoCo's random groups at one synchronisation: a permutation `perm` of the K ranks drawn
 /// from the run seed and the step (so every node draws the same one), split into `G = K/n`
 /// groups of `n`, group `j = {perm[j], perm[j+G], perm[j+2G], …}` (jkolehm/noloco's split).
@@ -156,7 +159,7 @@ pub struct NoLoCoCommunicator {
 
 impl CommunicationModuleConfig for NoLoCoCommunicatorConfig {
     fn name(&self) -> String {
-        "noloco".into()
+        NAME.into()
     }
 
     fn to_json(&self) -> serde_json::Value {
@@ -213,7 +216,7 @@ impl CommunicationModule for NoLoCoCommunicator {
             phi: Values::of(&self.phi)?,
             momentum: Values::of(&self.momentum)?,
         }
-        .into_state()
+        .to_state()
     }
 
     fn load_state(&mut self, state: &StateDict) -> Result<()> {
@@ -261,4 +264,46 @@ impl NoLoCoConfig {
     }
 }
 
-composed_strategy!(NoLoCoConfig, "noloco");
+composed_strategy!(NoLoCoConfig, NAME);
+/// NoLoCo in the product's registry: its flags and how they build it.
+#[cfg(feature = "cli")]
+pub(crate) mod cli {
+    use super::*;
+    use crate::registry::{Entry, OptimizerArgs, OuterArgs, OwnFlags, Shared, SyncArgs};
+    use clap::Args;
+    use serde::Serialize;
+
+    /// NoLoCo's own flags.
+    #[derive(Debug, Clone, Args, Serialize)]
+    pub struct NoLoCoArgs {
+        /// NoLoCo: nodes per averaging group.
+        #[arg(long, default_value_t = 2)]
+        pub group_size: usize,
+    }
+
+    /// NoLoCo in the registry. Its inner optimizer is `--optimizer`'s (AdamW by default,
+    /// where the library's default is the paper's Adam).
+    pub const ENTRY: Entry = Entry {
+        name: NAME,
+        about: "NoLoCo: no all-reduce; each sync averages within random groups of --group-size \
+                (H 50, outer lr 0.7, momentum 0.5)",
+        uses: &[Shared::Sync, Shared::Outer],
+        flags: OwnFlags::of::<NoLoCoArgs>("NoLoCo"),
+        build: |f| {
+            let (own, outer) = (f.get::<NoLoCoArgs>()?, f.get::<OuterArgs>()?);
+            let defaults = NoLoCoCommunicatorConfig::new();
+            Ok(Box::new(
+                NoLoCoConfig::new()
+                    .with_inner(f.get::<OptimizerArgs>()?.inner())
+                    .with_communicator(
+                        defaults
+                            .clone()
+                            .with_sync_interval(f.get::<SyncArgs>()?.or(defaults.sync_interval))
+                            .with_group_size(own.group_size)
+                            .with_outer_lr(outer.lr_or(defaults.outer_lr))
+                            .with_outer_momentum(outer.momentum_or(defaults.outer_momentum)),
+                    ),
+            ))
+        },
+    };
+}

@@ -6,6 +6,9 @@ use crate::compress::{CompressionConfig, PowerSgdCompressionConfig};
 use burn::config::Config;
 use gym_core::{InnerOptimizerConfig, NodeInfo, Result, Strategy, StrategyConfig};
 
+/// The strategy's name, on the command line and in logs.
+pub(crate) const NAME: &str = "powersgd";
+
 /// PowerSGD: every step, the nodes' gradients are averaged through PowerSGD's low-rank
 /// compression ([`PowerSgdCompressionConfig`]), then every node steps its optimizer with
 /// the same approximate mean, so the replicas stay identical (Vogels, Karimireddy and
@@ -64,7 +67,7 @@ impl PowerSgdConfig {
 
 impl StrategyConfig for PowerSgdConfig {
     fn name(&self) -> String {
-        "powersgd".into()
+        NAME.into()
     }
 
     fn to_json(&self) -> serde_json::Value {
@@ -74,4 +77,56 @@ impl StrategyConfig for PowerSgdConfig {
     fn init(&self, node: &NodeInfo<'_>) -> Result<Box<dyn Strategy>> {
         self.all_reduce().init(node)
     }
+}
+/// PowerSGD in the product's registry: its flags and how they build it.
+#[cfg(feature = "cli")]
+pub(crate) mod cli {
+    use super::*;
+    use crate::compress::PowerSgdCompressionConfig;
+    use crate::registry::{Entry, OptimizerArgs, OwnFlags};
+    use clap::Args;
+    use serde::Serialize;
+
+    /// PowerSGD's own flags.
+    #[derive(Debug, Clone, Args, Serialize)]
+    pub struct PowerSgdArgs {
+        /// PowerSGD: rank of the gradient factors.
+        #[arg(long, default_value_t = 4)]
+        pub powersgd_rank: usize,
+        /// PowerSGD: a matrix is compressed only if this many times smaller.
+        #[arg(long, default_value_t = 2.0)]
+        pub powersgd_min_compression_rate: f64,
+        /// PowerSGD: plain all-reduce before this step.
+        #[arg(long, default_value_t = 0)]
+        pub powersgd_start_step: usize,
+        /// PowerSGD: draw a fresh Q every step instead of reusing the last one.
+        #[arg(long)]
+        pub powersgd_no_warm_start: bool,
+        /// PowerSGD: no error feedback.
+        #[arg(long)]
+        pub powersgd_no_error_feedback: bool,
+    }
+
+    /// PowerSGD in the registry.
+    pub const ENTRY: Entry = Entry {
+        name: NAME,
+        about: "PowerSGD: data-parallel with rank-r compressed gradients",
+        uses: &[],
+        flags: OwnFlags::of::<PowerSgdArgs>("PowerSGD"),
+        build: |f| {
+            let own: PowerSgdArgs = f.get()?;
+            Ok(Box::new(
+                PowerSgdConfig::new()
+                    .with_inner(f.get::<OptimizerArgs>()?.inner())
+                    .with_compression(
+                        PowerSgdCompressionConfig::new()
+                            .with_rank(own.powersgd_rank)
+                            .with_min_compression_rate(own.powersgd_min_compression_rate)
+                            .with_start_step(own.powersgd_start_step)
+                            .with_warm_start(!own.powersgd_no_warm_start)
+                            .with_error_feedback(!own.powersgd_no_error_feedback),
+                    ),
+            ))
+        },
+    };
 }

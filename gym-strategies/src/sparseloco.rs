@@ -7,6 +7,9 @@ use crate::diloco::DiLoCoCommunicatorConfig;
 use burn::config::Config;
 use gym_core::{InnerOptimizerConfig, OptimizerConfig};
 
+/// The strategy's name, on the command line and in logs.
+pub(crate) const NAME: &str = "sparseloco";
+
 /// SparseLoCo: H inner AdamW steps from the shared φ, then per node
 ///
 /// 1. `Δ_k = φ − θ_k`; error feedback `e_k ← β·e_k + Δ_k`;
@@ -86,4 +89,69 @@ impl SparseLoCoConfig {
     }
 }
 
-composed_strategy!(SparseLoCoConfig, "sparseloco");
+composed_strategy!(SparseLoCoConfig, NAME);
+/// SparseLoCo in the product's registry: its flags and how they build it.
+#[cfg(feature = "cli")]
+pub(crate) mod cli {
+    use super::*;
+    use crate::registry::{
+        Entry, OptimizerArgs, OuterArgs, OwnFlags, Shared, SyncArgs, value_name,
+    };
+    use clap::{Args, ValueEnum};
+    use serde::Serialize;
+
+    /// How a sparse code's contributions are averaged, as the command line names it.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+    pub enum AggregationName {
+        /// Divided by the number of nodes.
+        Nodes,
+        /// Per position, divided by the number of nodes that sent it.
+        Senders,
+    }
+
+    /// SparseLoCo's own flags.
+    #[derive(Debug, Clone, Args, Serialize)]
+    pub struct SparseLoCoArgs {
+        /// SparseLoCo: values kept per chunk of --topk-chunk.
+        #[arg(long, default_value_t = 64)]
+        pub topk: usize,
+        /// SparseLoCo: chunk length for the top-k.
+        #[arg(long, default_value_t = 4096)]
+        pub topk_chunk: usize,
+        /// SparseLoCo: decay of the error-feedback buffer.
+        #[arg(long, default_value_t = 0.999)]
+        pub error_feedback_decay: f64,
+        /// SparseLoCo: average each position over all nodes, or over the nodes that sent
+        /// it.
+        #[arg(long, value_enum, default_value = "senders")]
+        #[serde(serialize_with = "value_name")]
+        pub aggregation: AggregationName,
+    }
+
+    /// SparseLoCo in the registry.
+    pub const ENTRY: Entry = Entry {
+        name: NAME,
+        about: "SparseLoCo: DiLoCo whose outer gradients travel as top-k + 2-bit codes with \
+                error feedback (H 30, outer lr 1)",
+        uses: &[Shared::Sync, Shared::Outer],
+        flags: OwnFlags::of::<SparseLoCoArgs>("SparseLoCo"),
+        build: |f| {
+            let own: SparseLoCoArgs = f.get()?;
+            let defaults = SparseLoCoConfig::new();
+            Ok(Box::new(
+                defaults
+                    .clone()
+                    .with_inner(f.get::<OptimizerArgs>()?.inner())
+                    .with_sync_interval(f.get::<SyncArgs>()?.or(defaults.sync_interval))
+                    .with_top_k(own.topk)
+                    .with_chunk(own.topk_chunk)
+                    .with_error_feedback_decay(own.error_feedback_decay as f32)
+                    .with_aggregation(match own.aggregation {
+                        AggregationName::Nodes => Aggregation::MeanOverNodes,
+                        AggregationName::Senders => Aggregation::MeanOverSenders,
+                    })
+                    .with_outer_lr(f.get::<OuterArgs>()?.lr_or(defaults.outer_lr)),
+            ))
+        },
+    };
+}

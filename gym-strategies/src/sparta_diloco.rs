@@ -6,6 +6,9 @@ use crate::sparta::SparseCommunicatorConfig;
 use burn::config::Config;
 use gym_core::InnerOptimizerConfig;
 
+/// The strategy's name, on the command line and in logs.
+pub(crate) const NAME: &str = "sparta-diloco";
+
 /// The hybrid of the original's `SPARTADiLoCoStrategy`, with SPARTA's own sync interval
 /// honoured (the original stores its `sparta_interval` and ignores it): modules
 /// `[sparse averaging, DiLoCo]`, in that order.
@@ -31,4 +34,34 @@ impl SpartaDiLoCoConfig {
     }
 }
 
-composed_strategy!(SpartaDiLoCoConfig, "sparta-diloco");
+composed_strategy!(SpartaDiLoCoConfig, NAME);
+/// SPARTA+DiLoCo in the product's registry: its flags and how they build it.
+#[cfg(feature = "cli")]
+pub(crate) mod cli {
+    use super::*;
+    use crate::diloco::cli::communicator;
+    use crate::registry::{Entry, OptimizerArgs, Shared};
+    use crate::sparta::cli::SpartaArgs;
+
+    /// SPARTA+DiLoCo in the registry.
+    pub const ENTRY: Entry = Entry {
+        name: NAME,
+        about: "SPARTA every --sparta-sync-interval steps plus DiLoCo every H steps",
+        uses: &[
+            Shared::Sparta,
+            Shared::Sync,
+            Shared::Outer,
+            Shared::Compression,
+            Shared::Quorum,
+        ],
+        flags: None,
+        build: |f| {
+            Ok(Box::new(
+                SpartaDiLoCoConfig::new()
+                    .with_inner(f.get::<OptimizerArgs>()?.inner())
+                    .with_sparta(f.get::<SpartaArgs>()?.communicator())
+                    .with_diloco(communicator(f, DiLoCoCommunicatorConfig::new())?),
+            ))
+        },
+    };
+}

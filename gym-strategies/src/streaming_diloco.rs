@@ -18,6 +18,9 @@ use gym_core::{
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
 
+/// The strategy's name, on the command line and in logs.
+pub(crate) const NAME: &str = "streaming-diloco";
+
 /// How the parameters are split into fragments.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub enum FragmentPattern {
@@ -162,14 +165,14 @@ impl StreamingDiLoCoConfig {
     }
 }
 
-composed_strategy!(StreamingDiLoCoConfig, "streaming-diloco");
+composed_strategy!(StreamingDiLoCoConfig, NAME);
 
 /// The communication module of a [`StreamingDiLoCoConfig`].
 struct StreamingModuleConfig(StreamingDiLoCoConfig);
 
 impl CommunicationModuleConfig for StreamingModuleConfig {
     fn name(&self) -> String {
-        "streaming-diloco".into()
+        NAME.into()
     }
 
     fn to_json(&self) -> serde_json::Value {
@@ -479,7 +482,7 @@ impl CommunicationModule for StreamingDiLoCo {
             in_flight: in_flight.is_some(),
             in_flight_mean: in_flight,
         }
-        .into_state()
+        .to_state()
     }
 
     fn load_state(&mut self, state: &StateDict) -> Result<()> {
@@ -563,4 +566,73 @@ gym_core::record! {
         /// When it ended.
         pub end_s: Option<f64>,
     }
+}
+/// Streaming DiLoCo in the product's registry: its flags and how they build it.
+#[cfg(feature = "cli")]
+pub(crate) mod cli {
+    use super::*;
+    use crate::registry::value_name;
+    use crate::registry::{
+        CompressionArgs, Entry, OptimizerArgs, OuterArgs, OwnFlags, Shared, SyncArgs,
+    };
+    use clap::{Args, ValueEnum};
+    use serde::Serialize;
+
+    /// Streaming DiLoCo's fragment patterns, as the command line names them.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+    pub enum FragmentPatternName {
+        /// Contiguous runs of whole parameters, balanced in size.
+        Sequential,
+        /// Parameter i in fragment i mod F.
+        Strided,
+    }
+
+    /// Streaming DiLoCo's own flags.
+    #[derive(Debug, Clone, Args, Serialize)]
+    pub struct StreamingDiLoCoArgs {
+        /// Streaming DiLoCo: fragments, each synchronised once per H steps, staggered.
+        #[arg(long, default_value_t = 2)]
+        pub fragments: usize,
+        /// Streaming DiLoCo: how the parameters are split into fragments.
+        #[arg(long, value_enum, default_value = "sequential")]
+        #[serde(serialize_with = "value_name")]
+        pub fragment_pattern: FragmentPatternName,
+        /// Streaming DiLoCo: inner steps a fragment's exchange overlaps (τ).
+        #[arg(long, default_value_t = 1)]
+        pub overlap: usize,
+        /// Streaming DiLoCo: share α of the local values kept when a fragment is
+        /// synchronised.
+        #[arg(long, default_value_t = 0.5)]
+        pub mixing: f64,
+    }
+
+    /// Streaming DiLoCo in the registry.
+    pub const ENTRY: Entry = Entry {
+        name: NAME,
+        about: "Streaming DiLoCo: DiLoCo by fragments, staggered, overlapped by --overlap \
+                steps, outer gradients in 4 bits (H 100, outer lr 0.7)",
+        uses: &[Shared::Sync, Shared::Outer, Shared::Compression],
+        flags: OwnFlags::of::<StreamingDiLoCoArgs>("Streaming DiLoCo"),
+        build: |f| {
+            let own: StreamingDiLoCoArgs = f.get()?;
+            let (sync, outer) = (f.get::<SyncArgs>()?, f.get::<OuterArgs>()?);
+            let defaults = StreamingDiLoCoConfig::new();
+            Ok(Box::new(
+                defaults
+                    .clone()
+                    .with_inner(f.get::<OptimizerArgs>()?.inner())
+                    .with_sync_interval(sync.or(defaults.sync_interval))
+                    .with_fragments(own.fragments)
+                    .with_pattern(match own.fragment_pattern {
+                        FragmentPatternName::Sequential => FragmentPattern::Sequential,
+                        FragmentPatternName::Strided => FragmentPattern::Strided,
+                    })
+                    .with_overlap(own.overlap)
+                    .with_mixing(own.mixing)
+                    .with_outer_optimizer(outer.optimizer_or(&defaults.outer_optimizer))
+                    .with_outer_lr(outer.lr_or(defaults.outer_lr))
+                    .with_compression(f.get::<CompressionArgs>()?.or(defaults.compression)),
+            ))
+        },
+    };
 }

@@ -125,7 +125,7 @@ fn train(cli: &Cli, process_start: Instant) -> Result<(), BoxError> {
         gpt.config.n_embd,
         gpt.config.num_params() as f64 / 1e6
     );
-    let strategy = cli.common.strategy_config();
+    let strategy = cli.common.strategy_config()?;
     let run_config = serde_json::to_value(cli)?;
     let done = runner.fit(&gpt.task, &cli.common, strategy.as_ref(), &run_config)?;
     let dir = &done.result.dir;

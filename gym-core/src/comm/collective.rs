@@ -272,7 +272,7 @@ impl Collective {
         let pending = self.start(
             &group,
             CollectiveOp::AllReduce(op),
-            Contribution::Tensor(tensor.inner()),
+            Contribution::Tensor(Box::new(tensor.inner())),
         )?;
         Ok(pending.map(|d| one_tensor(d, &device)))
     }
@@ -298,7 +298,7 @@ impl Collective {
         let group = self.present_in(group)?;
         let device = tensor.device().inner();
         let op = CollectiveOp::Broadcast { root };
-        let pending = self.start(&group, op, Contribution::Tensor(tensor.inner()))?;
+        let pending = self.start(&group, op, Contribution::Tensor(Box::new(tensor.inner())))?;
         Ok(pending.map(|d| one_tensor(d, &device)))
     }
 
@@ -312,7 +312,7 @@ impl Collective {
         let group = self.present_in(group)?;
         let device = tensor.device().inner();
         let op = CollectiveOp::AllGather;
-        let pending = self.start(&group, op, Contribution::Tensor(tensor.inner()))?;
+        let pending = self.start(&group, op, Contribution::Tensor(Box::new(tensor.inner())))?;
         Ok(pending.map(|d| match d {
             Delivery::Tensors(ts) => ts.into_iter().map(|t| t.to_device(&device)).collect(),
             _ => unreachable!("an all-gather yields every tensor"),
@@ -549,7 +549,7 @@ fn payload_len(op: CollectiveOp, group: &Group, headers: &[Header]) -> u64 {
 
 fn one_tensor(delivery: Delivery, device: &Device) -> Tensor<1> {
     match delivery {
-        Delivery::Tensor(t) => t.to_device(device),
+        Delivery::Tensor(t) => (*t).to_device(device),
         _ => unreachable!("this call yields one tensor"),
     }
 }

@@ -3,7 +3,7 @@
 use crate::error::CollectiveError;
 use serde::{Deserialize, Serialize};
 
-/// How [`Collective::all_reduce`] combines the contributions.
+/// How [`Collective::all_reduce`](crate::comm::Collective::all_reduce) combines the contributions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ReduceOp {
     /// Element-wise sum, added in rank order.
@@ -101,24 +101,24 @@ impl Group {
 /// The kind of a collective call, as recorded and cross-checked between ranks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CollectiveOp {
-    /// [`Collective::all_reduce`] with its reduction.
+    /// [`Collective::all_reduce`](crate::comm::Collective::all_reduce) with its reduction.
     AllReduce(ReduceOp),
-    /// [`Collective::broadcast`] from a root rank.
+    /// [`Collective::broadcast`](crate::comm::Collective::broadcast) from a root rank.
     Broadcast {
         /// The rank whose tensor is sent.
         root: usize,
     },
-    /// [`Collective::all_gather`].
+    /// [`Collective::all_gather`](crate::comm::Collective::all_gather).
     AllGather,
-    /// [`Collective::all_gather_bytes`].
+    /// [`Collective::all_gather_bytes`](crate::comm::Collective::all_gather_bytes).
     AllGatherBytes,
-    /// [`Collective::barrier`].
+    /// [`Collective::barrier`](crate::comm::Collective::barrier).
     Barrier,
-    /// [`Collective::broadcast_bytes_in`] from a root rank.
+    /// [`Collective::broadcast_bytes_in`](crate::comm::Collective::broadcast_bytes_in) from a root rank.
     BroadcastBytes {
         /// The rank whose bytes are sent.
         root: usize,
     },
-    /// [`Collective::quorum_in`]: no payload, no transfer.
+    /// [`Collective::quorum_in`](crate::comm::Collective::quorum_in): no payload, no transfer.
     Quorum,
 }

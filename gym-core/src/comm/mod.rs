@@ -4,7 +4,7 @@
 //! Owns: [`Collective`] (one node's handle: every call counted, timed and cut down to the
 //! nodes present, written once), the [`transport`]s below it that only move and reduce
 //! data (threads of one process; MPI processes, several nodes each), the cost of a call in
-//! bytes ([`cost`]) and in time ([`network`]), the node's simulated clock ([`clock`]),
+//! bytes ([`cost`](mod@cost)) and in time ([`network`]), the node's simulated clock ([`clock`]),
 //! started calls ([`Pending`]), quorums ([`QuorumRule`]), the simulated cluster
 //! ([`simulation`]) and fault schedules ([`faults`]).
 //!
@@ -42,14 +42,14 @@
 //! (the node has arrived and its own link is free) and ends its duration later. A member's
 //! wait for the others is *idle*; the collective's duration, and any wait for its own link,
 //! is *communication*. A collective started without waiting
-//! ([`Collective::all_reduce_start`]) occupies the link but not the node: its [`Pending`]
+//! ([`Collective::all_reduce_start`](crate::comm::Collective::all_reduce_start)) occupies the link but not the node: its [`Pending`]
 //! result, taken later with [`Pending::wait`], costs only the part of the transfer the
 //! node's compute did not hide.
 //!
 //! # Nodes that come and go
 //!
 //! Under a fault schedule ([`faults`]) a node sees the collective through
-//! [`Collective::with_present`]: [`Collective::world`] is the nodes present that it can
+//! [`Collective::with_present`](crate::comm::Collective::with_present): [`Collective::world`](crate::comm::Collective::world) is the nodes present that it can
 //! reach, every group is cut down to them, and a mean divides by the members present.
 
 pub mod clock;

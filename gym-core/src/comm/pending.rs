@@ -4,7 +4,7 @@ use crate::error::CollectiveError;
 use serde::{Deserialize, Serialize};
 
 /// The result of a collective started without waiting for it
-/// ([`Collective::all_reduce_start`], [`Collective::all_gather_start`]). Take it with
+/// ([`Collective::all_reduce_start`](crate::comm::Collective::all_reduce_start), [`Collective::all_gather_start`](crate::comm::Collective::all_gather_start)). Take it with
 /// [`wait`](Self::wait), which charges the simulated clock the part of the transfer that
 /// has not finished by then.
 #[must_use = "a started collective is only complete once waited for"]
@@ -16,7 +16,7 @@ pub struct Pending<T> {
 
 /// When a started collective's transfer ran on the simulated clock: what a checkpoint saves
 /// of a [`Pending`] so that a resumed run charges its wait exactly
-/// ([`Collective::resume_pending`]).
+/// ([`Collective::resume_pending`](crate::comm::Collective::resume_pending)).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct TransferTiming {
     /// When this node was ready for it (arrived, its link free).
@@ -48,7 +48,7 @@ impl<T> Pending<T> {
     }
 
     /// When the transfer ran on the simulated clock, if it is timed: save it to resume the
-    /// wait with [`Collective::resume_pending`].
+    /// wait with [`Collective::resume_pending`](crate::comm::Collective::resume_pending).
     pub fn timing(&self) -> Option<TransferTiming> {
         self.timing
     }

@@ -1,4 +1,4 @@
-//! Simulated time: the cluster a run is timed on — its [network](crate::network) and its
+//! Simulated time: the cluster a run is timed on — its [network](crate::comm::network) and its
 //! nodes' compute — and how long each node's step takes.
 //!
 //! With a [`SimulationConfig`] in the [`TrainerConfig`](crate::TrainerConfig), every node

@@ -35,7 +35,7 @@ pub trait StateField: Sized {
 /// declares.
 pub trait Record: Sized {
     /// The record as a [`StateDict`].
-    fn into_state(&self) -> Result<StateDict> {
+    fn to_state(&self) -> Result<StateDict> {
         let mut state = StateDict::new();
         self.save_fields(&mut state)?;
         Ok(state)
@@ -66,7 +66,7 @@ pub trait Record: Sized {
 /// }
 ///
 /// let record = MomentumRecord { velocity: Values::from(vec![0.5, -1.0]), steps: 3 };
-/// let state = record.into_state().unwrap();
+/// let state = record.to_state().unwrap();
 /// let back = MomentumRecord::from_state(&state).unwrap();
 /// assert_eq!((back.velocity.into_vec(), back.steps), (vec![0.5, -1.0], 3));
 /// ```
@@ -124,7 +124,7 @@ macro_rules! record {
                 key: &str,
                 state: &mut $crate::state::StateDict,
             ) -> $crate::Result<()> {
-                state.insert_child(key, $crate::state::fields::Record::into_state(self)?);
+                state.insert_child(key, $crate::state::fields::Record::to_state(self)?);
                 Ok(())
             }
 
@@ -451,7 +451,7 @@ mod tests {
 
     #[test]
     fn a_record_is_written_under_its_field_names_and_read_back() {
-        let state = sample().into_state().unwrap();
+        let state = sample().to_state().unwrap();
         // The keys a hand-written save would have used.
         let mut want = StateDict::new();
         want.put_u64("inner/steps", 3);
@@ -481,7 +481,7 @@ mod tests {
 
     #[test]
     fn a_missing_field_or_a_wrong_length_names_its_path() {
-        let mut state = sample().into_state().unwrap();
+        let mut state = sample().to_state().unwrap();
         let mut nested = StateDict::new();
         nested.insert_child("module0", state.clone());
         let err = Outer::from_state(&nested.child("module1")).err().unwrap();

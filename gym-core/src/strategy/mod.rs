@@ -62,7 +62,7 @@ pub struct StepContext<'a> {
 
 impl StepContext<'_> {
     /// The nodes taking part in this step: every node, or under a fault schedule the
-    /// present nodes this one can reach ([`Collective::world`]).
+    /// present nodes this one can reach ([`Collective::world`](crate::comm::Collective::world)).
     pub fn world(&self) -> Group {
         self.collective.world()
     }
@@ -231,6 +231,6 @@ pub trait StrategyConfig: Send + Sync {
     }
 
     /// Builds the strategy of one node; refuses settings it cannot run with
-    /// ([`GymError::InvalidConfig`](crate::GymError::InvalidConfig), naming the setting).
+    /// ([`GymError::InvalidConfig`], naming the setting).
     fn init(&self, node: &NodeInfo<'_>) -> Result<Box<dyn Strategy>>;
 }

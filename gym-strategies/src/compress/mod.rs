@@ -336,7 +336,7 @@ impl Compressor for CodecCompressor {
                 .as_ref()
                 .map(|ef| Values::from(ef.residual.clone())),
         }
-        .into_state()
+        .to_state()
     }
 
     fn load_state(&mut self, state: &StateDict) -> Result<()> {

@@ -372,7 +372,7 @@ impl Compressor for PowerSgdCompressor {
                 .map(|m| Values::from(m.error.clone()))
                 .collect(),
         }
-        .into_state()
+        .to_state()
     }
 
     fn load_state(&mut self, state: &StateDict) -> Result<()> {

@@ -42,6 +42,9 @@ use gym_core::{
     Strategy, StrategyConfig,
 };
 
+/// The strategy's name, on the command line and in logs.
+pub(crate) const NAME: &str = "demo";
+
 /// Configuration of [`DeMo`], with the original's defaults.
 #[derive(Config, Debug)]
 pub struct DeMoConfig {
@@ -146,7 +149,7 @@ pub struct DeMo {
 
 impl StrategyConfig for DeMoConfig {
     fn name(&self) -> String {
-        "demo".into()
+        NAME.into()
     }
 
     fn to_json(&self) -> serde_json::Value {
@@ -222,7 +225,7 @@ impl Strategy for DeMo {
                 })
                 .collect(),
         }
-        .into_state()
+        .to_state()
     }
 
     fn load_state(&mut self, state: &StateDict) -> Result<()> {
@@ -465,4 +468,47 @@ mod tests {
     fn sign_of_zero_is_zero() {
         assert_eq!([sign(2.0), sign(-0.5), sign(0.0)], [1.0, -1.0, 0.0]);
     }
+}
+/// DeMo in the product's registry: its flags and how they build it.
+#[cfg(feature = "cli")]
+pub(crate) mod cli {
+    use super::*;
+    use crate::registry::{Entry, OptimizerArgs, OwnFlags};
+    use clap::Args;
+    use serde::Serialize;
+
+    /// DeMo's own flags.
+    #[derive(Debug, Clone, Args, Serialize)]
+    pub struct DeMoArgs {
+        /// DeMo: decay of the error-feedback buffer, in [0, 1).
+        #[arg(long, default_value_t = 0.999)]
+        pub compression_decay: f64,
+        /// DeMo: DCT coefficients sent per chunk.
+        #[arg(long, default_value_t = 32)]
+        pub compression_topk: usize,
+        /// DeMo: target chunk length per dimension.
+        #[arg(long, default_value_t = 64)]
+        pub compression_chunk: usize,
+    }
+
+    /// DeMo in the registry. It has no inner optimizer: `--optimizer` is not read.
+    pub const ENTRY: Entry = Entry {
+        name: NAME,
+        about: "DeMo: top-k DCT coefficients of a local gradient buffer, sign step (lr: --lr)",
+        uses: &[],
+        flags: OwnFlags::of::<DeMoArgs>("DeMo"),
+        build: |f| {
+            let (opt, own) = (f.get::<OptimizerArgs>()?, f.get::<DeMoArgs>()?);
+            Ok(Box::new(
+                DeMoConfig::new()
+                    .with_lr(opt.lr)
+                    .with_schedule(opt.schedule())
+                    .with_max_norm(opt.max_norm)
+                    .with_compression_decay(own.compression_decay)
+                    .with_compression_topk(own.compression_topk)
+                    .with_compression_chunk(own.compression_chunk)
+                    .with_weight_decay(opt.weight_decay.map_or(0.0, f64::from)),
+            ))
+        },
+    };
 }

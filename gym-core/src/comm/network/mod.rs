@@ -1,7 +1,7 @@
 //! The network a run is simulated on: every node's link, how the nodes are connected, and
 //! how long each collective takes on it (the alpha-beta model).
 //!
-//! Bytes are what [`cost`](crate::comm::cost) counts; this module adds time. A message of
+//! Bytes are what [`cost`](mod@crate::comm::cost) counts; this module adds time. A message of
 //! `n` bytes from node `i` to node `j` takes
 //! `max(α_i, α_j) + n / min(u_i, d_j)`: the larger one-way latency of the two links, and the
 //! sender's uplink or the receiver's downlink, whichever is slower. With equal links that is

@@ -66,7 +66,7 @@ pub enum Contribution {
     /// Nothing (a barrier, a quorum).
     None,
     /// A tensor (an all-reduce, a broadcast, an all-gather). It arrives without autodiff.
-    Tensor(Tensor<1>),
+    Tensor(Box<Tensor<1>>),
     /// A byte buffer (an all-gather or a broadcast of bytes).
     Bytes(Vec<u8>),
 }
@@ -77,7 +77,7 @@ pub enum Delivery {
     None,
     /// One tensor: an all-reduce's result or the root's broadcast tensor, on any device
     /// (the caller moves it to its own).
-    Tensor(Tensor<1>),
+    Tensor(Box<Tensor<1>>),
     /// Every member's tensor, in member order (an all-gather).
     Tensors(Vec<Tensor<1>>),
     /// The root's buffer (a broadcast of bytes).

@@ -79,6 +79,10 @@ struct GroupComm {
     scratch: Vec<f32>,
 }
 
+// SAFETY: MPI runs at `Threading::Multiple`; a group's communicator is used by one thread
+// at a time, under the mutex that holds it.
+unsafe impl Send for GroupComm {}
+
 /// A finished call as this process's members see it.
 struct Met {
     headers: Vec<Header>,
@@ -88,7 +92,7 @@ struct Met {
 /// A delivery every local member takes a copy of.
 enum Shared {
     None,
-    Tensor(Tensor<1>),
+    Tensor(Box<Tensor<1>>),
     Tensors(Vec<Tensor<1>>),
     Bytes(Vec<u8>),
     AllBytes(Vec<Vec<u8>>),
@@ -235,7 +239,7 @@ impl MpiTransport {
             CollectiveOp::AllReduce(reduce) => {
                 let mine = host_values(me, inputs)?;
                 let sum = all_reduce(comm, mine, n, &members, reduce, group.size(), scratch);
-                Shared::Tensor(tensor_on(sum, &device.expect("tensors in")))
+                Shared::Tensor(Box::new(tensor_on(sum, &device.expect("tensors in"))))
             }
             CollectiveOp::Broadcast { root } => {
                 let mut values = match root_input(local, root, inputs) {
@@ -243,7 +247,7 @@ impl MpiTransport {
                     None => vec![0f32; n],
                 };
                 root_process(comm, group, root, self).broadcast_into(&mut values[..]);
-                Shared::Tensor(tensor_on(values, &device.expect("tensors in")))
+                Shared::Tensor(Box::new(tensor_on(values, &device.expect("tensors in"))))
             }
             CollectiveOp::AllGather => {
                 let mine = host_values(me, inputs)?;
@@ -394,7 +398,7 @@ fn within_process(
         inputs
             .into_iter()
             .map(|c| match c {
-                Contribution::Tensor(t) => t,
+                Contribution::Tensor(t) => *t,
                 _ => unreachable!("the header check keeps the kinds apart"),
             })
             .collect()
@@ -406,13 +410,13 @@ fn within_process(
             let first = all.next().expect("a non-empty group");
             let device = first.device();
             let sum = all.fold(first, |acc, t| acc + t.to_device(&device));
-            Shared::Tensor(match reduce {
+            Shared::Tensor(Box::new(match reduce {
                 ReduceOp::Sum => sum,
                 ReduceOp::Mean => sum.div_scalar(group.size() as f64),
-            })
+            }))
         }
         CollectiveOp::Broadcast { root } => {
-            Shared::Tensor(tensors(inputs).swap_remove(root_pos(root)))
+            Shared::Tensor(Box::new(tensors(inputs).swap_remove(root_pos(root))))
         }
         CollectiveOp::AllGather => Shared::Tensors(tensors(inputs)),
         CollectiveOp::AllGatherBytes => {
@@ -581,7 +585,7 @@ fn host_values(rank: usize, inputs: Vec<Contribution>) -> Result<Vec<f32>, Colle
         let Contribution::Tensor(tensor) = input else {
             unreachable!("the header check keeps the kinds apart")
         };
-        let data = tensor.into_data();
+        let data = (*tensor).into_data();
         if data.dtype() != DType::F32 {
             return Err(transport(
                 rank,

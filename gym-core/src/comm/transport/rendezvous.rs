@@ -19,12 +19,15 @@ const POLL: Duration = Duration::from_millis(20);
 /// The meeting points of one process's ranks: each hands in an `I`, and the last arrival
 /// computes an `O` for everyone.
 pub(super) struct Rendezvous<I, O> {
-    points: Mutex<HashMap<Vec<usize>, Arc<Point<I, O>>>>,
+    points: Points<I, O>,
     aborted: AtomicBool,
     abort_info: Mutex<Option<(usize, String)>>,
     /// By rank of the run: whether the rank has finished.
     left: Vec<AtomicBool>,
 }
+
+/// The meeting point of each group, by its members.
+type Points<I, O> = Mutex<HashMap<Vec<usize>, Arc<Point<I, O>>>>;
 
 struct Point<I, O> {
     state: Mutex<PointState<I, O>>,

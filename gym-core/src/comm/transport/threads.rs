@@ -13,7 +13,7 @@ use std::ops::Range;
 /// A call is a rendezvous: the last member to arrive computes the result, adding the
 /// contributions in rank order, so it is bit-identical whatever the thread timing. An
 /// all-reduce of large host tensors is shared out over the members' own threads
-/// ([`host_reduce`]). Ranks must run concurrently (one thread each): a call blocks its
+/// (`host_reduce`). Ranks must run concurrently (one thread each): a call blocks its
 /// thread until the whole group has arrived.
 pub struct ThreadTransport {
     world_size: usize,
@@ -35,9 +35,9 @@ struct Met {
 
 enum Outcome {
     None,
-    One(Tensor<1>),
+    One(Box<Tensor<1>>),
     /// An all-reduce every member helps to finish ([`HostReduction::join`]).
-    Reducing(HostReduction),
+    Reducing(Box<HostReduction>),
     All(Vec<Tensor<1>>),
     Bytes(Vec<u8>),
     AllBytes(Vec<Vec<u8>>),
@@ -73,6 +73,7 @@ impl Transport for ThreadTransport {
             Contribution::Tensor(t)
                 if matches!(header.op, CollectiveOp::AllReduce(_)) && host_reduce::takes(&t) =>
             {
+                let t = *t;
                 let device = t.device();
                 Input::Host(t.into_data(), device)
             }
@@ -92,7 +93,7 @@ impl Transport for ThreadTransport {
         let delivery = match &met.outcome {
             Outcome::None => Delivery::None,
             Outcome::One(t) => Delivery::Tensor(t.clone()),
-            Outcome::Reducing(job) => Delivery::Tensor(job.join()),
+            Outcome::Reducing(job) => Delivery::Tensor(Box::new(job.join())),
             Outcome::All(ts) => Delivery::Tensors(ts.clone()),
             Outcome::Bytes(b) => Delivery::Bytes(b.clone()),
             Outcome::AllBytes(all) => Delivery::AllBytes(all.clone()),
@@ -135,14 +136,14 @@ fn combine(op: CollectiveOp, group: &Group, inputs: Vec<Input>) -> Outcome {
             let first = tensors.next().expect("a non-empty group");
             let device = first.device();
             let sum = tensors.fold(first, |acc, t| acc + t.to_device(&device));
-            Outcome::One(match reduce {
+            Outcome::One(Box::new(match reduce {
                 ReduceOp::Sum => sum,
                 ReduceOp::Mean => sum.div_scalar(group.size() as f64),
-            })
+            }))
         }
         CollectiveOp::Broadcast { root } => {
             let root_input = inputs.into_iter().nth(root_pos(root));
-            Outcome::One(into_tensor(root_input.expect("the root's input")))
+            Outcome::One(Box::new(into_tensor(root_input.expect("the root's input"))))
         }
         CollectiveOp::AllGather => Outcome::All(inputs.into_iter().map(into_tensor).collect()),
         CollectiveOp::AllGatherBytes => {
@@ -157,7 +158,7 @@ fn combine(op: CollectiveOp, group: &Group, inputs: Vec<Input>) -> Outcome {
 
 fn into_tensor(input: Input) -> Tensor<1> {
     match input {
-        Input::Given(Contribution::Tensor(t)) => t,
+        Input::Given(Contribution::Tensor(t)) => *t,
         // A host buffer among tensors (members on different devices): back to a tensor.
         Input::Host(data, device) => Tensor::from_data(data, &device),
         _ => unreachable!("the header check keeps the kinds of contribution apart"),
@@ -186,5 +187,5 @@ fn host_reduction(inputs: Vec<Input>, op: ReduceOp) -> Outcome {
         })
         .collect();
     let device = device.expect("a non-empty group");
-    Outcome::Reducing(HostReduction::new(buffers, op, device))
+    Outcome::Reducing(Box::new(HostReduction::new(buffers, op, device)))
 }

@@ -1,0 +1,261 @@
+//! The flag groups several strategies read, each declared once ([`Shared`](super::Shared)),
+//! and what they build: the inner optimizer, the synchronisation period, the outer
+//! optimizer, the compression and the quorum.
+
+use crate::compress::CompressionConfig;
+use crate::diloco::DiLoCoCommunicatorConfig;
+use burn::optim::{
+    AdaGradConfig, AdafactorConfig, AdanConfig, AdjustLrFn, LambConfig, LionConfig, MuonConfig,
+    RmsPropConfig,
+};
+use clap::{Args, ValueEnum};
+use gym_core::{
+    InnerOptimizerConfig, LrScheduleConfig, OptimizerConfig, OptimizerGroup, ParamSelection,
+    QuorumRule,
+};
+use serde::Serialize;
+use std::str::FromStr;
+
+/// The inner optimizers of the command line: Burn's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OptimizerName {
+    /// AdamW (PyTorch's defaults: ε 1e-8, weight decay 0.01).
+    Adamw,
+    /// Adam (PyTorch's defaults: ε 1e-8).
+    Adam,
+    /// SGD, no momentum.
+    Sgd,
+    /// Muon for the 2-D weights (its update scaled to AdamW's RMS, so one lr serves both),
+    /// AdamW for the other parameters.
+    Muon,
+    /// Lion (Burn's defaults: betas 0.9/0.99).
+    Lion,
+    /// Adan (Burn's defaults).
+    Adan,
+    /// LAMB (Burn's defaults).
+    Lamb,
+    /// RMSprop (Burn's defaults: α 0.99, momentum 0.9).
+    Rmsprop,
+    /// AdaGrad (Burn's defaults).
+    Adagrad,
+    /// Adafactor (Burn's defaults: relative step sizes).
+    Adafactor,
+}
+
+/// Each node's own optimizer ([`Shared::Optimizer`](super::Shared::Optimizer)).
+#[derive(Debug, Clone, Args, Serialize)]
+pub struct OptimizerArgs {
+    /// Inner optimizer.
+    #[arg(long, value_enum, default_value = "adamw")]
+    pub optimizer: OptimizerName,
+    /// Learning rate of the inner optimizer (DeMo: of its sign step).
+    #[arg(long, default_value_t = 3e-4)]
+    pub lr: f64,
+    /// Weight decay of the inner optimizer (default: the optimizer's own, 0.01 for AdamW;
+    /// DeMo: decoupled, default 0).
+    #[arg(long)]
+    pub weight_decay: Option<f32>,
+    /// Linear warmup steps.
+    #[arg(long, default_value_t = 0)]
+    pub warmup_steps: usize,
+    /// Cosine decay to 10% of the lr after the warmup.
+    #[arg(long)]
+    pub cosine: bool,
+    /// Clip gradients to this global L2 norm.
+    #[arg(long)]
+    pub max_norm: Option<f64>,
+}
+
+impl OptimizerArgs {
+    /// Each node's own optimizer as these flags describe it.
+    pub fn inner(&self) -> InnerOptimizerConfig {
+        let decayed = |c: OptimizerConfig| match self.weight_decay {
+            Some(wd) => c.with_weight_decay(wd),
+            None => c,
+        };
+        let base = match self.optimizer {
+            OptimizerName::Adamw | OptimizerName::Muon => OptimizerConfig::adamw(),
+            OptimizerName::Adam => OptimizerConfig::adam(),
+            OptimizerName::Sgd => OptimizerConfig::sgd(),
+            OptimizerName::Lion => LionConfig::new().into(),
+            OptimizerName::Adan => AdanConfig::new().into(),
+            OptimizerName::Lamb => LambConfig::new().into(),
+            OptimizerName::Rmsprop => RmsPropConfig::new().into(),
+            OptimizerName::Adagrad => AdaGradConfig::new().into(),
+            OptimizerName::Adafactor => AdafactorConfig::new().into(),
+        };
+        let inner = InnerOptimizerConfig::new()
+            .with_optimizer(decayed(base))
+            .with_lr(self.lr)
+            .with_schedule(self.schedule())
+            .with_max_norm(self.max_norm);
+        match self.optimizer {
+            OptimizerName::Muon => inner.with_group(OptimizerGroup::new(
+                ParamSelection::matrices(),
+                decayed(
+                    MuonConfig::new()
+                        .with_adjust_lr_fn(AdjustLrFn::MatchRmsAdamW)
+                        .into(),
+                ),
+            )),
+            _ => inner,
+        }
+    }
+
+    /// The learning-rate schedule these flags describe.
+    pub fn schedule(&self) -> LrScheduleConfig {
+        LrScheduleConfig::new()
+            .with_warmup_steps(self.warmup_steps)
+            .with_cosine(self.cosine)
+    }
+}
+
+/// The synchronisation period ([`Shared::Sync`](super::Shared::Sync)).
+#[derive(Debug, Clone, Args, Serialize)]
+pub struct SyncArgs {
+    /// Steps between synchronisations (default: the strategy's; see its heading).
+    #[arg(short = 'H', long)]
+    pub sync_interval: Option<usize>,
+}
+
+impl SyncArgs {
+    /// `-H`, or `default`.
+    pub fn or(&self, default: usize) -> usize {
+        self.sync_interval.unwrap_or(default)
+    }
+}
+
+/// The outer optimizer ([`Shared::Outer`](super::Shared::Outer)).
+#[derive(Debug, Clone, Args, Serialize)]
+pub struct OuterArgs {
+    /// Outer learning rate (default: the strategy's; DiLoCo 0.7).
+    #[arg(long)]
+    pub outer_lr: Option<f64>,
+    /// Outer momentum (default: the strategy's; DiLoCo's Nesterov 0.9).
+    #[arg(long)]
+    pub outer_momentum: Option<f64>,
+}
+
+impl OuterArgs {
+    /// `--outer-lr`, or `default`.
+    pub fn lr_or(&self, default: f64) -> f64 {
+        self.outer_lr.unwrap_or(default)
+    }
+
+    /// `--outer-momentum`, or `default`.
+    pub fn momentum_or(&self, default: f64) -> f64 {
+        self.outer_momentum.unwrap_or(default)
+    }
+
+    /// The outer SGD `--outer-momentum` describes (Nesterov; plain at 0), or `default`.
+    pub fn optimizer_or(&self, default: &OptimizerConfig) -> OptimizerConfig {
+        match self.outer_momentum {
+            Some(0.0) => OptimizerConfig::sgd(),
+            Some(momentum) => OptimizerConfig::sgd_momentum(momentum, true),
+            None => default.clone(),
+        }
+    }
+}
+
+/// How averaged vectors travel ([`Shared::Compression`](super::Shared::Compression)).
+#[derive(Debug, Clone, Args, Serialize)]
+pub struct CompressionArgs {
+    /// How averaged vectors travel: none, int8, fp8, fp4, 2bit (each optionally :CHUNK),
+    /// topk:K/CHUNK, randomk:DENSITY (each optionally +Q, a dense format for the kept
+    /// values), then ,ef or ,ef=DECAY for error feedback and ,senders to average sparse
+    /// values over their senders; or powersgd:RANK (default: the strategy's).
+    #[arg(long, value_parser = checked::<CompressionConfig>)]
+    pub compression: Option<String>,
+}
+
+impl CompressionArgs {
+    /// `--compression`, or `default` when it is not given.
+    pub fn or(&self, default: CompressionConfig) -> CompressionConfig {
+        self.compression
+            .as_deref()
+            .map(|spec| spec.parse().expect("checked when parsed"))
+            .unwrap_or(default)
+    }
+}
+
+/// Decoupled DiLoCo's quorum ([`Shared::Quorum`](super::Shared::Quorum)).
+#[derive(Debug, Clone, Default, Args, Serialize)]
+pub struct QuorumArgs {
+    /// Decoupled DiLoCo's quorum. An outer step waits for the first M nodes to arrive, then
+    /// --grace more seconds, and goes on without the nodes still missing (they take the
+    /// step's result; their inner steps of the round are lost). Arrivals are simulated times
+    /// (--network); untimed, every node arrives at once.
+    #[arg(long, value_name = "M", conflicts_with = "fastest")]
+    pub min_quorum: Option<usize>,
+    /// Simulated seconds an outer step keeps waiting after the --min-quorum-th arrival
+    /// (default 0).
+    #[arg(long, value_name = "SECONDS", requires = "min_quorum")]
+    pub grace: Option<f64>,
+    /// Each outer step averages the first M nodes to arrive (fastest m of n, as
+    /// SparseLoCo/Covenant); the others take the step's result and lose their round's inner
+    /// steps. Ties go to the lower rank.
+    #[arg(long, value_name = "M")]
+    pub fastest: Option<usize>,
+}
+
+impl QuorumArgs {
+    /// The clap ids of the group's flags.
+    pub const IDS: [&'static str; 3] = ["min_quorum", "grace", "fastest"];
+
+    /// The first quorum flag given, as written, for messages.
+    pub fn given(&self) -> Option<&'static str> {
+        match (self.min_quorum, self.grace, self.fastest) {
+            (Some(_), _, _) => Some("--min-quorum"),
+            (None, Some(_), _) => Some("--grace"),
+            (None, None, Some(_)) => Some("--fastest"),
+            (None, None, None) => None,
+        }
+    }
+
+    /// The rule of `--min-quorum` (with `--grace`) or `--fastest`, if any, checked; an
+    /// unusable one names its flag.
+    pub fn rule(&self) -> Result<Option<QuorumRule>, String> {
+        let rule = match (self.min_quorum, self.fastest) {
+            (Some(min), _) => QuorumRule::Grace {
+                min,
+                grace_s: self.grace.unwrap_or(0.0),
+            },
+            (None, Some(count)) => QuorumRule::Fastest { count },
+            (None, None) => return Ok(None),
+        };
+        rule.validate().map_err(|why| {
+            // The flag whose value is wrong: a bad grace window comes with a good quorum.
+            let flag = match rule {
+                QuorumRule::Grace { min, .. } if min > 0 => "--grace",
+                _ => self.given().unwrap_or("--min-quorum"),
+            };
+            format!("{flag}: {why}")
+        })?;
+        Ok(Some(rule))
+    }
+}
+
+/// DiLoCo's synchronisation from `defaults` (DiLoCo's or MuLoCo's), with what the shared
+/// flags set: `-H`, the outer optimizer, the compression and the quorum.
+pub fn diloco_communicator(
+    defaults: DiLoCoCommunicatorConfig,
+    sync: &SyncArgs,
+    outer: &OuterArgs,
+    compression: &CompressionArgs,
+    quorum: &QuorumArgs,
+) -> Result<DiLoCoCommunicatorConfig, String> {
+    Ok(DiLoCoCommunicatorConfig {
+        sync_interval: sync.or(defaults.sync_interval),
+        outer_optimizer: outer.optimizer_or(&defaults.outer_optimizer),
+        outer_lr: outer.lr_or(defaults.outer_lr),
+        compression: compression.or(defaults.compression),
+        quorum: quorum.rule()?.or(defaults.quorum),
+    })
+}
+
+/// A value parser that checks a spec parses as `T` and keeps it as written (so that the
+/// run configuration saves the spec the user gave).
+pub fn checked<T: FromStr<Err = String>>(spec: &str) -> Result<String, String> {
+    spec.parse::<T>().map(|_| spec.to_string())
+}
