@@ -1,0 +1,402 @@
+//! The benchmark suite of `bench --suite`: how far K simulated nodes in one process are
+//! from the compute limit, how fast the in-process collectives move bytes, how much memory
+//! K nodes of the MLP hold, and how long a run takes to start.
+//!
+//! Every figure goes into one flat map of name → number ([`SuiteResult::figures`]), which
+//! `bench --json FILE` writes next to the machine, the date and the load average, so that
+//! runs on different days and machines can be set side by side. Each part is also printed
+//! as a Markdown table whose caption names the machine, the date, the load average at the
+//! start and the command.
+//!
+//! The parts:
+//!
+//! 1. **Overhead ratio** ([`SuiteModel`] × K): wall seconds per step of a K-node run ÷ the
+//!    compute limit, where the compute limit is one node's seconds per step (the K = 1 run
+//!    of the same model and batch) × K ÷ min(K, cores). Timed in-process with
+//!    [`Trainer::fit`](gym_core::Trainer::fit) under DiLoCo with H larger than the steps
+//!    taken, so the timed steps are each node's forward/backward and inner optimizer only:
+//!    what remains above 1 is the interference between node threads, not communication.
+//! 2. **Collective bandwidth**: all-reduce (mean), all-gather and broadcast of S bytes over
+//!    K ranks of an [`InProcessGroup`](gym_core::InProcessGroup), against a plain memcpy of
+//!    S bytes.
+//! 3. **Peak memory** of the `mnist` binary training K nodes of the MLP (a child process,
+//!    so that the peak is that run's alone).
+//! 4. **Start-up**: seconds from the child's start to its first step.
+
+mod bandwidth;
+mod children;
+mod conv;
+mod overhead;
+
+#[cfg(feature = "mpi")]
+pub use bandwidth::mpi_worker;
+pub use conv::conv_passes;
+
+use burn::tensor::Device;
+use serde_json::{Map, Value};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use crate::runner::BoxError;
+
+/// Bytes in the "MB" of the collective sizes (MiB: the buffers are powers of two).
+const MB: usize = 1 << 20;
+
+/// A model of the overhead part.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum SuiteModel {
+    /// The MNIST MLP (784-256-10), batch 64 per node.
+    Mlp,
+    /// The original's MNIST CNN (1.87M parameters), batch 64 per node.
+    Cnn,
+    /// The small GPT (2 layers, 2 heads, 64 dims, context 64) on tiny-shakespeare,
+    /// 16 sequences per node.
+    Gpt,
+}
+
+impl SuiteModel {
+    /// Every model, in the order the suite runs them.
+    pub const ALL: [SuiteModel; 3] = [SuiteModel::Mlp, SuiteModel::Cnn, SuiteModel::Gpt];
+
+    /// The name used in figure names (`mlp`, `cnn`, `gpt`).
+    pub fn name(self) -> &'static str {
+        match self {
+            SuiteModel::Mlp => "mlp",
+            SuiteModel::Cnn => "cnn",
+            SuiteModel::Gpt => "gpt",
+        }
+    }
+}
+
+impl std::str::FromStr for SuiteModel {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        SuiteModel::ALL
+            .into_iter()
+            .find(|m| m.name() == s)
+            .ok_or_else(|| format!("unknown model `{s}` (mlp, cnn, gpt)"))
+    }
+}
+
+/// A collective operation of the bandwidth part.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SuiteCollective {
+    /// All-reduce with [`ReduceOp::Mean`](gym_core::ReduceOp::Mean).
+    AllReduce,
+    /// All-gather: every rank receives every rank's tensor.
+    AllGather,
+    /// Broadcast from rank 0.
+    Broadcast,
+}
+
+impl SuiteCollective {
+    /// Every operation, in the order the suite runs them.
+    pub const ALL: [SuiteCollective; 3] = [
+        SuiteCollective::AllReduce,
+        SuiteCollective::AllGather,
+        SuiteCollective::Broadcast,
+    ];
+
+    /// The name used in figure names (`allreduce`, `allgather`, `broadcast`).
+    pub fn name(self) -> &'static str {
+        match self {
+            SuiteCollective::AllReduce => "allreduce",
+            SuiteCollective::AllGather => "allgather",
+            SuiteCollective::Broadcast => "broadcast",
+        }
+    }
+}
+
+/// What the suite runs, and where its inputs are.
+#[derive(Debug, Clone)]
+pub struct SuiteConfig {
+    /// Overhead part: the models to time (empty: skip the part).
+    pub models: Vec<SuiteModel>,
+    /// Overhead part: the node counts. K = 1 is always run first: it is the baseline of
+    /// every ratio.
+    pub ks: Vec<usize>,
+    /// Overhead part: the largest K run for any model.
+    pub max_k: usize,
+    /// Overhead part: the largest K run for the CNN (about 0.5 s of one core per node-step
+    /// on CPU, so K = 16 costs several seconds a step).
+    pub cnn_max_k: usize,
+    /// Overhead part: steps run and discarded before timing (first-step allocations, lazy
+    /// initialisation): each K also runs alone for this many steps, and its loop time is
+    /// subtracted.
+    pub warmup_steps: usize,
+    /// Timings of each model and node count: the overhead figures are their median, so one
+    /// disturbed run does not decide a ratio.
+    pub repeats: usize,
+    /// Overhead part: timed steps of the MLP.
+    pub mlp_steps: usize,
+    /// Overhead part: timed steps of the CNN.
+    pub cnn_steps: usize,
+    /// Overhead part: timed steps of the GPT.
+    pub gpt_steps: usize,
+    /// Bandwidth part: tensor sizes in MiB (none above 0: skip the part).
+    pub collective_mb: Vec<usize>,
+    /// Bandwidth part: group sizes.
+    pub collective_ks: Vec<usize>,
+    /// Bandwidth part: timed repetitions per figure (their median), after one warm-up call.
+    pub collective_reps: usize,
+    /// Memory part: node counts of the `mnist` child runs (none above 0: skip the part).
+    pub rss_ks: Vec<usize>,
+    /// Start-up part: node count of the `mnist` child run (`None`: skip the part).
+    pub startup_k: Option<usize>,
+    /// The `mnist` binary the memory and start-up parts run; `None` makes those parts
+    /// report an error row instead of figures.
+    pub mnist_bin: Option<PathBuf>,
+    /// The `bench` binary (built with the `mpi` feature) that `mpirun` starts for the
+    /// bandwidth part's MPI rows (`mpi_worker`, with the `mpi` feature); `None`: no MPI rows.
+    pub mpi_bench: Option<PathBuf>,
+    /// The MNIST IDX files.
+    pub mnist_dir: PathBuf,
+    /// tiny-shakespeare's `input.txt`.
+    pub gpt_dir: PathBuf,
+    /// Scratch folder for the child runs' logs (removed at the end).
+    pub scratch_dir: PathBuf,
+    /// The command line, as the captions quote it.
+    pub command: String,
+}
+
+impl SuiteConfig {
+    /// The default suite (about 4 minutes on a 2-core machine): every model at K = 1, 2, 4,
+    /// 8, 16 (the CNN up to 8); every collective at 1–256 MiB over 2–16 ranks; peak memory at K = 1, 64, 256,
+    /// 1024; start-up at K = 16.
+    pub fn new(mnist_dir: PathBuf, gpt_dir: PathBuf, mnist_bin: Option<PathBuf>) -> Self {
+        SuiteConfig {
+            models: SuiteModel::ALL.to_vec(),
+            ks: vec![1, 2, 4, 8, 16],
+            max_k: 16,
+            // K = 16 of the CNN alone would take over a minute on 2 cores.
+            cnn_max_k: 8,
+            warmup_steps: 1,
+            repeats: 3,
+            mlp_steps: 50,
+            cnn_steps: 3,
+            gpt_steps: 15,
+            collective_mb: vec![1, 4, 16, 64, 256],
+            collective_ks: vec![2, 4, 8, 16],
+            collective_reps: 3,
+            rss_ks: vec![1, 64, 256, 1024],
+            startup_k: Some(16),
+            mnist_bin,
+            mpi_bench: None,
+            mnist_dir,
+            gpt_dir,
+            scratch_dir: std::env::temp_dir()
+                .join(format!("gym-bench-suite-{}", std::process::id())),
+            command: String::new(),
+        }
+    }
+
+    /// The node counts of `model`'s overhead runs: 1, then the configured ones within its cap.
+    pub fn ks_for(&self, model: SuiteModel) -> Vec<usize> {
+        let cap = match model {
+            SuiteModel::Cnn => self.max_k.min(self.cnn_max_k),
+            _ => self.max_k,
+        };
+        let mut ks: Vec<usize> = std::iter::once(1)
+            .chain(self.ks.iter().copied().filter(|&k| k >= 1 && k <= cap))
+            .collect();
+        ks.sort_unstable();
+        ks.dedup();
+        ks
+    }
+
+    fn steps_for(&self, model: SuiteModel) -> usize {
+        match model {
+            SuiteModel::Mlp => self.mlp_steps,
+            SuiteModel::Cnn => self.cnn_steps,
+            SuiteModel::Gpt => self.gpt_steps,
+        }
+        .max(1)
+    }
+}
+
+/// Where and when the suite ran: what every caption and the JSON state.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MachineInfo {
+    /// `/proc/cpuinfo`'s model name and the cores this process may use, e.g.
+    /// `AMD EPYC 7B13, 2 cores`.
+    pub machine: String,
+    /// Cores this process may use ([`std::thread::available_parallelism`]).
+    pub cores: usize,
+    /// UTC date and time at the start, `YYYY-MM-DD HH:MM UTC`.
+    pub date: String,
+    /// `/proc/loadavg`'s 1, 5 and 15-minute averages at the start.
+    pub load_average: String,
+}
+
+impl MachineInfo {
+    /// This machine, now.
+    pub fn now() -> Self {
+        let cores = cores();
+        let cpu = std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("model name"))
+                    .and_then(|l| l.split_once(':'))
+                    .map(|(_, v)| v.trim().to_string())
+            })
+            .unwrap_or_else(|| std::env::consts::ARCH.to_string());
+        let load_average = std::fs::read_to_string("/proc/loadavg")
+            .ok()
+            .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+            .unwrap_or_else(|| "unknown".into());
+        MachineInfo {
+            machine: format!("{cpu}, {cores} cores"),
+            cores,
+            date: utc_now(),
+            load_average,
+        }
+    }
+}
+
+/// One table of the suite: a caption and Markdown rows.
+#[derive(Debug, Clone)]
+pub struct SuiteTable {
+    /// Bold title and caption (machine, date, load, command, definitions).
+    pub caption: String,
+    /// The table's Markdown lines, header included.
+    pub rows: Vec<String>,
+}
+
+/// What the suite measured.
+#[derive(Debug, Clone)]
+pub struct SuiteResult {
+    /// Every figure by name (see the module documentation for the names); only finite
+    /// values are kept.
+    pub figures: BTreeMap<String, f64>,
+    /// Where and when.
+    pub machine: MachineInfo,
+    /// One table per part that ran.
+    pub tables: Vec<SuiteTable>,
+}
+
+impl SuiteResult {
+    /// The flat JSON object `bench --json` writes: every figure, plus `machine`, `date` and
+    /// `load_average` as strings.
+    pub fn to_json(&self) -> Value {
+        let mut map = Map::new();
+        map.insert("machine".into(), self.machine.machine.clone().into());
+        map.insert("date".into(), self.machine.date.clone().into());
+        map.insert(
+            "load_average".into(),
+            self.machine.load_average.clone().into(),
+        );
+        for (name, &v) in &self.figures {
+            // Whole numbers (byte counts) as integers, so they read back exactly.
+            let number = if v.fract() == 0.0 && (0.0..9.0e15).contains(&v) {
+                Some(serde_json::Number::from(v as u64))
+            } else {
+                serde_json::Number::from_f64(v)
+            };
+            if let Some(n) = number {
+                map.insert(name.clone(), Value::Number(n));
+            }
+        }
+        Value::Object(map)
+    }
+
+    /// Writes [`to_json`](Self::to_json) to `path`, pretty-printed.
+    pub fn write_json(&self, path: &Path) -> std::io::Result<()> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)?;
+        }
+        let text = serde_json::to_string_pretty(&self.to_json()).expect("a JSON map serialises");
+        std::fs::write(path, text + "\n")
+    }
+
+    /// Every table as Markdown, captions first, separated by blank lines.
+    pub fn markdown(&self) -> String {
+        let mut out = String::new();
+        for t in &self.tables {
+            let _ = writeln!(out, "{}\n", t.caption);
+            for r in &t.rows {
+                let _ = writeln!(out, "{r}");
+            }
+            out.push('\n');
+        }
+        out
+    }
+}
+
+/// Runs every part `config` enables and returns the figures and tables. Parts 3 and 4 run
+/// `config.mnist_bin`; a child that fails is an error row in its table, not an error of the
+/// suite. Progress goes to stderr.
+pub fn run_suite(config: &SuiteConfig) -> Result<SuiteResult, BoxError> {
+    let machine = MachineInfo::now();
+    let mut out = SuiteResult {
+        figures: BTreeMap::new(),
+        machine,
+        tables: Vec::new(),
+    };
+    if !config.models.is_empty() {
+        overhead::overhead(config, &mut out)?;
+    }
+    if config.collective_mb.iter().any(|&s| s > 0) && config.collective_ks.iter().any(|&k| k > 0) {
+        bandwidth::bandwidth(config, &mut out)?;
+    }
+    if config.rss_ks.iter().any(|&k| k > 0) || config.startup_k.is_some() {
+        children::children(config, &mut out);
+        std::fs::remove_dir_all(&config.scratch_dir).ok();
+    }
+    Ok(out)
+}
+
+/// The caption every table starts with.
+fn caption(title: &str, config: &SuiteConfig, m: &MachineInfo, note: &str) -> String {
+    format!(
+        "**{title}.** Machine: {}; date: {}; load average at the start: {}; command: `{}`. {note}",
+        m.machine, m.date, m.load_average, config.command
+    )
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// The backend's short name for figure names (`flex`, `tch`, …), from the default device's
+/// debug name (e.g. `Device<Flex(Cpu)>`).
+fn backend_tag() -> String {
+    let name = format!("{:?}", Device::default()).to_lowercase();
+    [
+        ("flex", "flex"),
+        ("libtorch", "tch"),
+        ("tch", "tch"),
+        ("cuda", "cuda"),
+        ("wgpu", "wgpu"),
+        ("ndarray", "ndarray"),
+    ]
+    .into_iter()
+    .find(|(needle, _)| name.contains(needle))
+    .map_or("backend", |(_, tag)| tag)
+    .to_string()
+}
+
+/// The current UTC time as `YYYY-MM-DD HH:MM UTC`.
+fn utc_now() -> String {
+    let t = gym_core::metrics::UtcTime::now();
+    format!(
+        "{:04}-{:02}-{:02} {:02}:{:02} UTC",
+        t.year, t.month, t.day, t.hour, t.minute
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn k_one_is_always_the_first_overhead_run_and_the_cnn_is_capped() {
+        let mut c = SuiteConfig::new(PathBuf::new(), PathBuf::new(), None);
+        c.ks = vec![16, 4, 2];
+        c.cnn_max_k = 4;
+        assert_eq!(c.ks_for(SuiteModel::Mlp), vec![1, 2, 4, 16]);
+        assert_eq!(c.ks_for(SuiteModel::Cnn), vec![1, 2, 4]);
+    }
+}
