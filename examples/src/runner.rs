@@ -168,7 +168,7 @@ impl Runner {
             }
             CollectiveKind::Mpi => {
                 let out = self.mpi.fit(&trainer, task, strategy, args.mpi_timeout)?;
-                let processes = out.report.num_nodes;
+                let processes = self.mpi.processes();
                 (out, format!("{backend}; MPI, {processes} processes"))
             }
         };
@@ -359,6 +359,11 @@ mod mpi {
             self.0.get().is_none_or(|n| n.process() == 0)
         }
 
+        /// The processes of the job (1 before it started).
+        pub fn processes(&self) -> usize {
+            self.0.get().map_or(1, |n| n.processes())
+        }
+
         /// Fits this process's nodes. A node that fails ends the whole job (`MPI_Abort`),
         /// since the others are waiting for it in a collective.
         pub fn fit<M, I, B>(
@@ -406,6 +411,10 @@ mod mpi {
 
         pub fn is_rank_zero(&self) -> bool {
             true
+        }
+
+        pub fn processes(&self) -> usize {
+            1
         }
 
         pub fn fit<M, I, B>(

@@ -12,7 +12,7 @@
 //! | [`strategy`] | [`Strategy`] / [`StrategyConfig`] (algorithms as values), [`Replica`], each node's optimizer ([`optim`]) | `comm`, `state` |
 //! | [`comm`] | [`Collective`] (counted, timed, cut to the nodes present) over a [`Transport`] (threads; MPI), the cost of a call in bytes and time, the network, the clock, quorums, the simulated cluster, faults | `state::rng` |
 //! | [`state`] | parameters as one flat buffer, strategy state as named values, random streams | Burn |
-//! | [`metrics`] | records, the recorder and progress bar, CSV logs, what faults cost | `comm` (counters, clocks) |
+//! | [`metrics`] | records, the recorder and progress bar, CSV logs, what faults cost | `comm` (counters, clocks), `strategy` (whether work is merged) |
 //!
 //! A run reads top-down: [`Trainer::fit`] (`run/trainer.rs`) prepares the nodes
 //! (`run/prepare.rs`) and runs each one's loop (`run/node.rs`) on its own thread; each

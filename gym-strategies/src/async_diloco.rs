@@ -71,14 +71,109 @@ pub struct AsyncDiLoCo {
     optim: InnerOptimizer,
     sync_interval: usize,
     local_steps: usize,
-    outer_lr: f64,
-    outer_momentum: f64,
-    momentum_period: usize,
-    /// The server's state, replicated: φ, m, G and c.
-    master: Tensor<1>,
-    momentum: Option<Tensor<1>>,
-    buffer: Option<Tensor<1>>,
-    pushes: usize,
+    /// The server, replicated on every node.
+    server: DelayedNesterov,
+}
+
+/// The server of asynchronous DiLoCo: φ stepped by Delayed Nesterov, one push at a time
+/// (see [`AsyncDiLoCoConfig`]): φ, the momentum m, the buffer G and the push counter c.
+pub(crate) struct DelayedNesterov {
+    lr: f64,
+    momentum_coef: f64,
+    period: usize,
+    pub master: Tensor<1>,
+    pub momentum: Option<Tensor<1>>,
+    pub buffer: Option<Tensor<1>>,
+    pub pushes: usize,
+}
+
+impl DelayedNesterov {
+    /// A server at φ = `master`, with outer lr η, momentum μ and momentum period N.
+    pub fn new(master: Tensor<1>, lr: f64, momentum_coef: f64, period: usize) -> Self {
+        DelayedNesterov {
+            lr,
+            momentum_coef,
+            period,
+            master,
+            momentum: None,
+            buffer: None,
+            pushes: 0,
+        }
+    }
+
+    /// One push Δ applied: `c ← c+1; G ← G + Δ`; if `c mod N ≠ 0`, `φ ← φ − η·Δ/N`; else
+    /// `m ← μm + G/N; φ ← φ − η(Δ/N + μm); G ← 0`.
+    pub fn apply(&mut self, delta: Tensor<1>) {
+        let (eta, mu, big_n) = (self.lr, self.momentum_coef, self.period as f64);
+        self.pushes += 1;
+        let buffer = match self.buffer.take() {
+            Some(g) => g + delta.clone(),
+            None => delta.clone(),
+        };
+        let scaled = delta.div_scalar(big_n);
+        if !self.pushes.is_multiple_of(self.period) {
+            self.master = self.master.clone() - scaled.mul_scalar(eta);
+            self.buffer = Some(buffer);
+        } else {
+            let average = buffer.div_scalar(big_n);
+            let momentum = match self.momentum.take() {
+                Some(m) => m.mul_scalar(mu) + average,
+                None => average,
+            };
+            self.master =
+                self.master.clone() - (scaled + momentum.clone().mul_scalar(mu)).mul_scalar(eta);
+            self.momentum = Some(momentum);
+        }
+    }
+
+    /// The server's state, for a checkpoint.
+    pub fn record(&self) -> Result<DelayedNesterovRecord> {
+        let values = |t: &Option<Tensor<1>>| t.as_ref().map(Values::of).transpose();
+        Ok(DelayedNesterovRecord {
+            master: Values::of(&self.master)?,
+            pushes: self.pushes,
+            has_momentum: self.momentum.is_some(),
+            momentum: values(&self.momentum)?,
+            has_buffer: self.buffer.is_some(),
+            buffer: values(&self.buffer)?,
+        })
+    }
+
+    /// Restores `record` (read from `state`, which names what is missing).
+    pub fn load_record(&mut self, record: DelayedNesterovRecord, state: &StateDict) -> Result<()> {
+        let (n, device) = (self.master.dims()[0], self.master.device());
+        self.master = record.master.tensor(n, &device)?;
+        self.pushes = record.pushes;
+        let load = |flag: bool, saved: Option<Values>, key: &str| -> Result<Option<Tensor<1>>> {
+            match (flag, saved) {
+                (false, _) => Ok(None),
+                (true, Some(values)) => values.tensor(n, &device).map(Some),
+                (true, None) => Err(crate::compress::missing(state, key)),
+            }
+        };
+        self.momentum = load(record.has_momentum, record.momentum, "momentum")?;
+        self.buffer = load(record.has_buffer, record.buffer, "buffer")?;
+        Ok(())
+    }
+}
+
+gym_core::record! {
+    /// What the server of asynchronous DiLoCo carries between pushes.
+    pub struct DelayedNesterovRecord {
+        /// φ.
+        pub master: Values,
+        /// Pushes applied so far.
+        pub pushes: usize,
+        /// Whether the momentum exists (not before its first update). The flags stay in
+        /// the record so that a state's encoding, and a rejoin's traffic, is what it was.
+        pub has_momentum: bool,
+        /// Delayed Nesterov's momentum m.
+        pub momentum: Option<Values>,
+        /// Whether the buffer exists (not after a flush).
+        pub has_buffer: bool,
+        /// The buffer G of outer gradients not yet applied.
+        pub buffer: Option<Values>,
+    }
 }
 
 impl StrategyConfig for AsyncDiLoCoConfig {
@@ -109,13 +204,12 @@ impl StrategyConfig for AsyncDiLoCoConfig {
             optim: self.inner.init(node.layout, node.max_steps)?,
             sync_interval: self.sync_interval,
             local_steps: self.local_steps(node.node_speeds, node.rank),
-            outer_lr: self.outer_lr,
-            outer_momentum: self.outer_momentum,
-            momentum_period: self.momentum_period.unwrap_or(node.world_size),
-            master: node.initial_params.clone(),
-            momentum: None,
-            buffer: None,
-            pushes: 0,
+            server: DelayedNesterov::new(
+                node.initial_params.clone(),
+                self.outer_lr,
+                self.outer_momentum,
+                self.momentum_period.unwrap_or(node.world_size),
+            ),
         }))
     }
 }
@@ -140,7 +234,7 @@ impl AsyncDiLoCo {
         if !is_sync_step(ctx.step, self.sync_interval) {
             return Ok(());
         }
-        let delta = self.master.clone() - replica.params();
+        let delta = self.server.master.clone() - replica.params();
         let n = delta.dims()[0];
         let device = delta.device();
         // The push carries its arrival time: when this worker finished its local steps.
@@ -159,38 +253,10 @@ impl AsyncDiLoCo {
             .collect::<Vec<_>>();
         order.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
         for (_, rank) in order {
-            self.apply_push(pushes[rank].clone().slice(0..n));
+            self.server.apply(pushes[rank].clone().slice(0..n));
         }
-        replica.set_params(self.master.clone());
+        replica.set_params(self.server.master.clone());
         Ok(())
-    }
-
-    /// Delayed Nesterov: one push applied on the server.
-    fn apply_push(&mut self, delta: Tensor<1>) {
-        let (eta, mu, big_n) = (
-            self.outer_lr,
-            self.outer_momentum,
-            self.momentum_period as f64,
-        );
-        self.pushes += 1;
-        let buffer = match self.buffer.take() {
-            Some(g) => g + delta.clone(),
-            None => delta.clone(),
-        };
-        let scaled = delta.div_scalar(big_n);
-        if !self.pushes.is_multiple_of(self.momentum_period) {
-            self.master = self.master.clone() - scaled.mul_scalar(eta);
-            self.buffer = Some(buffer);
-        } else {
-            let average = buffer.div_scalar(big_n);
-            let momentum = match self.momentum.take() {
-                Some(m) => m.mul_scalar(mu) + average,
-                None => average,
-            };
-            self.master =
-                self.master.clone() - (scaled + momentum.clone().mul_scalar(mu)).mul_scalar(eta);
-            self.momentum = Some(momentum);
-        }
     }
 }
 
@@ -218,19 +284,20 @@ impl Strategy for AsyncDiLoCo {
     }
 
     fn master_params(&self) -> Option<Tensor<1>> {
-        Some(self.master.clone())
+        Some(self.server.master.clone())
     }
 
     fn save_state(&self) -> Result<StateDict> {
-        let values = |t: &Option<Tensor<1>>| t.as_ref().map(Values::of).transpose();
+        // The server's fields at the top level, as the state has always been laid out.
+        let server = self.server.record()?;
         AsyncDiLoCoRecord {
             inner: self.optim.record()?,
-            master: Values::of(&self.master)?,
-            pushes: self.pushes,
-            has_momentum: self.momentum.is_some(),
-            momentum: values(&self.momentum)?,
-            has_buffer: self.buffer.is_some(),
-            buffer: values(&self.buffer)?,
+            master: server.master,
+            pushes: server.pushes,
+            has_momentum: server.has_momentum,
+            momentum: server.momentum,
+            has_buffer: server.has_buffer,
+            buffer: server.buffer,
         }
         .to_state()
     }
@@ -238,19 +305,15 @@ impl Strategy for AsyncDiLoCo {
     fn load_state(&mut self, state: &StateDict) -> Result<()> {
         let record = AsyncDiLoCoRecord::from_state(state)?;
         self.optim.load_record(record.inner)?;
-        let (n, device) = (self.master.dims()[0], self.master.device());
-        self.master = record.master.tensor(n, &device)?;
-        self.pushes = record.pushes;
-        let load = |flag: bool, saved: Option<Values>, key: &str| -> Result<Option<Tensor<1>>> {
-            match (flag, saved) {
-                (false, _) => Ok(None),
-                (true, Some(values)) => values.tensor(n, &device).map(Some),
-                (true, None) => Err(crate::compress::missing(state, key)),
-            }
+        let server = DelayedNesterovRecord {
+            master: record.master,
+            pushes: record.pushes,
+            has_momentum: record.has_momentum,
+            momentum: record.momentum,
+            has_buffer: record.has_buffer,
+            buffer: record.buffer,
         };
-        self.momentum = load(record.has_momentum, record.momentum, "momentum")?;
-        self.buffer = load(record.has_buffer, record.buffer, "buffer")?;
-        Ok(())
+        self.server.load_record(server, state)
     }
 }
 
@@ -275,50 +338,6 @@ gym_core::record! {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use burn::tensor::Device;
-
-    fn scalar(v: f32) -> Tensor<1> {
-        Tensor::from_data(TensorData::new(vec![v], [1]), &Device::default())
-    }
-
-    #[test]
-    fn zoo_delayed_nesterov_follows_the_hand_computed_sequence() {
-        let device = Device::default();
-        let mut server = AsyncDiLoCo {
-            optim: InnerOptimizerConfig::new()
-                .init(
-                    &gym_core::ParamLayout::trainable(
-                        &burn::nn::LinearConfig::new(1, 1).init(&device.clone().autodiff()),
-                    ),
-                    1,
-                )
-                .unwrap(),
-            sync_interval: 1,
-            local_steps: 1,
-            outer_lr: 1.0,
-            outer_momentum: 0.5,
-            momentum_period: 2,
-            master: scalar(0.0),
-            momentum: None,
-            buffer: None,
-            pushes: 0,
-        };
-        // η = 1, μ = 0.5, N = 2, pushes 1, 2, 1, 0:
-        // 1: φ = 0 − 1/2 = −0.5 (G = 1)
-        // 2: G = 3, m = 1.5, φ = −0.5 − (2/2 + 0.5·1.5) = −2.25
-        // 3: G = 1, φ = −2.25 − 1/2 = −2.75
-        // 4: G = 1, m = 0.5·1.5 + 1/2 = 1.25, φ = −2.75 − (0 + 0.625) = −3.375
-        let expected = [-0.5, -2.25, -2.75, -3.375];
-        for (push, want) in [1.0, 2.0, 1.0, 0.0].into_iter().zip(expected) {
-            server.apply_push(scalar(push));
-            let got = server.master.clone().into_scalar::<f32>();
-            assert!((got - want).abs() < 1e-6, "{got} vs {want}");
-        }
-    }
-}
 /// Asynchronous DiLoCo in the product's registry: its flags and how they build it.
 #[cfg(feature = "cli")]
 pub(crate) mod cli {
@@ -364,4 +383,30 @@ pub(crate) mod cli {
             ))
         },
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::Device;
+
+    fn scalar(v: f32) -> Tensor<1> {
+        Tensor::from_data(TensorData::new(vec![v], [1]), &Device::default())
+    }
+
+    #[test]
+    fn zoo_delayed_nesterov_follows_the_hand_computed_sequence() {
+        let mut server = DelayedNesterov::new(scalar(0.0), 1.0, 0.5, 2);
+        // η = 1, μ = 0.5, N = 2, pushes 1, 2, 1, 0:
+        // 1: φ = 0 − 1/2 = −0.5 (G = 1)
+        // 2: G = 3, m = 1.5, φ = −0.5 − (2/2 + 0.5·1.5) = −2.25
+        // 3: G = 1, φ = −2.25 − 1/2 = −2.75
+        // 4: G = 1, m = 0.5·1.5 + 1/2 = 1.25, φ = −2.75 − (0 + 0.625) = −3.375
+        let expected = [-0.5, -2.25, -2.75, -3.375];
+        for (push, want) in [1.0, 2.0, 1.0, 0.0].into_iter().zip(expected) {
+            server.apply(scalar(push));
+            let got = server.master.clone().into_scalar::<f32>();
+            assert!((got - want).abs() < 1e-6, "{got} vs {want}");
+        }
+    }
 }

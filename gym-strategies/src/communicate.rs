@@ -2,12 +2,12 @@
 //! own timing (the original's `CommunicateOptimizeStrategy`).
 
 use burn::tensor::Tensor;
-use gym_core::InnerOptimizerRecord;
 use gym_core::state::fields::Record;
 use gym_core::{
     GymError, InnerOptimizer, InnerOptimizerConfig, NodeInfo, Replica, Result, StateDict,
     StepContext, Strategy, StrategyConfig,
 };
+use gym_core::{InnerOptimizerRecord, Pending, TransferTiming};
 use std::sync::Arc;
 
 /// Whether a module that synchronises every `sync_interval` steps (H) does so after the
@@ -267,3 +267,29 @@ macro_rules! composed_strategy {
     };
 }
 pub(crate) use composed_strategy;
+
+/// The clock's charge for a mean in flight across steps: the collective's own, or, in a
+/// resumed run, its saved timing, taken again through
+/// [`Collective::resume_pending`](gym_core::Collective::resume_pending).
+pub(crate) enum Transfer {
+    Started(Pending<()>),
+    Resumed(Option<TransferTiming>),
+}
+
+impl Transfer {
+    pub(crate) fn timing(&self) -> Option<TransferTiming> {
+        match self {
+            Transfer::Started(p) => p.timing(),
+            Transfer::Resumed(t) => *t,
+        }
+    }
+
+    pub(crate) fn wait(self, ctx: &StepContext<'_>) -> Result<()> {
+        match self {
+            Transfer::Started(p) => p.wait()?,
+            Transfer::Resumed(Some(t)) => ctx.collective.resume_pending(t).wait()?,
+            Transfer::Resumed(None) => {}
+        }
+        Ok(())
+    }
+}

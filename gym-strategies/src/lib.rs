@@ -23,7 +23,11 @@
 //! * [`NoLoCoConfig`]: no all-reduce: each synchronisation averages within random pairs;
 //! * [`AsyncDiLoCoConfig`]: workers of different speeds, Delayed Nesterov, Dynamic Local
 //!   Updates;
-//! * [`PowerSgdConfig`]: data-parallel with rank-r gradient factors.
+//! * [`PowerSgdConfig`]: data-parallel with rank-r gradient factors;
+//! * [`EagerDiLoCoConfig`]: DiLoCo whose all-reduce overlaps the next round, the own outer
+//!   gradient applied at once (eager updates);
+//! * [`FreeAsyncDiLoCoConfig`]: asynchronous DiLoCo without rounds, each worker pushing
+//!   when its own H steps end (free-running).
 //!
 //! Averaging strategies (AllReduce's gradient, DiLoCo's outer gradient, FedAvg's parameters)
 //! take a [`CompressionConfig`]: a codec from [`compress`] (int8, FP8, FP4, 2-bit, top-k,
@@ -44,7 +48,9 @@ pub mod compress;
 pub mod demo;
 mod desloc;
 mod diloco;
+mod eager_diloco;
 mod fedavg;
+mod free_async_diloco;
 mod muloco;
 mod noloco;
 mod outer;
@@ -55,6 +61,8 @@ mod sparseloco;
 mod sparta;
 mod sparta_diloco;
 mod streaming_diloco;
+#[cfg(test)]
+mod testing;
 
 /// The strategies of the product, in the order `--help` lists them: one line each. The
 /// example binaries' `--strategy`, `--help`, `--config`, `compare` and `sweep` read this
@@ -74,6 +82,8 @@ pub static STRATEGIES: &[registry::Entry] = &[
     noloco::cli::ENTRY,
     async_diloco::cli::ENTRY,
     powersgd::cli::ENTRY,
+    eager_diloco::cli::ENTRY,
+    free_async_diloco::cli::ENTRY,
 ];
 
 pub use all_reduce::{AllReduce, AllReduceConfig};
@@ -83,9 +93,13 @@ pub use compress::{Aggregation, Codec, CompressionConfig, Compressor, Quantizer}
 pub use demo::{DeMo, DeMoConfig};
 pub use desloc::{DesLoc, DesLocConfig};
 pub use diloco::{DiLoCoCommunicator, DiLoCoCommunicatorConfig, DiLoCoConfig};
+pub use eager_diloco::{
+    EagerDiLoCoCommunicator, EagerDiLoCoCommunicatorConfig, EagerDiLoCoConfig, EagerForm,
+};
 pub use fedavg::{
     AveragingCommunicator, AveragingCommunicatorConfig, FedAvgConfig, IslandPartition,
 };
+pub use free_async_diloco::{FreeAsyncDiLoCo, FreeAsyncDiLoCoConfig};
 pub use muloco::{
     MuLoCoConfig, hidden_matrices, muloco_communicator, muloco_inner, muon_for_matrices,
 };

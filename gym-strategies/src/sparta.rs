@@ -278,6 +278,70 @@ impl SpartaConfig {
 
 composed_strategy!(SpartaConfig, NAME);
 
+/// SPARTA in the product's registry: its flags and how they build it.
+#[cfg(feature = "cli")]
+pub(crate) mod cli {
+    use super::*;
+    use crate::registry::{Entry, OptimizerArgs, Shared, value_name};
+    use clap::{Args, ValueEnum};
+    use serde::Serialize;
+
+    /// SPARTA's index selectors, as the command line names them.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+    pub enum SelectorName {
+        /// Each element with probability p.
+        Random,
+        /// Chunks of one fixed permutation, in turn.
+        ShuffledSequential,
+        /// Parts of a balanced random partition, in turn.
+        Partitioned,
+    }
+
+    /// SPARTA's sparse averaging ([`Shared::Sparta`]): read by sparta and sparta-diloco.
+    #[derive(Debug, Clone, Args, Serialize)]
+    pub struct SpartaArgs {
+        /// SPARTA: fraction of the parameters averaged per synchronisation.
+        #[arg(long, default_value_t = 0.005)]
+        pub p_sparta: f64,
+        /// SPARTA: steps between sparse averagings (in sparta and sparta-diloco).
+        #[arg(long, default_value_t = 1)]
+        pub sparta_sync_interval: usize,
+        /// SPARTA: how the averaged elements are chosen.
+        #[arg(long, value_enum, default_value = "random")]
+        #[serde(serialize_with = "value_name")]
+        pub sparta_selector: SelectorName,
+    }
+
+    impl SpartaArgs {
+        /// SPARTA's sparse averaging as these flags describe it.
+        pub fn communicator(&self) -> SparseCommunicatorConfig {
+            SparseCommunicatorConfig::new()
+                .with_p(self.p_sparta)
+                .with_sync_interval(self.sparta_sync_interval)
+                .with_selector(match self.sparta_selector {
+                    SelectorName::Random => IndexSelectorKind::Random,
+                    SelectorName::ShuffledSequential => IndexSelectorKind::ShuffledSequential,
+                    SelectorName::Partitioned => IndexSelectorKind::Partitioned,
+                })
+        }
+    }
+
+    /// SPARTA in the registry.
+    pub const ENTRY: Entry = Entry {
+        name: NAME,
+        about: "A fraction p of the parameters averaged every step",
+        uses: &[Shared::Sparta],
+        flags: None,
+        build: |f| {
+            Ok(Box::new(
+                SpartaConfig::new()
+                    .with_inner(f.get::<OptimizerArgs>()?.inner())
+                    .with_communicator(f.get::<SpartaArgs>()?.communicator()),
+            ))
+        },
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -366,67 +430,4 @@ mod tests {
             assert_eq!(a.next(&layout), b.next(&layout));
         }
     }
-}
-/// SPARTA in the product's registry: its flags and how they build it.
-#[cfg(feature = "cli")]
-pub(crate) mod cli {
-    use super::*;
-    use crate::registry::{Entry, OptimizerArgs, Shared, value_name};
-    use clap::{Args, ValueEnum};
-    use serde::Serialize;
-
-    /// SPARTA's index selectors, as the command line names them.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-    pub enum SelectorName {
-        /// Each element with probability p.
-        Random,
-        /// Chunks of one fixed permutation, in turn.
-        ShuffledSequential,
-        /// Parts of a balanced random partition, in turn.
-        Partitioned,
-    }
-
-    /// SPARTA's sparse averaging ([`Shared::Sparta`]): read by sparta and sparta-diloco.
-    #[derive(Debug, Clone, Args, Serialize)]
-    pub struct SpartaArgs {
-        /// SPARTA: fraction of the parameters averaged per synchronisation.
-        #[arg(long, default_value_t = 0.005)]
-        pub p_sparta: f64,
-        /// SPARTA: steps between sparse averagings (in sparta and sparta-diloco).
-        #[arg(long, default_value_t = 1)]
-        pub sparta_sync_interval: usize,
-        /// SPARTA: how the averaged elements are chosen.
-        #[arg(long, value_enum, default_value = "random")]
-        #[serde(serialize_with = "value_name")]
-        pub sparta_selector: SelectorName,
-    }
-
-    impl SpartaArgs {
-        /// SPARTA's sparse averaging as these flags describe it.
-        pub fn communicator(&self) -> SparseCommunicatorConfig {
-            SparseCommunicatorConfig::new()
-                .with_p(self.p_sparta)
-                .with_sync_interval(self.sparta_sync_interval)
-                .with_selector(match self.sparta_selector {
-                    SelectorName::Random => IndexSelectorKind::Random,
-                    SelectorName::ShuffledSequential => IndexSelectorKind::ShuffledSequential,
-                    SelectorName::Partitioned => IndexSelectorKind::Partitioned,
-                })
-        }
-    }
-
-    /// SPARTA in the registry.
-    pub const ENTRY: Entry = Entry {
-        name: NAME,
-        about: "A fraction p of the parameters averaged every step",
-        uses: &[Shared::Sparta],
-        flags: None,
-        build: |f| {
-            Ok(Box::new(
-                SpartaConfig::new()
-                    .with_inner(f.get::<OptimizerArgs>()?.inner())
-                    .with_communicator(f.get::<SpartaArgs>()?.communicator()),
-            ))
-        },
-    };
 }

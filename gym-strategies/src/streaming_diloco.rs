@@ -3,7 +3,8 @@
 //! steps, outer gradients in 4 bits.
 
 use crate::communicate::{
-    CommunicateOptimizeConfig, CommunicationModule, CommunicationModuleConfig, composed_strategy,
+    CommunicateOptimizeConfig, CommunicationModule, CommunicationModuleConfig, Transfer,
+    composed_strategy,
 };
 use crate::compress::{Codec, CompressionConfig, Compressor, Quantizer};
 use crate::outer::OuterRecord;
@@ -12,8 +13,8 @@ use burn::config::Config;
 use burn::tensor::Tensor;
 use gym_core::state::fields::{Record, Values};
 use gym_core::{
-    GymError, InnerOptimizerConfig, NodeInfo, OptimizerConfig, ParamLayout, Pending, Replica,
-    Result, StateDict, StepContext, TransferTiming,
+    GymError, InnerOptimizerConfig, NodeInfo, OptimizerConfig, ParamLayout, Replica, Result,
+    StateDict, StepContext, TransferTiming,
 };
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
@@ -236,31 +237,6 @@ struct InFlight {
     transfer: Transfer,
 }
 
-/// The clock's charge for a mean in flight: the collective's own, or, in a resumed run, its
-/// saved timing, taken again through [`Collective::resume_pending`](gym_core::Collective::resume_pending).
-enum Transfer {
-    Started(Pending<()>),
-    Resumed(Option<TransferTiming>),
-}
-
-impl Transfer {
-    fn timing(&self) -> Option<TransferTiming> {
-        match self {
-            Transfer::Started(p) => p.timing(),
-            Transfer::Resumed(t) => *t,
-        }
-    }
-
-    fn wait(self, ctx: &StepContext<'_>) -> Result<()> {
-        match self {
-            Transfer::Started(p) => p.wait()?,
-            Transfer::Resumed(Some(t)) => ctx.collective.resume_pending(t).wait()?,
-            Transfer::Resumed(None) => {}
-        }
-        Ok(())
-    }
-}
-
 /// One node's Streaming DiLoCo synchronisation, after each inner step (torchft's rule, with
 /// the shared step counter in place of torchft's per-sync counter).
 ///
@@ -290,7 +266,7 @@ impl Transfer {
 /// `fragment{p}/`, and a mean in flight (prepared, not yet synced) as its value Δ̄_p with its
 /// fragment and sync step under `in_flight/`. The value is exactly what the sync would have
 /// applied, so parameters resume bit for bit; with it go the transfer's simulated timing
-/// ([`Pending::timing`]), whose wait the resumed run charges at the sync step through
+/// ([`Pending::timing`](gym_core::Pending::timing)), whose wait the resumed run charges at the sync step through
 /// [`Collective::resume_pending`](gym_core::Collective::resume_pending), so its clock
 /// resumes exactly too.
 pub struct StreamingDiLoCo {
@@ -376,18 +352,16 @@ impl StreamingDiLoCo {
         let fragment = &mut self.fragments[p];
         let delta = fragment.outer.master() - gather(&fragment.ranges, &replica.params());
         let world = ctx.world();
-        // `map` applies its function at once (it takes a borrowing closure): the value is
-        // held from here, the clock's charge stays with `transfer`.
-        let mut mean = None;
-        let transfer = fragment
+        // The value is held from here; the clock's charge stays with the transfer.
+        let (mean, transfer) = fragment
             .compressor
             .start_mean(&world, delta, ctx)?
-            .map(|m| mean = Some(m));
+            .into_parts();
         debug_assert!(self.in_flight.is_none(), "at most one fragment in flight");
         self.in_flight = Some(InFlight {
             fragment: p,
             sync_step,
-            mean: mean.expect("`Pending::map` applies its function at once"),
+            mean,
             transfer: Transfer::Started(transfer),
         });
         Ok(())

@@ -216,7 +216,8 @@ pub fn host(t: Tensor<1>) -> Vec<f32> {
 }
 
 /// The runs that must come out the same whether every node is a thread of one `fit` or
-/// each node its own `fit_node` (another thread, another process): AllReduce, DiLoCo
+/// the nodes are spread over several processes (threads standing in for them, or an MPI
+/// job): AllReduce, DiLoCo
 /// (H = 3, so the replicas differ at step 20) on a simulated network, and DeMo, by name.
 pub fn spread_cases() -> Vec<(&'static str, Box<dyn StrategyConfig>, bool)> {
     use gym_strategies::{AllReduceConfig, DeMoConfig, DiLoCoCommunicatorConfig, DiLoCoConfig};

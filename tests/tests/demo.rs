@@ -125,6 +125,7 @@ fn node_info<'a>(
         layout,
         initial_params: layout.flatten(model),
         node_speeds: &[1.0; 64][..world_size],
+        faults: false,
     }
 }
 

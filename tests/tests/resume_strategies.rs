@@ -167,6 +167,7 @@ fn train(
                 layout: &layout,
                 initial_params: host(&initial, &host_device),
                 node_speeds: speeds,
+                faults: false,
             };
             let mut strategy = config.init(&node).expect("valid configuration");
             if let Some(s) = &resumed

@@ -121,6 +121,7 @@ fn drive(
             layout: &layout,
             initial_params: host(&initial, &device),
             node_speeds: &[1.0],
+            faults: false,
         })
         .unwrap();
     replicas
@@ -242,6 +243,7 @@ fn fedavg_islands_average_within_and_differ_across() {
                     layout: &layout,
                     initial_params: t.clone(),
                     node_speeds: &[1.0; 4],
+                    faults: false,
                 })
                 .unwrap();
             let mut ctx = StepContext {

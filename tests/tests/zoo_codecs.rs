@@ -493,6 +493,11 @@ fn dense_bytes(q: Quantizer, n: usize) -> usize {
         Quantizer::Int8 { chunk } | Quantizer::Fp8 { chunk } => n + 4 * n.div_ceil(chunk),
         Quantizer::Fp4 { block } => n.div_ceil(2) + 4 * n.div_ceil(block),
         Quantizer::TwoBit { group } => n.div_ceil(4) + 20 * n.div_ceil(group),
+        // A norm per 512 values; a sign and ⌈log₂(s+1)⌉ bits of level per value.
+        Quantizer::Qsgd { levels } => {
+            let level_bits = index_bits(levels + 1);
+            4 * n.div_ceil(512) + (n * (1 + level_bits)).div_ceil(8)
+        }
     }
 }
 
@@ -523,6 +528,9 @@ fn every_variant() -> Vec<Codec> {
         Quantizer::Fp4 { block: 3 },
         Quantizer::TwoBit { group: 4096 },
         Quantizer::TwoBit { group: 5 },
+        Quantizer::Qsgd { levels: 15 },
+        Quantizer::Qsgd { levels: 1 },
+        Quantizer::Qsgd { levels: 300 },
     ];
     let mut codecs: Vec<Codec> = dense.iter().map(|&q| Codec::Dense(q)).collect();
     for values in dense {
@@ -583,6 +591,9 @@ fn zoo_error_feedback_with_decay_one_conserves_the_sum() {
         "topk:8/64+2bit:256",
         "int8:64",
         "randomk:0.1+int8:64",
+        // Fine enough to contract (√512/255 < 1); a coarse QSGD with error feedback grows its
+        // residual without bound.
+        "qsgd:255",
     ] {
         let codec: Codec = spec.parse().unwrap();
         let mut ef = ErrorFeedback::new(1.0);

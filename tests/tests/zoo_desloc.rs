@@ -206,6 +206,7 @@ fn refusal(config: &DesLocConfig) -> String {
         layout: &layout,
         initial_params: Tensor::zeros([layout.num_elements()], &device.clone().inner()),
         node_speeds: &[1.0, 1.0],
+        faults: false,
     };
     match config.init(&node) {
         Err(GymError::InvalidConfig(why)) => why,

@@ -266,6 +266,7 @@ fn compressed_mean(
                 layout: &layout,
                 initial_params: Tensor::zeros([1], &device),
                 node_speeds: &speeds,
+                faults: false,
             };
             let mut compressor = compression.init(&node, 0).unwrap();
             let ctx = StepContext {

@@ -186,6 +186,7 @@ fn one_sync(k: usize, n: usize, alpha: f64, seed: u64, step: usize) -> Vec<Vec<f
                     layout: &layout,
                     initial_params: host(&vec![0.0; len], &device),
                     node_speeds: &speeds,
+                    faults: false,
                 })
                 .unwrap();
             replica.set_params(host(&vec![(rank + 1) as f32; len], &device));
@@ -273,6 +274,7 @@ fn init_error(config: &NoLoCoConfig, world_size: usize) -> String {
         layout: &layout,
         initial_params: host(&vec![0.0; layout.num_elements()], &device),
         node_speeds: &speeds,
+        faults: false,
     };
     match StrategyConfig::init(config, &node) {
         Ok(_) => panic!("accepted {config:?} on {world_size} nodes"),

@@ -61,6 +61,7 @@ fn compressor(
                 layout,
                 initial_params: Tensor::zeros([layout.num_elements()], &device),
                 node_speeds: &vec![1.0; world_size],
+                faults: false,
             },
             0,
         )

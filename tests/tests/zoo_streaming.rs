@@ -302,6 +302,7 @@ fn drive(config: &StreamingDiLoCoConfig, k: usize, steps: usize) -> Vec<Trace> {
                 layout: &layout,
                 initial_params: host(&initial, &device),
                 node_speeds: &speeds,
+                faults: false,
             };
             let mut module = StreamingDiLoCo::new(config, &node).unwrap();
             let mut theta = initial;
@@ -482,6 +483,7 @@ fn init_error(config: &StreamingDiLoCoConfig) -> String {
         layout: &layout,
         initial_params: initial,
         node_speeds: &[1.0, 1.0],
+        faults: false,
     };
     match StrategyConfig::init(config, &node) {
         Ok(_) => panic!("accepted {config:?}"),
@@ -523,6 +525,7 @@ fn zoo_streaming_refuses_bad_settings_naming_them() {
         layout: &layout,
         initial_params: host(&vec![0.0; layout.num_elements()], &device),
         node_speeds: &[1.0],
+        faults: false,
     };
     assert!(StrategyConfig::init(&base().with_overlap(2), &node).is_ok());
 }

@@ -62,6 +62,21 @@ impl<T> Pending<T> {
         }
     }
 
+    /// The result, which the simulator has already exchanged, and what remains of the
+    /// call: the clock's charge for the transfer, taken with [`wait`](Pending::wait) on the
+    /// returned `Pending<()>` (for a node that keeps the value while its transfer runs,
+    /// e.g. across the steps it overlaps).
+    pub fn into_parts(self) -> (T, Pending<()>) {
+        (
+            self.value,
+            Pending {
+                value: (),
+                finish: self.finish,
+                timing: self.timing,
+            },
+        )
+    }
+
     /// Lets the transfer finish without this node waiting for it: the node's clock is not
     /// charged, its link stays busy until the transfer ends. For a node that serves data it
     /// does not need back (a peer sending the current state to a late node).

@@ -220,6 +220,7 @@ impl Trainer {
                 layout: &layout,
                 initial_params: layout.flatten(&model),
                 node_speeds: &node_speeds,
+                faults: cfg.faults.is_some(),
             })?;
             let saved = resume.as_ref().map(|c| &c.nodes[rank]);
             if let Some(node) = saved {

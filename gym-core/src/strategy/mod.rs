@@ -41,6 +41,9 @@ pub struct NodeInfo<'a> {
     /// the modelled time ([`SimulationConfig::node_speed`](crate::SimulationConfig::node_speed));
     /// all 1 when the run does not simulate time.
     pub node_speeds: &'a [f64],
+    /// Whether the run has a fault schedule: nodes may leave and rejoin, crash, or be cut
+    /// off. A strategy that cannot run so refuses it here, before any step.
+    pub faults: bool,
 }
 
 /// What a node knows during one step.

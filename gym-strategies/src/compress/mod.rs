@@ -15,10 +15,14 @@
 //! all-reduce of re-encoded partial sums would send less at large K but adds an error per
 //! hop.
 
+mod bits;
 pub mod codec;
+mod formats;
 pub mod powersgd;
+mod quantizer;
 
-pub use codec::{Codec, ErrorFeedback, Quantizer};
+pub use codec::{Codec, ErrorFeedback};
+pub use quantizer::Quantizer;
 
 pub use powersgd::{PowerSgdCompressionConfig, PowerSgdCompressor};
 
@@ -114,6 +118,7 @@ impl CompressionConfig {
                 aggregation,
                 feedback: error_feedback.map(ErrorFeedback::new),
                 seed: derive_seed(node.seed, &[0xC0DE_C0DE, stream]),
+                rank: node.rank as u64,
                 calls: 0,
             }),
             CompressionConfig::PowerSgd(p) => Box::new(p.init(node, stream)?),
@@ -273,6 +278,8 @@ struct CodecCompressor {
     aggregation: Aggregation,
     feedback: Option<ErrorFeedback>,
     seed: u64,
+    /// The node's rank: its stochastic rounding (QSGD) draws from a stream of its own.
+    rank: u64,
     calls: u64,
 }
 
@@ -288,10 +295,12 @@ impl Compressor for CodecCompressor {
         let n = values.len();
         // The same seed on every node for the same call: random-k draws the same positions.
         let seed = derive_seed(self.seed, &[self.calls]);
+        // Each node's own stream for stochastic rounding, so that rounding errors average out.
+        let rounding = derive_seed(seed, &[self.rank]);
         self.calls += 1;
         let code = match &mut self.feedback {
-            Some(ef) => ef.encode(&self.codec, &values, seed)?,
-            None => self.codec.encode(&values, seed),
+            Some(ef) => ef.encode_with(&self.codec, &values, seed, rounding)?,
+            None => self.codec.encode_with(&values, seed, rounding),
         };
         let (codec, aggregation) = (self.codec, self.aggregation);
         let pending = ctx.collective.all_gather_bytes_start_in(group, code)?;

@@ -162,9 +162,10 @@ impl OuterArgs {
 #[derive(Debug, Clone, Args, Serialize)]
 pub struct CompressionArgs {
     /// How averaged vectors travel: none, int8, fp8, fp4, 2bit (each optionally :CHUNK),
-    /// topk:K/CHUNK, randomk:DENSITY (each optionally +Q, a dense format for the kept
-    /// values), then ,ef or ,ef=DECAY for error feedback and ,senders to average sparse
-    /// values over their senders; or powersgd:RANK (default: the strategy's).
+    /// `qsgd[:LEVELS]` (QSGD: stochastic rounding to LEVELS levels per 512 values, default
+    /// 15, unbiased), topk:K/CHUNK, randomk:DENSITY (each optionally +Q, a dense format for
+    /// the kept values), then ,ef or ,ef=DECAY for error feedback and ,senders to average
+    /// sparse values over their senders; or powersgd:RANK (default: the strategy's).
     #[arg(long, value_parser = checked::<CompressionConfig>)]
     pub compression: Option<String>,
 }

@@ -1,0 +1,68 @@
+//! Test doubles shared by the strategies' tests: a replica that is only a flat vector, and
+//! what a node's module needs to be built and stepped by hand.
+
+use burn::tensor::{Device, Tensor, TensorData};
+use gym_core::{NodeInfo, ParamLayout, Replica};
+
+/// A replica that is only its flat parameters (no model, no optimizer).
+pub(crate) struct FlatReplica(pub Tensor<1>);
+
+impl Replica for FlatReplica {
+    fn params(&mut self) -> Tensor<1> {
+        self.0.clone()
+    }
+
+    fn set_params(&mut self, params: Tensor<1>) {
+        self.0 = params;
+    }
+
+    fn optimizer_step(
+        &mut self,
+        _: &mut burn::optim::ModuleOptimizer,
+        _: burn::optim::lr_scheduler::module_lr_scheduler::ModuleLearningRate,
+        _: Tensor<1>,
+    ) {
+        unreachable!("a flat replica is stepped by hand")
+    }
+}
+
+/// A flat tensor of `values`.
+pub(crate) fn flat(values: &[f32]) -> Tensor<1> {
+    Tensor::from_data(
+        TensorData::new(values.to_vec(), [values.len()]),
+        &Device::default(),
+    )
+}
+
+/// A flat tensor's values.
+pub(crate) fn host(t: Tensor<1>) -> Vec<f32> {
+    t.into_data().try_to_vec::<f32>().expect("f32 values")
+}
+
+/// A layout to hand to `NodeInfo` (modules that read only the initial parameters).
+pub(crate) fn any_layout() -> ParamLayout {
+    let device = Device::default().autodiff();
+    ParamLayout::trainable(&burn::nn::LinearConfig::new(1, 1).init(&device))
+}
+
+/// What node `rank` of `k` knows, starting from `initial`, all nodes of speed 1.
+pub(crate) fn node_info<'a>(
+    rank: usize,
+    k: usize,
+    initial: Tensor<1>,
+    layout: &'a ParamLayout,
+    speeds: &'a [f64],
+    device: &'a Device,
+) -> NodeInfo<'a> {
+    NodeInfo {
+        rank,
+        world_size: k,
+        max_steps: 100,
+        seed: 5,
+        device,
+        layout,
+        initial_params: initial,
+        node_speeds: speeds,
+        faults: false,
+    }
+}
