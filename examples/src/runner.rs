@@ -325,47 +325,66 @@ pub fn files_exit_code(result: Result<Vec<PathBuf>, BoxError>) -> ExitCode {
     }
 }
 
-/// `--collective mpi`: the nodes spread over the processes of an MPI job.
-#[cfg(feature = "mpi")]
+/// `--collective mpi`: the nodes spread over the processes of an MPI job; refused in a
+/// build without the `mpi` feature.
 mod mpi {
     use super::{BoxError, Task};
     use burn::data::dataloader::batcher::Batcher;
-    use gym_core::{FitOutput, MpiTransport, StrategyConfig, TrainModel, Trainer};
-    use std::sync::{Arc, OnceLock};
-    use std::time::Duration;
+    use gym_core::{FitOutput, StrategyConfig, TrainModel, Trainer};
 
     /// This process's share of the job, started on first use (MPI starts once per process)
     /// and finalised when dropped.
-    pub struct Node(OnceLock<Arc<MpiTransport>>);
+    pub struct Node {
+        #[cfg(feature = "mpi")]
+        transport: std::sync::OnceLock<std::sync::Arc<gym_core::MpiTransport>>,
+    }
 
     impl Node {
         /// Not started yet.
         pub fn new() -> Self {
-            Node(OnceLock::new())
+            Node {
+                #[cfg(feature = "mpi")]
+                transport: std::sync::OnceLock::new(),
+            }
         }
 
-        fn get(&self, num_nodes: usize, timeout_s: f64) -> Result<&Arc<MpiTransport>, BoxError> {
-            if let Some(node) = self.0.get() {
-                return Ok(node);
+        /// The job's transport, started on first use.
+        #[cfg(feature = "mpi")]
+        fn transport(
+            &self,
+            num_nodes: usize,
+            timeout_s: f64,
+        ) -> Result<&std::sync::Arc<gym_core::MpiTransport>, BoxError> {
+            if let Some(transport) = self.transport.get() {
+                return Ok(transport);
             }
-            let timeout = Duration::try_from_secs_f64(timeout_s)
+            let timeout = std::time::Duration::try_from_secs_f64(timeout_s)
                 .map_err(|e| format!("--mpi-timeout {timeout_s}: {e}"))?;
-            let node = MpiTransport::init(num_nodes)?.with_timeout(timeout);
-            Ok(self.0.get_or_init(|| Arc::new(node)))
+            let transport = gym_core::MpiTransport::init(num_nodes)?.with_timeout(timeout);
+            Ok(self
+                .transport
+                .get_or_init(|| std::sync::Arc::new(transport)))
         }
 
         /// Whether this process writes and prints: the process of rank 0, or not in a job.
         pub fn is_rank_zero(&self) -> bool {
-            self.0.get().is_none_or(|n| n.process() == 0)
+            #[cfg(feature = "mpi")]
+            return self.transport.get().is_none_or(|t| t.process() == 0);
+            #[cfg(not(feature = "mpi"))]
+            true
         }
 
         /// The processes of the job (1 before it started).
         pub fn processes(&self) -> usize {
-            self.0.get().map_or(1, |n| n.processes())
+            #[cfg(feature = "mpi")]
+            return self.transport.get().map_or(1, |t| t.processes());
+            #[cfg(not(feature = "mpi"))]
+            1
         }
 
         /// Fits this process's nodes. A node that fails ends the whole job (`MPI_Abort`),
         /// since the others are waiting for it in a collective.
+        #[cfg_attr(not(feature = "mpi"), allow(unused_variables))]
         pub fn fit<M, I, B>(
             &self,
             trainer: &Trainer,
@@ -378,57 +397,18 @@ mod mpi {
             I: Send + 'static,
             B: Batcher<I, M::Batch>,
         {
-            let node = self.get(trainer.config().num_nodes, timeout_s)?;
-            let fitted = trainer.fit_with(
-                node.clone(),
-                &task.init,
-                strategy,
-                &task.data,
-                &task.batcher,
-            );
-            fitted.or_else(|e| {
-                eprintln!("error: process {}: {e}", node.process());
-                node.abort_job(1)
-            })
-        }
-    }
-}
-
-/// `--collective mpi` in a build without the `mpi` feature: refused.
-#[cfg(not(feature = "mpi"))]
-mod mpi {
-    use super::{BoxError, Task};
-    use burn::data::dataloader::batcher::Batcher;
-    use gym_core::{FitOutput, StrategyConfig, TrainModel, Trainer};
-
-    /// No MPI job in this build.
-    pub struct Node;
-
-    impl Node {
-        pub fn new() -> Self {
-            Node
-        }
-
-        pub fn is_rank_zero(&self) -> bool {
-            true
-        }
-
-        pub fn processes(&self) -> usize {
-            1
-        }
-
-        pub fn fit<M, I, B>(
-            &self,
-            _: &Trainer,
-            _: &Task<M, I, B>,
-            _: &dyn StrategyConfig,
-            _: f64,
-        ) -> Result<FitOutput<M>, BoxError>
-        where
-            M: TrainModel,
-            I: Send + 'static,
-            B: Batcher<I, M::Batch>,
-        {
+            #[cfg(feature = "mpi")]
+            {
+                let transport = self.transport(trainer.config().num_nodes, timeout_s)?;
+                let (init, data, batcher) = (&task.init, &task.data, &task.batcher);
+                trainer
+                    .fit_with(transport.clone(), init, strategy, data, batcher)
+                    .or_else(|e| {
+                        eprintln!("error: process {}: {e}", transport.process());
+                        transport.abort_job(1)
+                    })
+            }
+            #[cfg(not(feature = "mpi"))]
             Err("--collective mpi needs a build with the `mpi` feature \
                  (cargo build --release -p examples --features mpi; Open MPI and libclang \
                  installed)"

@@ -466,9 +466,10 @@ fn collective_mpi_in_a_build_without_mpi_says_how_to_build_it() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
-/// `mpirun -np 4 mnist --collective mpi`: one node per process; rank 0 alone writes the
-/// run folder and prints the summary, whose losses and simulated clock are the in-process
-/// run's, step for step.
+/// `mpirun -n 4` and `mpirun -n 2` of `mnist --collective mpi --num-nodes 4`: one and two
+/// nodes per process; the process of rank 0 alone writes the run folder and prints the
+/// summary, whose losses and simulated clock are the in-process run's, step for step. Under
+/// `mpirun -n 3` the node count is refused before any step.
 #[cfg(feature = "mpi")]
 #[test]
 fn mpi_mnist_under_mpirun_logs_once_what_the_in_process_run_logs() {
@@ -492,50 +493,73 @@ fn mpi_mnist_under_mpirun_logs_once_what_the_in_process_run_logs() {
         String::from_utf8_lossy(&out.stderr)
     );
 
-    let job = temp_dir("mpi-job");
-    let out = Command::new("mpirun")
-        .args(["--allow-run-as-root", "--oversubscribe", "-np", "4"])
-        .arg(env!("CARGO_BIN_EXE_mnist"))
-        .args([
-            "--collective",
-            "mpi",
-            "--batch-size",
-            "16",
-            "--val-size",
-            "0",
-        ])
-        .args(["--no-progress", "--run-name", "run", "--data-dir"])
-        .arg(mnist_dir())
-        .arg("--log-dir")
-        .arg(&job)
-        .args(flags)
-        .output()
-        .expect("mpirun runs (apt-get install openmpi-bin)");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(
-        stdout.matches("strategy ").count(),
-        1,
-        "one summary: {stdout}"
-    );
-    assert!(stdout.contains("MPI, 4 processes"), "{stdout}");
-    assert!(
-        stdout.contains("simulated"),
-        "real and simulated time: {stdout}"
-    );
-    assert_eq!(
-        std::fs::read_dir(&job).unwrap().count(),
-        1,
-        "one run folder"
-    );
     let expected = losses_and_clocks(&alone.join("run"));
     assert_eq!(expected.len(), 6);
     assert!(expected.iter().all(|(_, clock)| !clock.is_empty()));
-    assert_eq!(losses_and_clocks(&job.join("run")), expected);
+    let mpirun = |processes: usize, job: &std::path::Path| {
+        Command::new("mpirun")
+            .args(["--allow-run-as-root", "--oversubscribe", "-np"])
+            .arg(processes.to_string())
+            .arg(env!("CARGO_BIN_EXE_mnist"))
+            .args([
+                "--collective",
+                "mpi",
+                "--batch-size",
+                "16",
+                "--val-size",
+                "0",
+            ])
+            .args(["--no-progress", "--run-name", "run", "--data-dir"])
+            .arg(mnist_dir())
+            .arg("--log-dir")
+            .arg(job)
+            .args(flags)
+            .output()
+            .expect("mpirun runs (apt-get install openmpi-bin)")
+    };
+    for processes in [4, 2] {
+        let job = temp_dir(&format!("mpi-job-{processes}"));
+        let out = mpirun(processes, &job);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            stdout.matches("strategy ").count(),
+            1,
+            "one summary: {stdout}"
+        );
+        assert!(
+            stdout.contains(&format!("MPI, {processes} processes")),
+            "{stdout}"
+        );
+        assert!(
+            stdout.contains("simulated"),
+            "real and simulated time: {stdout}"
+        );
+        assert_eq!(
+            std::fs::read_dir(&job).unwrap().count(),
+            1,
+            "one run folder"
+        );
+        assert_eq!(
+            losses_and_clocks(&job.join("run")),
+            expected,
+            "-n {processes}"
+        );
+        std::fs::remove_dir_all(&job).ok();
+    }
+    let job = temp_dir("mpi-job-3");
+    let out = mpirun(3, &job);
+    let printed =
+        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{printed}");
+    assert!(
+        printed.contains("4 nodes cannot be spread evenly over the 3 processes"),
+        "{printed}"
+    );
     for dir in [alone, job] {
         std::fs::remove_dir_all(&dir).ok();
     }

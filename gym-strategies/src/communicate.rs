@@ -244,10 +244,21 @@ gym_core::record! {
     }
 }
 
-/// Implements [`StrategyConfig`] for a strategy configuration that describes a
-/// [`CommunicateOptimizeConfig`] through a `compose()` method.
+/// Makes a strategy configuration a composition: `composed_strategy!(Config, NAME, |c| [module,
+/// …])` gives it `compose()` (its `inner` optimizer, then the modules the expressions build
+/// from `c`, the configuration) and implements [`StrategyConfig`] through it.
 macro_rules! composed_strategy {
-    ($config:ty, $name:expr) => {
+    ($config:ty, $name:expr, |$c:ident| [$($module:expr),+ $(,)?]) => {
+        impl $config {
+            /// The composed strategy it describes: its inner optimizer, then its
+            /// communication modules in order.
+            pub fn compose(&self) -> $crate::communicate::CommunicateOptimizeConfig {
+                let $c = self;
+                $crate::communicate::CommunicateOptimizeConfig::new($name, $c.inner.clone())
+                    $(.with_module($module))+
+            }
+        }
+
         impl gym_core::StrategyConfig for $config {
             fn name(&self) -> String {
                 $name.into()

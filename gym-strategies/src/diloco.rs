@@ -1,8 +1,7 @@
 //! DiLoCo (Douillard et al., 2023): H local steps, then an outer step on the average.
 
 use crate::communicate::{
-    CommunicateOptimizeConfig, CommunicationModule, CommunicationModuleConfig, composed_strategy,
-    is_sync_step,
+    CommunicationModule, CommunicationModuleConfig, composed_strategy, is_sync_step,
 };
 use crate::compress::{CompressionConfig, Compressor};
 use crate::outer::OuterRecord;
@@ -199,15 +198,7 @@ pub struct DiLoCoConfig {
     pub communicator: DiLoCoCommunicatorConfig,
 }
 
-impl DiLoCoConfig {
-    /// The composed strategy it describes.
-    pub fn compose(&self) -> CommunicateOptimizeConfig {
-        CommunicateOptimizeConfig::new(gym_core::StrategyConfig::name(self), self.inner.clone())
-            .with_module(self.communicator.clone())
-    }
-}
-
-composed_strategy!(DiLoCoConfig, NAME);
+composed_strategy!(DiLoCoConfig, NAME, |c| [c.communicator.clone()]);
 
 /// DiLoCo in the product's registry: its flags and how they build it.
 #[cfg(feature = "cli")]

@@ -4,8 +4,7 @@
 //! step does not wait for it.
 
 use crate::communicate::{
-    CommunicateOptimizeConfig, CommunicationModule, CommunicationModuleConfig, Transfer,
-    composed_strategy, is_sync_step,
+    CommunicationModule, CommunicationModuleConfig, Transfer, composed_strategy, is_sync_step,
 };
 use crate::outer::{OuterOptimizer, OuterRecord, default_outer_optimizer};
 use burn::config::Config;
@@ -242,15 +241,7 @@ pub struct EagerDiLoCoConfig {
     pub communicator: EagerDiLoCoCommunicatorConfig,
 }
 
-impl EagerDiLoCoConfig {
-    /// The composed strategy it describes.
-    pub fn compose(&self) -> CommunicateOptimizeConfig {
-        CommunicateOptimizeConfig::new(NAME, self.inner.clone())
-            .with_module(self.communicator.clone())
-    }
-}
-
-composed_strategy!(EagerDiLoCoConfig, NAME);
+composed_strategy!(EagerDiLoCoConfig, NAME, |c| [c.communicator.clone()]);
 
 /// Eager DiLoCo in the product's registry: its flags and how they build it.
 #[cfg(feature = "cli")]

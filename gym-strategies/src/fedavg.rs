@@ -1,8 +1,7 @@
 //! Federated averaging (McMahan et al., 2017), with random islands.
 
 use crate::communicate::{
-    CommunicateOptimizeConfig, CommunicationModule, CommunicationModuleConfig, composed_strategy,
-    is_sync_step,
+    CommunicationModule, CommunicationModuleConfig, composed_strategy, is_sync_step,
 };
 use crate::compress::{CompressionConfig, Compressor};
 use burn::config::Config;
@@ -170,15 +169,7 @@ pub struct FedAvgConfig {
     pub communicator: AveragingCommunicatorConfig,
 }
 
-impl FedAvgConfig {
-    /// The composed strategy it describes.
-    pub fn compose(&self) -> CommunicateOptimizeConfig {
-        CommunicateOptimizeConfig::new(gym_core::StrategyConfig::name(self), self.inner.clone())
-            .with_module(self.communicator.clone())
-    }
-}
-
-composed_strategy!(FedAvgConfig, NAME);
+composed_strategy!(FedAvgConfig, NAME, |c| [c.communicator.clone()]);
 /// FedAvg in the product's registry: its flags and how they build it.
 #[cfg(feature = "cli")]
 pub(crate) mod cli {

@@ -1,6 +1,6 @@
 //! MuLoCo (Thérien et al., 2025, arXiv 2505.23725): DiLoCo with Muon as the inner optimizer.
 
-use crate::communicate::{CommunicateOptimizeConfig, composed_strategy};
+use crate::communicate::composed_strategy;
 use crate::compress::{Aggregation, Codec, CompressionConfig, Quantizer};
 use crate::diloco::DiLoCoCommunicatorConfig;
 use burn::config::Config;
@@ -86,15 +86,7 @@ pub struct MuLoCoConfig {
     pub communicator: DiLoCoCommunicatorConfig,
 }
 
-impl MuLoCoConfig {
-    /// The composed strategy it describes.
-    pub fn compose(&self) -> CommunicateOptimizeConfig {
-        CommunicateOptimizeConfig::new(gym_core::StrategyConfig::name(self), self.inner.clone())
-            .with_module(self.communicator.clone())
-    }
-}
-
-composed_strategy!(MuLoCoConfig, NAME);
+composed_strategy!(MuLoCoConfig, NAME, |c| [c.communicator.clone()]);
 /// MuLoCo in the product's registry: its flags and how they build it.
 #[cfg(feature = "cli")]
 pub(crate) mod cli {

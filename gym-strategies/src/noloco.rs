@@ -2,8 +2,7 @@
 //! all-reduce: each synchronisation averages within small random groups.
 
 use crate::communicate::{
-    CommunicateOptimizeConfig, CommunicationModule, CommunicationModuleConfig, composed_strategy,
-    is_sync_step,
+    CommunicationModule, CommunicationModuleConfig, composed_strategy, is_sync_step,
 };
 use burn::config::Config;
 use burn::tensor::Tensor;
@@ -256,15 +255,7 @@ pub struct NoLoCoConfig {
     pub communicator: NoLoCoCommunicatorConfig,
 }
 
-impl NoLoCoConfig {
-    /// The composed strategy it describes.
-    pub fn compose(&self) -> CommunicateOptimizeConfig {
-        CommunicateOptimizeConfig::new(gym_core::StrategyConfig::name(self), self.inner.clone())
-            .with_module(self.communicator.clone())
-    }
-}
-
-composed_strategy!(NoLoCoConfig, NAME);
+composed_strategy!(NoLoCoConfig, NAME, |c| [c.communicator.clone()]);
 /// NoLoCo in the product's registry: its flags and how they build it.
 #[cfg(feature = "cli")]
 pub(crate) mod cli {

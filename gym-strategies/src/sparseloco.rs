@@ -1,7 +1,7 @@
 //! SparseLoCo (Sarfi et al., 2025, arXiv 2508.15706): DiLoCo whose outer gradients travel
 //! as the top-k of an error-feedback buffer, quantized to 2 bits.
 
-use crate::communicate::{CommunicateOptimizeConfig, composed_strategy};
+use crate::communicate::composed_strategy;
 use crate::compress::{Aggregation, Codec, CompressionConfig, Quantizer};
 use crate::diloco::DiLoCoCommunicatorConfig;
 use burn::config::Config;
@@ -81,15 +81,9 @@ impl SparseLoCoConfig {
                 aggregation: self.aggregation,
             })
     }
-
-    /// The composed strategy it describes.
-    pub fn compose(&self) -> CommunicateOptimizeConfig {
-        CommunicateOptimizeConfig::new(gym_core::StrategyConfig::name(self), self.inner.clone())
-            .with_module(self.communicator())
-    }
 }
 
-composed_strategy!(SparseLoCoConfig, NAME);
+composed_strategy!(SparseLoCoConfig, NAME, |c| [c.communicator()]);
 /// SparseLoCo in the product's registry: its flags and how they build it.
 #[cfg(feature = "cli")]
 pub(crate) mod cli {

@@ -12,8 +12,7 @@
 //! averaged values only (a ring all-reduce of `m` selected elements per synchronisation).
 
 use crate::communicate::{
-    CommunicateOptimizeConfig, CommunicationModule, CommunicationModuleConfig, composed_strategy,
-    is_sync_step,
+    CommunicationModule, CommunicationModuleConfig, composed_strategy, is_sync_step,
 };
 use burn::config::Config;
 use burn::tensor::{IndexingUpdateOp, Int, Tensor, TensorData};
@@ -268,15 +267,7 @@ pub struct SpartaConfig {
     pub communicator: SparseCommunicatorConfig,
 }
 
-impl SpartaConfig {
-    /// The composed strategy it describes.
-    pub fn compose(&self) -> CommunicateOptimizeConfig {
-        CommunicateOptimizeConfig::new(gym_core::StrategyConfig::name(self), self.inner.clone())
-            .with_module(self.communicator.clone())
-    }
-}
-
-composed_strategy!(SpartaConfig, NAME);
+composed_strategy!(SpartaConfig, NAME, |c| [c.communicator.clone()]);
 
 /// SPARTA in the product's registry: its flags and how they build it.
 #[cfg(feature = "cli")]

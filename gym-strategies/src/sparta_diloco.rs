@@ -1,6 +1,6 @@
 //! SPARTA + DiLoCo: sparse averaging every few steps and a DiLoCo outer step every H steps.
 
-use crate::communicate::{CommunicateOptimizeConfig, composed_strategy};
+use crate::communicate::composed_strategy;
 use crate::diloco::DiLoCoCommunicatorConfig;
 use crate::sparta::SparseCommunicatorConfig;
 use burn::config::Config;
@@ -25,16 +25,10 @@ pub struct SpartaDiLoCoConfig {
     pub diloco: DiLoCoCommunicatorConfig,
 }
 
-impl SpartaDiLoCoConfig {
-    /// The composed strategy it describes.
-    pub fn compose(&self) -> CommunicateOptimizeConfig {
-        CommunicateOptimizeConfig::new(gym_core::StrategyConfig::name(self), self.inner.clone())
-            .with_module(self.sparta.clone())
-            .with_module(self.diloco.clone())
-    }
-}
-
-composed_strategy!(SpartaDiLoCoConfig, NAME);
+composed_strategy!(SpartaDiLoCoConfig, NAME, |c| [
+    c.sparta.clone(),
+    c.diloco.clone()
+]);
 /// SPARTA+DiLoCo in the product's registry: its flags and how they build it.
 #[cfg(feature = "cli")]
 pub(crate) mod cli {

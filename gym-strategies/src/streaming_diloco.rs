@@ -3,8 +3,7 @@
 //! steps, outer gradients in 4 bits.
 
 use crate::communicate::{
-    CommunicateOptimizeConfig, CommunicationModule, CommunicationModuleConfig, Transfer,
-    composed_strategy,
+    CommunicationModule, CommunicationModuleConfig, Transfer, composed_strategy,
 };
 use crate::compress::{Codec, CompressionConfig, Compressor, Quantizer};
 use crate::outer::OuterRecord;
@@ -158,15 +157,11 @@ impl StreamingDiLoCoConfig {
         }
         self.compression.validate()
     }
-
-    /// The composed strategy it describes.
-    pub fn compose(&self) -> CommunicateOptimizeConfig {
-        CommunicateOptimizeConfig::new(gym_core::StrategyConfig::name(self), self.inner.clone())
-            .with_module(StreamingModuleConfig(self.clone()))
-    }
 }
 
-composed_strategy!(StreamingDiLoCoConfig, NAME);
+composed_strategy!(StreamingDiLoCoConfig, NAME, |c| [StreamingModuleConfig(
+    c.clone()
+)]);
 
 /// The communication module of a [`StreamingDiLoCoConfig`].
 struct StreamingModuleConfig(StreamingDiLoCoConfig);

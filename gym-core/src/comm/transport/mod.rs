@@ -16,6 +16,7 @@
 //! Write your own (a transport over TCP, or one that records calls for a test) by
 //! implementing [`Transport`].
 
+mod combine;
 mod host_reduce;
 #[cfg(feature = "mpi")]
 mod mpi;

@@ -24,8 +24,9 @@
 //!
 //! Built with the `mpi` feature (it needs an MPI library and `libclang` to build).
 
+use super::combine::{self, Input, Met, Outcome};
 use super::rendezvous::{Rendezvous, lock};
-use super::{Contribution, Delivery, Exchanged, Header, Transport, check_agreement};
+use super::{Contribution, Exchanged, Header, Transport, check_agreement};
 use crate::comm::group::{CollectiveOp, Group, ReduceOp};
 use crate::error::{CollectiveError, GymError};
 use burn::tensor::{DType, Device, Tensor, TensorData};
@@ -49,7 +50,7 @@ pub struct MpiTransport {
     process: usize,
     processes: usize,
     per_process: usize,
-    meetings: Rendezvous<Contribution, Result<Met, CollectiveError>>,
+    meetings: Rendezvous<Input, Result<Met, CollectiveError>>,
     mpi: Arc<MpiState>,
 }
 
@@ -82,21 +83,6 @@ struct GroupComm {
 // SAFETY: MPI runs at `Threading::Multiple`; a group's communicator is used by one thread
 // at a time, under the mutex that holds it.
 unsafe impl Send for GroupComm {}
-
-/// A finished call as this process's members see it.
-struct Met {
-    headers: Vec<Header>,
-    delivery: Shared,
-}
-
-/// A delivery every local member takes a copy of.
-enum Shared {
-    None,
-    Tensor(Box<Tensor<1>>),
-    Tensors(Vec<Tensor<1>>),
-    Bytes(Vec<u8>),
-    AllBytes(Vec<Vec<u8>>),
-}
 
 impl std::fmt::Debug for MpiTransport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -209,7 +195,7 @@ impl MpiTransport {
         group: &Group,
         local: &[usize],
         headers: Vec<Header>,
-        inputs: Vec<Contribution>,
+        inputs: Vec<Input>,
     ) -> Result<Met, CollectiveError> {
         let me = local[0];
         let comm = self.communicator(group)?;
@@ -229,17 +215,18 @@ impl MpiTransport {
         check_agreement(group, &all)?;
         let op = all[0].op;
         let n = all[0].len as usize;
-        let device = inputs.iter().find_map(|c| match c {
-            Contribution::Tensor(t) => Some(t.device()),
+        let device = inputs.iter().find_map(|input| match input {
+            Input::Given(Contribution::Tensor(t)) => Some(t.device()),
+            Input::Host(_, device) => Some(device.clone()),
             _ => None,
         });
         let delivery = match op {
             // The header exchange is itself a barrier.
-            CollectiveOp::Barrier | CollectiveOp::Quorum => Shared::None,
+            CollectiveOp::Barrier | CollectiveOp::Quorum => Outcome::None,
             CollectiveOp::AllReduce(reduce) => {
                 let mine = host_values(me, inputs)?;
                 let sum = all_reduce(comm, mine, n, &members, reduce, group.size(), scratch);
-                Shared::Tensor(Box::new(tensor_on(sum, &device.expect("tensors in"))))
+                Outcome::One(Box::new(tensor_on(sum, &device.expect("tensors in"))))
             }
             CollectiveOp::Broadcast { root } => {
                 let mut values = match root_input(local, root, inputs) {
@@ -247,7 +234,7 @@ impl MpiTransport {
                     None => vec![0f32; n],
                 };
                 root_process(comm, group, root, self).broadcast_into(&mut values[..]);
-                Shared::Tensor(Box::new(tensor_on(values, &device.expect("tensors in"))))
+                Outcome::One(Box::new(tensor_on(values, &device.expect("tensors in"))))
             }
             CollectiveOp::AllGather => {
                 let mine = host_values(me, inputs)?;
@@ -256,27 +243,27 @@ impl MpiTransport {
                 let tensors = (0..group.size())
                     .map(|i| tensor_on(all[i * n..(i + 1) * n].to_vec(), &device))
                     .collect();
-                Shared::Tensors(tensors)
+                Outcome::All(tensors)
             }
             CollectiveOp::AllGatherBytes => {
                 let mine: Vec<u8> = inputs.into_iter().flat_map(bytes_of).collect();
                 let all = gather_varcount(comm, &mine, n, &members);
-                Shared::AllBytes(split(&all, n, group.size()))
+                Outcome::AllBytes(split(&all, n, group.size()))
             }
             CollectiveOp::BroadcastBytes { root } => {
                 let pos = group.members().iter().position(|&m| m == root);
                 let len = pos.map_or(0, |p| all[p].len as usize);
                 let mut buffer = match root_input(local, root, inputs) {
-                    Some(Contribution::Bytes(b)) => b,
+                    Some(Input::Given(Contribution::Bytes(b))) => b,
                     _ => vec![0u8; len],
                 };
                 root_process(comm, group, root, self).broadcast_into(&mut buffer[..]);
-                Shared::Bytes(buffer)
+                Outcome::Bytes(buffer)
             }
         };
         Ok(Met {
             headers: all,
-            delivery,
+            outcome: delivery,
         })
     }
 
@@ -337,32 +324,18 @@ impl Transport for MpiTransport {
                 format!("{:?} in group {:?}", header.op, group.members()),
             ),
         );
+        let input = Input::of(header.op, contribution);
         let met = self
             .meetings
-            .meet(rank, &local, header, contribution, |headers, inputs| {
+            .meet(rank, &local, header, input, |headers, inputs| {
                 if spans {
                     self.across_processes(group, &local, headers, inputs)
                 } else {
-                    within_process(group, headers, inputs)
+                    combine::meet(group, headers, inputs)
                 }
             });
         lock(&self.mpi.calls).remove(&rank);
-        let met = met?;
-        let met = match &*met {
-            Ok(met) => met,
-            Err(e) => return Err(e.clone()),
-        };
-        let delivery = match &met.delivery {
-            Shared::None => Delivery::None,
-            Shared::Tensor(t) => Delivery::Tensor(t.clone()),
-            Shared::Tensors(ts) => Delivery::Tensors(ts.clone()),
-            Shared::Bytes(b) => Delivery::Bytes(b.clone()),
-            Shared::AllBytes(all) => Delivery::AllBytes(all.clone()),
-        };
-        Ok(Exchanged {
-            headers: met.headers.clone(),
-            delivery,
-        })
+        Met::deliver(&*met?)
     }
 
     fn abort(&self, rank: usize, reason: String) {
@@ -377,56 +350,6 @@ impl Transport for MpiTransport {
     /// run is back for the next. A peer that waits for a rank that has finished waits
     /// until the timeout ([`MpiTransport::with_timeout`]).
     fn leave(&self, _rank: usize) {}
-}
-
-/// A call whose members all run in this process: combined here, as the thread transport
-/// combines it (without sharing out the all-reduce).
-fn within_process(
-    group: &Group,
-    headers: Vec<Header>,
-    inputs: Vec<Contribution>,
-) -> Result<Met, CollectiveError> {
-    check_agreement(group, &headers)?;
-    let root_pos = |root: usize| {
-        group
-            .members()
-            .iter()
-            .position(|&m| m == root)
-            .expect("a member")
-    };
-    let tensors = |inputs: Vec<Contribution>| -> Vec<Tensor<1>> {
-        inputs
-            .into_iter()
-            .map(|c| match c {
-                Contribution::Tensor(t) => *t,
-                _ => unreachable!("the header check keeps the kinds apart"),
-            })
-            .collect()
-    };
-    let delivery = match headers[0].op {
-        CollectiveOp::Barrier | CollectiveOp::Quorum => Shared::None,
-        CollectiveOp::AllReduce(reduce) => {
-            let mut all = tensors(inputs).into_iter();
-            let first = all.next().expect("a non-empty group");
-            let device = first.device();
-            let sum = all.fold(first, |acc, t| acc + t.to_device(&device));
-            Shared::Tensor(Box::new(match reduce {
-                ReduceOp::Sum => sum,
-                ReduceOp::Mean => sum.div_scalar(group.size() as f64),
-            }))
-        }
-        CollectiveOp::Broadcast { root } => {
-            Shared::Tensor(Box::new(tensors(inputs).swap_remove(root_pos(root))))
-        }
-        CollectiveOp::AllGather => Shared::Tensors(tensors(inputs)),
-        CollectiveOp::AllGatherBytes => {
-            Shared::AllBytes(inputs.into_iter().map(bytes_of).collect())
-        }
-        CollectiveOp::BroadcastBytes { root } => Shared::Bytes(bytes_of(
-            inputs.into_iter().nth(root_pos(root)).expect("the root"),
-        )),
-    };
-    Ok(Met { headers, delivery })
 }
 
 /// Every member's header, in member order: each process sends its members'.
@@ -572,20 +495,21 @@ fn root_process<'a>(
 }
 
 /// The root's contribution, if the root runs in this process.
-fn root_input(local: &[usize], root: usize, inputs: Vec<Contribution>) -> Option<Contribution> {
+fn root_input(local: &[usize], root: usize, inputs: Vec<Input>) -> Option<Input> {
     let pos = local.iter().position(|&m| m == root)?;
     inputs.into_iter().nth(pos)
 }
 
 /// The local members' tensors' values, one after the other, if they are `f32` (what this
 /// transport carries).
-fn host_values(rank: usize, inputs: Vec<Contribution>) -> Result<Vec<f32>, CollectiveError> {
+fn host_values(rank: usize, inputs: Vec<Input>) -> Result<Vec<f32>, CollectiveError> {
     let mut all = Vec::new();
     for input in inputs {
-        let Contribution::Tensor(tensor) = input else {
-            unreachable!("the header check keeps the kinds apart")
+        let data = match input {
+            Input::Host(data, _) => data,
+            Input::Given(Contribution::Tensor(tensor)) => (*tensor).into_data(),
+            Input::Given(_) => unreachable!("the header check keeps the kinds apart"),
         };
-        let data = (*tensor).into_data();
         if data.dtype() != DType::F32 {
             return Err(transport(
                 rank,
@@ -607,9 +531,9 @@ fn host_values(rank: usize, inputs: Vec<Contribution>) -> Result<Vec<f32>, Colle
     Ok(all)
 }
 
-fn bytes_of(input: Contribution) -> Vec<u8> {
+fn bytes_of(input: Input) -> Vec<u8> {
     match input {
-        Contribution::Bytes(b) => b,
+        Input::Given(Contribution::Bytes(b)) => b,
         _ => unreachable!("the header check keeps the kinds apart"),
     }
 }
