@@ -207,17 +207,20 @@ pub(crate) mod cli {
     use crate::registry::shared::diloco_communicator;
     use crate::registry::{CompressionArgs, Entry, Flags, OptimizerArgs, Shared};
 
+    /// The flag groups DiLoCo's synchronisation reads ([`communicator`]).
+    pub const READS: &[Shared] = &[
+        Shared::Sync,
+        Shared::Outer,
+        Shared::Compression,
+        Shared::Quorum,
+    ];
+
     /// DiLoCo in the registry.
     pub const ENTRY: Entry = Entry {
         name: NAME,
         about: "H local steps, then an outer Nesterov step on the averaged replicas \
                 (H 100, outer lr 0.7)",
-        uses: &[
-            Shared::Sync,
-            Shared::Outer,
-            Shared::Compression,
-            Shared::Quorum,
-        ],
+        uses: READS,
         flags: None,
         build: |f| {
             Ok(Box::new(

@@ -92,19 +92,14 @@ composed_strategy!(MuLoCoConfig, NAME, |c| [c.communicator.clone()]);
 pub(crate) mod cli {
     use super::*;
     use crate::diloco::cli::communicator;
-    use crate::registry::{Entry, OptimizerArgs, OptimizerName, Shared};
+    use crate::registry::{Entry, OptimizerArgs, OptimizerName};
 
     /// MuLoCo in the registry.
     pub const ENTRY: Entry = Entry {
         name: NAME,
         about: "MuLoCo: DiLoCo with Muon as the inner optimizer, 2-bit outer gradients \
                 (H 30, outer lr 0.8)",
-        uses: &[
-            Shared::Sync,
-            Shared::Outer,
-            Shared::Compression,
-            Shared::Quorum,
-        ],
+        uses: crate::diloco::cli::READS,
         flags: None,
         build: |f| {
             let opt: OptimizerArgs = f.get()?;

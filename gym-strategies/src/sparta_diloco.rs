@@ -41,6 +41,7 @@ pub(crate) mod cli {
     pub const ENTRY: Entry = Entry {
         name: NAME,
         about: "SPARTA every --sparta-sync-interval steps plus DiLoCo every H steps",
+        // SPARTA's flags, then DiLoCo's (`crate::diloco::cli::READS`).
         uses: &[
             Shared::Sparta,
             Shared::Sync,
