@@ -468,8 +468,9 @@ fn collective_mpi_in_a_build_without_mpi_says_how_to_build_it() {
 
 /// `mpirun -n 4` and `mpirun -n 2` of `mnist --collective mpi --num-nodes 4`: one and two
 /// nodes per process; the process of rank 0 alone writes the run folder and prints the
-/// summary, whose losses and simulated clock are the in-process run's, step for step. Under
-/// `mpirun -n 3` the node count is refused before any step.
+/// summary, whose losses and simulated clock are the in-process run's, step for step. A
+/// checkpoint written in shards under `-n 2` resumes under `-n 4` and in one process with
+/// the same log. Under `mpirun -n 3` the node count is refused before any step.
 #[cfg(feature = "mpi")]
 #[test]
 fn mpi_mnist_under_mpirun_logs_once_what_the_in_process_run_logs() {
@@ -496,7 +497,7 @@ fn mpi_mnist_under_mpirun_logs_once_what_the_in_process_run_logs() {
     let expected = losses_and_clocks(&alone.join("run"));
     assert_eq!(expected.len(), 6);
     assert!(expected.iter().all(|(_, clock)| !clock.is_empty()));
-    let mpirun = |processes: usize, job: &std::path::Path| {
+    let mpirun = |processes: usize, job: &std::path::Path, extra: &[&str]| {
         Command::new("mpirun")
             .args(["--allow-run-as-root", "--oversubscribe", "-np"])
             .arg(processes.to_string())
@@ -514,12 +515,13 @@ fn mpi_mnist_under_mpirun_logs_once_what_the_in_process_run_logs() {
             .arg("--log-dir")
             .arg(job)
             .args(flags)
+            .args(extra)
             .output()
             .expect("mpirun runs (apt-get install openmpi-bin)")
     };
     for processes in [4, 2] {
         let job = temp_dir(&format!("mpi-job-{processes}"));
-        let out = mpirun(processes, &job);
+        let out = mpirun(processes, &job, &[]);
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(
             out.status.success(),
@@ -551,8 +553,52 @@ fn mpi_mnist_under_mpirun_logs_once_what_the_in_process_run_logs() {
         );
         std::fs::remove_dir_all(&job).ok();
     }
+    // Under -n 2 each process writes its shard of the checkpoints (steps 3 and 6); step 3,
+    // named by either file, resumes under -n 4 and in one process, logging the same.
+    let job = temp_dir("mpi-job-checkpoints");
+    let out = mpirun(2, &job, &["--checkpoint-interval", "3"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let shard = job.join("run").join("checkpoint-000000003.ranks-2-3.gym");
+    assert!(
+        shard.is_file()
+            && shard
+                .with_file_name("checkpoint-000000003.ranks-0-1.gym")
+                .is_file()
+    );
+    let resume = ["--resume", shard.to_str().unwrap()];
+    let out = mpirun(4, &job, &resume);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        losses_and_clocks(&job.join("run")),
+        expected,
+        "resumed under -n 4"
+    );
+    let alone_resumed = temp_dir("mpi-alone-resumed");
+    let out = mnist(&alone_resumed, &[&flags[..], &resume[..]].concat());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        losses_and_clocks(&alone_resumed.join("run")),
+        expected,
+        "resumed alone"
+    );
+    for dir in [&job, &alone_resumed] {
+        std::fs::remove_dir_all(dir).ok();
+    }
+
     let job = temp_dir("mpi-job-3");
-    let out = mpirun(3, &job);
+    let out = mpirun(3, &job, &[]);
     let printed =
         String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
     assert!(!out.status.success(), "{printed}");

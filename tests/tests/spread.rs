@@ -6,6 +6,7 @@
 //! cases under `mpirun`.
 
 use burn::tensor::Device;
+use gym_core::checkpoint::Checkpoint;
 use gym_core::{
     FitOutput, GymError, NodeData, StrategyConfig, ThreadTransport, Trainer, TrainerConfig,
 };
@@ -107,7 +108,7 @@ fn only_the_process_of_rank_zero_writes_the_run_folder() {
 }
 
 #[test]
-fn a_spread_run_refuses_what_needs_every_node_in_one_process() {
+fn a_spread_run_refuses_a_fault_schedule() {
     let strategy = gym_strategies::AllReduceConfig::new();
     let fit = |config: TrainerConfig| {
         let share = Arc::new(ProcessShare {
@@ -133,8 +134,52 @@ fn a_spread_run_refuses_what_needs_every_node_in_one_process() {
     assert!(fit(spread_config(3, 5, 8, 0, false)).contains("2 ranks"));
     let faults: gym_core::faults::FaultSchedule = "crash:1@2".parse().unwrap();
     assert!(fit(two.clone().with_faults(Some(faults))).contains("fault schedule"));
-    assert!(
-        fit(two.clone().with_resume_from(Some("nowhere".into()))).contains("resuming"),
-        "refused before the file is looked for"
+}
+
+#[test]
+fn a_spread_run_checkpoints_in_shards_and_resumes_under_any_spread() {
+    let dir = std::env::temp_dir().join(format!("gym-spread-ckpt-{}", std::process::id()));
+    std::fs::remove_dir_all(&dir).ok();
+    let (name, strategy, simulated) = spread_cases().remove(1);
+    assert_eq!(name, "diloco");
+    let config = spread_config(K, 20, 8, 32, simulated);
+    let expected = run_digest(
+        &Trainer::new(config.clone())
+            .fit(small_mlp, strategy.as_ref(), &data(), &SyntheticBatcher)
+            .unwrap(),
     );
+    // Two processes write a shard each at steps 10 and 20, and train as one process does.
+    let writing = config
+        .clone()
+        .with_checkpoint_interval(Some(10))
+        .with_checkpoint_dir(Some(dir.to_string_lossy().into_owned()));
+    for out in spread(&writing, strategy.as_ref(), 2) {
+        assert_eq!(run_digest(&out), expected);
+    }
+    let shard = |step, first, last| dir.join(Checkpoint::shard_file_name(step, first, last));
+    for step in [10, 20] {
+        assert!(shard(step, 0, 1).is_file() && shard(step, 2, 3).is_file());
+    }
+    // Step 10, named by the second process's file, resumes in one process and in four.
+    let resumed = config
+        .clone()
+        .with_resume_from(Some(shard(10, 2, 3).to_string_lossy().into_owned()));
+    let one = Trainer::new(resumed.clone())
+        .fit(small_mlp, strategy.as_ref(), &data(), &SyntheticBatcher)
+        .unwrap();
+    assert_eq!(run_digest(&one), expected, "resumed in one process");
+    for (p, out) in spread(&resumed, strategy.as_ref(), 4).iter().enumerate() {
+        assert_eq!(run_digest(out), expected, "resumed in four, process {p}");
+    }
+    // Without the second process's files the folder has no complete checkpoint, and the
+    // error names the ranks missing.
+    for step in [10, 20] {
+        std::fs::remove_file(shard(step, 2, 3)).unwrap();
+    }
+    let from_folder = config.with_resume_from(Some(dir.to_string_lossy().into_owned()));
+    match Trainer::new(from_folder).fit(small_mlp, strategy.as_ref(), &data(), &SyntheticBatcher) {
+        Err(GymError::Checkpoint(why)) => assert!(why.contains("missing ranks 2-3"), "{why}"),
+        other => panic!("expected a checkpoint error, got {:?}", other.err()),
+    }
+    std::fs::remove_dir_all(dir).ok();
 }

@@ -1,6 +1,13 @@
 //! Checkpoints: everything a run needs to continue exactly where it stopped, in one file
 //! per save, written atomically.
 //!
+//! A run whose nodes are spread over processes writes one file per process and save, a
+//! *shard* holding that process's ranks (`checkpoint-STEP.ranks-FIRST-LAST.gym`). Loading
+//! gathers the shards of a step into the whole checkpoint, so a run resumes under any
+//! number of processes, whichever wrote it; a step whose shards do not cover every rank is
+//! passed over for an older complete one, or refused naming the ranks whose files are
+//! missing.
+//!
 //! # File format
 //!
 //! `GYMCKPT1` (8 bytes), the payload's length (u64, little-endian), its CRC-32 (u32,
@@ -146,22 +153,54 @@ pub struct Checkpoint {
     pub validation: Vec<ValRecord>,
     /// Replica correlations so far.
     pub correlation: Vec<CorrelationRecord>,
+    /// The ranks `nodes` holds when this is one process's shard of a spread run; `None`
+    /// when it holds every rank.
+    #[serde(default)]
+    pub shard: Option<Shard>,
+}
+
+/// Which ranks a shard holds: `nodes[i]` is rank `first_rank + i` of `world_size`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Shard {
+    /// The rank of the shard's first node.
+    pub first_rank: usize,
+    /// The run's number of nodes.
+    pub world_size: usize,
 }
 
 impl Checkpoint {
-    /// The file name of the checkpoint taken before `next_step`.
+    /// The file name of the whole checkpoint taken before `next_step`.
     pub fn file_name(next_step: usize) -> String {
         format!("checkpoint-{next_step:09}.gym")
     }
 
+    /// The file name of the shard of ranks `first..=last` taken before `next_step`.
+    pub fn shard_file_name(next_step: usize, first: usize, last: usize) -> String {
+        format!("checkpoint-{next_step:09}.ranks-{first}-{last}.gym")
+    }
+
+    /// This checkpoint's file name.
+    fn own_file_name(&self) -> String {
+        match self.shard {
+            None => Self::file_name(self.next_step),
+            Some(s) => Self::shard_file_name(
+                self.next_step,
+                s.first_rank,
+                s.first_rank + self.nodes.len().max(1) - 1,
+            ),
+        }
+    }
+
     /// Writes the checkpoint into `dir` atomically (a temporary file, fsync, rename) and
-    /// keeps the newest `keep` checkpoints there. Returns the file's path.
+    /// keeps the newest `keep` checkpoints of its kind there (whole, or shards of the same
+    /// ranks: a process never deletes another's). Returns the file's path.
     pub fn save(&self, dir: &Path, keep: usize) -> Result<PathBuf> {
         std::fs::create_dir_all(dir).map_err(|e| GymError::io(dir, e))?;
         let payload = rmp_serde::to_vec(self)
             .map_err(|e| GymError::Checkpoint(format!("cannot encode: {e}")))?;
-        let path = dir.join(Self::file_name(self.next_step));
-        let tmp = dir.join(format!(".{}.tmp", Self::file_name(self.next_step)));
+        let name = self.own_file_name();
+        let path = dir.join(&name);
+        let tmp = dir.join(format!(".{name}.tmp"));
         {
             let mut f = std::fs::File::create(&tmp).map_err(|e| GymError::io(&tmp, e))?;
             let mut header = Vec::with_capacity(HEADER);
@@ -177,25 +216,56 @@ impl Checkpoint {
         if let Ok(d) = std::fs::File::open(dir) {
             let _ = d.sync_all();
         }
-        let mut all = list(dir)?;
-        while all.len() > keep.max(1) {
-            let old = all.remove(0);
+        let kind = FileName::parse(&name).map(|(_, ranks)| ranks);
+        let mut own: Vec<FileName> = list(dir)?
+            .into_iter()
+            .filter(|f| Some(f.ranks) == kind)
+            .collect();
+        while own.len() > keep.max(1) {
+            let old = own.remove(0).path;
             std::fs::remove_file(&old).map_err(|e| GymError::io(&old, e))?;
         }
         Ok(path)
     }
 
-    /// Reads a checkpoint file, or the newest checkpoint in a folder.
+    /// Reads a checkpoint file, or the newest complete checkpoint in a folder, as the whole
+    /// checkpoint: a shard is read with the other shards of its step, beside it. Returns
+    /// the checkpoint and the file read (a shard's, the first rank's).
     pub fn load(path: &Path) -> Result<(Checkpoint, PathBuf)> {
-        let file = if path.is_dir() {
-            list(path)?.pop().ok_or_else(|| {
-                GymError::Checkpoint(format!("no checkpoint in {}", path.display()))
-            })?
-        } else {
-            path.to_path_buf()
-        };
-        let bytes = std::fs::read(&file).map_err(|e| GymError::io(&file, e))?;
-        Ok((Self::decode(&bytes, &file)?, file))
+        if !path.is_dir() {
+            let bytes = std::fs::read(path).map_err(|e| GymError::io(path, e))?;
+            let checkpoint = Self::decode(&bytes, path)?;
+            if checkpoint.shard.is_none() {
+                return Ok((checkpoint, path.to_path_buf()));
+            }
+            let dir = path.parent().unwrap_or(Path::new("."));
+            let siblings: Vec<FileName> = list(dir)?
+                .into_iter()
+                .filter(|f| f.step == checkpoint.next_step && f.ranks.is_some())
+                .collect();
+            return gather(&siblings)?.map_err(GymError::Checkpoint);
+        }
+        let files = list(path)?;
+        let mut incomplete = None;
+        let mut steps: Vec<usize> = files.iter().map(|f| f.step).collect();
+        steps.dedup();
+        for step in steps.into_iter().rev() {
+            let at: Vec<FileName> = files.iter().filter(|f| f.step == step).cloned().collect();
+            if let Some(whole) = at.iter().find(|f| f.ranks.is_none()) {
+                let bytes = std::fs::read(&whole.path).map_err(|e| GymError::io(&whole.path, e))?;
+                return Ok((Self::decode(&bytes, &whole.path)?, whole.path.clone()));
+            }
+            match gather(&at)? {
+                Ok(whole) => return Ok(whole),
+                Err(missing) => {
+                    incomplete.get_or_insert(missing);
+                }
+            }
+        }
+        Err(GymError::Checkpoint(match incomplete {
+            Some(why) => format!("no complete checkpoint in {}: {why}", path.display()),
+            None => format!("no checkpoint in {}", path.display()),
+        }))
     }
 
     /// Decodes a checkpoint file's bytes; `file` names it in errors.
@@ -226,57 +296,174 @@ impl Checkpoint {
     }
 }
 
-/// The checkpoint files of `dir`, oldest first.
-fn list(dir: &Path) -> Result<Vec<PathBuf>> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+/// A checkpoint file as its name describes it.
+#[derive(Debug, Clone)]
+struct FileName {
+    path: PathBuf,
+    step: usize,
+    /// The first and last rank of a shard; `None` for a whole checkpoint.
+    ranks: Option<(usize, usize)>,
+}
+
+impl FileName {
+    fn parse(name: &str) -> Option<(usize, Option<(usize, usize)>)> {
+        let rest = name.strip_prefix("checkpoint-")?.strip_suffix(".gym")?;
+        let (step, ranks) = match rest.split_once(".ranks-") {
+            None => (rest, None),
+            Some((step, ranks)) => {
+                let (a, b) = ranks.split_once('-')?;
+                (step, Some((a.parse().ok()?, b.parse().ok()?)))
+            }
+        };
+        Some((step.parse().ok()?, ranks))
+    }
+}
+
+/// The checkpoint files of `dir`, oldest first (by step, then first rank).
+fn list(dir: &Path) -> Result<Vec<FileName>> {
+    let mut files: Vec<FileName> = std::fs::read_dir(dir)
         .map_err(|e| GymError::io(dir, e))?
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("checkpoint-") && n.ends_with(".gym"))
+        .filter_map(|path| {
+            let (step, ranks) = FileName::parse(path.file_name()?.to_str()?)?;
+            Some(FileName { path, step, ranks })
         })
         .collect();
-    files.sort();
+    files.sort_by_key(|f| (f.step, f.ranks));
     Ok(files)
 }
 
-/// Collects every node's state at a step boundary; the last node to arrive writes the file.
+/// The whole checkpoint from the shards `files` of one step, every rank exactly once, or
+/// (inner `Err`) which ranks no shard holds.
+fn gather(files: &[FileName]) -> Result<std::result::Result<(Checkpoint, PathBuf), String>> {
+    let mut whole: Option<(Checkpoint, PathBuf)> = None;
+    let mut nodes: Vec<Option<NodeCheckpoint>> = Vec::new();
+    for file in files {
+        let bytes = std::fs::read(&file.path).map_err(|e| GymError::io(&file.path, e))?;
+        let mut part = Checkpoint::decode(&bytes, &file.path)?;
+        let Some(shard) = part.shard else {
+            return Err(GymError::Checkpoint(format!(
+                "{} is named as a shard and holds every rank",
+                file.path.display()
+            )));
+        };
+        if nodes.is_empty() {
+            nodes = vec![None; shard.world_size];
+        }
+        let fits = shard.world_size == nodes.len()
+            && shard.first_rank + part.nodes.len() <= nodes.len()
+            && whole
+                .as_ref()
+                .is_none_or(|(w, _)| w.identity == part.identity);
+        if !fits {
+            return Err(GymError::Checkpoint(format!(
+                "{} is from another run than the other shards of step {}",
+                file.path.display(),
+                part.next_step
+            )));
+        }
+        for (i, node) in std::mem::take(&mut part.nodes).into_iter().enumerate() {
+            let rank = shard.first_rank + i;
+            if nodes[rank].replace(node).is_some() {
+                return Err(GymError::Checkpoint(format!(
+                    "rank {rank} is held by two shards of step {} ({} among them): they \
+                     are from runs spread differently; move one run's files away",
+                    part.next_step,
+                    file.path.display()
+                )));
+            }
+        }
+        if whole.is_none() || shard.first_rank == 0 {
+            whole = Some((part, file.path.clone()));
+        }
+    }
+    let Some((mut checkpoint, path)) = whole else {
+        return Err(GymError::Checkpoint("no shard to read".into()));
+    };
+    let missing: Vec<usize> = (0..nodes.len()).filter(|&r| nodes[r].is_none()).collect();
+    if !missing.is_empty() {
+        return Ok(Err(format!(
+            "the shards of step {} beside {} are missing ranks {} (a run spread over hosts \
+             resumes from a folder that every process's files reach)",
+            checkpoint.next_step,
+            path.display(),
+            ranges(&missing)
+        )));
+    }
+    checkpoint.nodes = nodes.into_iter().map(|n| n.expect("every rank")).collect();
+    checkpoint.shard = None;
+    Ok(Ok((checkpoint, path)))
+}
+
+/// `[0, 1, 2, 5]` as `0-2, 5`.
+fn ranges(ranks: &[usize]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < ranks.len() {
+        let mut j = i;
+        while j + 1 < ranks.len() && ranks[j + 1] == ranks[j] + 1 {
+            j += 1;
+        }
+        out.push(if i == j {
+            ranks[i].to_string()
+        } else {
+            format!("{}-{}", ranks[i], ranks[j])
+        });
+        i = j + 1;
+    }
+    out.join(", ")
+}
+
+/// Collects the state of this process's nodes at a step boundary; the last node to arrive
+/// writes the file (the whole checkpoint, or this process's shard).
 pub(crate) struct CheckpointWriter {
     pub dir: PathBuf,
     pub keep: usize,
     pub identity: Identity,
     pub run_name: String,
+    /// The ranks this process runs, of `world_size`.
+    ranks: std::ops::Range<usize>,
+    world_size: usize,
     slots: std::sync::Mutex<std::collections::BTreeMap<usize, Vec<Option<NodeCheckpoint>>>>,
     written: std::sync::Mutex<Option<PathBuf>>,
 }
 
 impl CheckpointWriter {
-    pub fn new(dir: PathBuf, keep: usize, identity: Identity, run_name: String) -> Self {
+    pub fn new(
+        dir: PathBuf,
+        keep: usize,
+        identity: Identity,
+        run_name: String,
+        ranks: std::ops::Range<usize>,
+        world_size: usize,
+    ) -> Self {
         CheckpointWriter {
             dir,
             keep,
             identity,
             run_name,
+            ranks,
+            world_size,
             slots: Default::default(),
             written: Default::default(),
         }
     }
 
-    /// Node `rank`'s state before `next_step`. Once all `k` nodes have deposited theirs, the
-    /// checkpoint (with `records`, taken then) is written.
+    /// Node `rank`'s state before `next_step`. Once all of this process's nodes have
+    /// deposited theirs, the checkpoint (with `records`, taken then) is written.
     pub fn deposit(
         &self,
         rank: usize,
-        k: usize,
         next_step: usize,
         node: NodeCheckpoint,
         records: impl FnOnce() -> crate::metrics::Records,
     ) -> Result<()> {
         let complete = {
             let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-            let slot = slots.entry(next_step).or_insert_with(|| vec![None; k]);
-            slot[rank] = Some(node);
+            let slot = slots
+                .entry(next_step)
+                .or_insert_with(|| vec![None; self.ranks.len()]);
+            slot[rank - self.ranks.start] = Some(node);
             if slot.iter().all(Option::is_some) {
                 slots.remove(&next_step)
             } else {
@@ -295,6 +482,10 @@ impl CheckpointWriter {
             train: records.train,
             validation: records.validation,
             correlation: records.correlation,
+            shard: (self.ranks.len() < self.world_size).then_some(Shard {
+                first_rank: self.ranks.start,
+                world_size: self.world_size,
+            }),
         };
         let path = checkpoint.save(&self.dir, self.keep)?;
         *self.written.lock().unwrap_or_else(|p| p.into_inner()) = Some(path);
@@ -381,6 +572,7 @@ mod tests {
             train: Vec::new(),
             validation: Vec::new(),
             correlation: Vec::new(),
+            shard: None,
         }
     }
 
@@ -394,7 +586,7 @@ mod tests {
         let names: Vec<String> = list(&dir)
             .unwrap()
             .iter()
-            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .map(|f| f.path.file_name().unwrap().to_string_lossy().into_owned())
             .collect();
         assert_eq!(
             names,
@@ -410,6 +602,62 @@ mod tests {
         let altered = Checkpoint::decode(&flipped, &file).unwrap_err();
         assert!(altered.to_string().contains("checksum"), "{altered}");
         assert!(Checkpoint::decode(b"not a checkpoint", &file).is_err());
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// `sample(next_step)` with `k` nodes, node `r`'s model all `r`, cut into shards of
+    /// `per` ranks.
+    fn shards(next_step: usize, k: usize, per: usize) -> Vec<Checkpoint> {
+        let whole = sample(next_step);
+        (0..k / per)
+            .map(|p| {
+                let mut shard = whole.clone();
+                shard.nodes = (p * per..(p + 1) * per)
+                    .map(|r| NodeCheckpoint {
+                        model: vec![r as f32; 6],
+                        ..whole.nodes[0].clone()
+                    })
+                    .collect();
+                shard.shard = Some(Shard {
+                    first_rank: p * per,
+                    world_size: k,
+                });
+                shard
+            })
+            .collect()
+    }
+
+    #[test]
+    fn shards_of_a_step_load_as_the_whole_checkpoint_and_a_gap_is_named() {
+        let dir = std::env::temp_dir().join(format!("gym-ckpt-shards-{}", std::process::id()));
+        std::fs::remove_dir_all(&dir).ok();
+        for step in [5, 10, 15] {
+            for shard in shards(step, 4, 2) {
+                shard.save(&dir, 2).unwrap();
+            }
+        }
+        // Each process kept its own newest two: steps 10 and 15 of both shards.
+        assert_eq!(list(&dir).unwrap().len(), 4);
+        let (whole, file) = Checkpoint::load(&dir).unwrap();
+        assert_eq!(whole.next_step, 15);
+        assert_eq!(whole.shard, None);
+        let models: Vec<f32> = whole.nodes.iter().map(|n| n.model[0]).collect();
+        assert_eq!(models, [0.0, 1.0, 2.0, 3.0]);
+        assert!(file.ends_with(Checkpoint::shard_file_name(15, 0, 1)));
+        // Step 15 without the second process's file: the folder resumes from step 10, the
+        // file of step 15 is refused naming the ranks missing.
+        std::fs::remove_file(dir.join(Checkpoint::shard_file_name(15, 2, 3))).unwrap();
+        assert_eq!(Checkpoint::load(&dir).unwrap().0.next_step, 10);
+        let err = Checkpoint::load(&dir.join(Checkpoint::shard_file_name(15, 0, 1)))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("missing ranks 2-3"), "{err}");
+        // Shards of another spread at the same step overlap: refused, not mixed.
+        for shard in shards(10, 4, 1) {
+            shard.save(&dir, 2).unwrap();
+        }
+        let err = Checkpoint::load(&dir).unwrap_err().to_string();
+        assert!(err.contains("held by two shards"), "{err}");
         std::fs::remove_dir_all(&dir).ok();
     }
 

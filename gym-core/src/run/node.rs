@@ -119,9 +119,7 @@ where
             && (plan.checkpoints_before(step) || (stopping && step > plan.start_step))
         {
             let node = snapshot(&mut replica, &*strategy, &loader, &comm, ledger)?;
-            writer.deposit(rank, plan.num_nodes, step, node, || {
-                shared.recorder.snapshot(step)
-            })?;
+            writer.deposit(rank, step, node, || shared.recorder.snapshot(step))?;
         }
         if stopping || step == plan.max_steps {
             break stopping;

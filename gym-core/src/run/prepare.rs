@@ -20,7 +20,7 @@ use crate::strategy::{NodeInfo, StrategyConfig};
 use burn::data::dataloader::batcher::Batcher;
 use burn::module::ParamId;
 use burn::tensor::{Device, Distribution, Tensor, TensorData};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 impl Trainer {
@@ -43,7 +43,7 @@ impl Trainer {
     }
 
     /// Everything a run started at `fit_start` needs before its nodes start, for the nodes
-    /// `ranks` that run here: checks, data views, replicas, strategies, the run's name and
+    /// `ranks` that run here, resuming from `resume` if given: checks, data views, replicas, strategies, the run's name and
     /// log folder (created when `writes_logs`). `run_name`, when given, overrides the
     /// configured and default names.
     #[allow(clippy::too_many_arguments)]
@@ -51,6 +51,7 @@ impl Trainer {
         &self,
         init: &(impl Fn(&Device) -> M + Sync),
         strategy: &dyn StrategyConfig,
+        resume: Option<Checkpoint>,
         data: &NodeData<I>,
         batcher: &B,
         ranks: &[usize],
@@ -69,10 +70,6 @@ impl Trainer {
             return Err(GymError::InvalidConfig("no device given".into()));
         }
         let k = cfg.num_nodes;
-        let resume = match &cfg.resume_from {
-            Some(path) => Some(Checkpoint::load(Path::new(path))?.0),
-            None => None,
-        };
         let devices: Vec<Device> = (0..k)
             .map(|r| self.devices[r % self.devices.len()].clone().autodiff())
             .collect();

@@ -2,7 +2,7 @@
 //! and collects the final model and what the run measured. What happens before the nodes
 //! start is in `prepare`; what each node does, in `node`.
 
-use super::checkpoint::{CheckpointWriter, StopAgreement};
+use super::checkpoint::{Checkpoint, CheckpointWriter, StopAgreement};
 use super::config::TrainerConfig;
 use super::data::NodeData;
 use super::node::{NodeShared, NodeStart, run_node};
@@ -19,7 +19,7 @@ use crate::strategy::StrategyConfig;
 use burn::data::dataloader::batcher::Batcher;
 use burn::tensor::Device;
 use serde::{Deserialize, Serialize};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -124,8 +124,10 @@ impl Trainer {
     /// however the nodes are spread over processes. With nodes in other processes, the
     /// nodes exchange their reports after every step (uncounted), so every process's
     /// [`RunReport`] holds the whole run; only the process of rank 0 writes the log folder
-    /// and draws the progress bar, and every process returns the averaged model. Fault
-    /// schedules, checkpoints, resuming and interrupts need every node in this process
+    /// and draws the progress bar, and every process returns the averaged model. Each
+    /// process writes its own shard of a checkpoint; a run resumes from the shards under
+    /// any number of processes (see [`Checkpoint`](super::checkpoint::Checkpoint)). Fault
+    /// schedules and interrupts need every node in this process
     /// ([`GymError::InvalidConfig`] otherwise).
     pub fn fit_with<M, I, B>(
         &self,
@@ -153,8 +155,6 @@ impl Trainer {
         if spans {
             for (asked, what) in [
                 (cfg.faults.is_some(), "a fault schedule"),
-                (cfg.resume_from.is_some(), "resuming"),
-                (cfg.checkpoint_interval.is_some(), "a checkpoint interval"),
                 (self.interrupt.is_some(), "an interrupt flag"),
             ] {
                 if asked {
@@ -173,29 +173,40 @@ impl Trainer {
             .iter()
             .map(|&rank| Collective::new(transport.clone(), rank, network.clone()))
             .collect();
-        // One name for the run, rank 0's (default names carry the time of day).
-        let run_name =
-            if spans {
-                let name = cfg
+        let resume = match &cfg.resume_from {
+            Some(path) => Some(Checkpoint::load(Path::new(path))?.0),
+            None => None,
+        };
+        // One name for the run, rank 0's (default names carry the time of day), and one
+        // step to resume from.
+        let run_name = if spans {
+            let start = RunStart {
+                name: cfg
                     .run_name
                     .clone()
-                    .unwrap_or_else(|| default_run_name(&strategy.name(), k));
-                let agreed = run_on_threads(&nodes, |c| {
-                    let observer = c.observer();
-                    observer.broadcast_bytes_in(&observer.world(), name.clone().into_bytes(), 0)
-                })
-                .map_err(|e| GymError::InvalidConfig(format!("cannot start node threads: {e}")))?;
-                let bytes = agreed
-                    .into_iter()
-                    .next()
-                    .expect("a local node")
-                    .map_err(GymError::Panic)??;
-                Some(String::from_utf8(bytes).map_err(|_| {
-                    GymError::InvalidConfig("rank 0's run name is not UTF-8".into())
-                })?)
-            } else {
-                None
+                    .or_else(|| resume.as_ref().map(|c| c.run_name.clone()))
+                    .unwrap_or_else(|| default_run_name(&strategy.name(), k)),
+                resume_step: resume.as_ref().map(|c| c.next_step),
             };
+            let agreed = run_on_threads(&nodes, |c| {
+                exchange(&c.observer(), &start, "run start").map(|mut all| all.swap_remove(0))
+            })
+            .map_err(|e| GymError::InvalidConfig(format!("cannot start node threads: {e}")))?
+            .into_iter()
+            .next()
+            .expect("a local node")
+            .map_err(GymError::Panic)??;
+            if agreed.resume_step != start.resume_step {
+                return Err(GymError::Checkpoint(format!(
+                    "this process resumes from step {:?} where rank 0's resumes from step \
+                     {:?}: the processes see different checkpoint files",
+                    start.resume_step, agreed.resume_step
+                )));
+            }
+            Some(agreed.name)
+        } else {
+            None
+        };
         let writes_logs = local.contains(&0);
         let Prepared {
             resume,
@@ -208,6 +219,7 @@ impl Trainer {
         } = self.prepare(
             &init,
             strategy,
+            resume,
             data,
             batcher,
             &ranks,
@@ -227,7 +239,9 @@ impl Trainer {
             .map(PathBuf::from)
             .or_else(|| facts.log_dir.clone());
         let checkpoints = checkpoint_dir.map(|dir| {
-            CheckpointWriter::new(dir, cfg.keep_checkpoints, identity, facts.run_name.clone())
+            let keep = cfg.keep_checkpoints;
+            let name = facts.run_name.clone();
+            CheckpointWriter::new(dir, keep, identity, name, local.clone(), k)
         });
         let stop = StopAgreement::new(self.interrupt.clone());
         let recorder = self.recorder(&plan, cfg.progress && writes_logs, logs);
@@ -346,6 +360,13 @@ impl Trainer {
             report,
         })
     }
+}
+
+/// What every process of a spread run agrees on before its nodes start.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct RunStart {
+    name: String,
+    resume_step: Option<usize>,
 }
 
 /// What a node ends a run with that the report needs.
