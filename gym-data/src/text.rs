@@ -177,13 +177,7 @@ impl CharVocab {
     /// Reads a vocabulary written by [`save`](Self::save). A file that is not UTF-8 is a
     /// [`DataError::Format`] error.
     pub fn load(path: &Path) -> Result<Self, DataError> {
-        let bytes = std::fs::read(path).map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => DataError::Missing {
-                path: path.to_path_buf(),
-                hint: String::new(),
-            },
-            _ => DataError::io(path, e),
-        })?;
+        let bytes = read(path)?;
         let json = std::str::from_utf8(&bytes).map_err(|e| DataError::Format {
             path: path.to_path_buf(),
             format: "vocabulary JSON",
@@ -227,13 +221,7 @@ impl CharCorpus {
 
     /// Reads a UTF-8 text file ([`from_bytes`](Self::from_bytes)).
     pub fn load(path: &Path) -> Result<Self, DataError> {
-        let bytes = std::fs::read(path).map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => DataError::Missing {
-                path: path.to_path_buf(),
-                hint: String::new(),
-            },
-            _ => DataError::io(path, e),
-        })?;
+        let bytes = read(path)?;
         Self::from_bytes(&bytes, path)
     }
 
@@ -484,6 +472,17 @@ impl Batcher<TokenWindow, TokenBatch> for TokenBatcher {
             targets: Tensor::<2, Int>::from_data(TensorData::new(targets, [b, t]), device),
         }
     }
+}
+
+/// The bytes of `path`; a file that is not there is [`DataError::Missing`].
+fn read(path: &Path) -> Result<Vec<u8>, DataError> {
+    std::fs::read(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => DataError::Missing {
+            path: path.to_path_buf(),
+            hint: String::new(),
+        },
+        _ => DataError::io(path, e),
+    })
 }
 
 #[cfg(test)]
