@@ -204,8 +204,9 @@ composed_strategy!(DiLoCoConfig, NAME, |c| [c.communicator.clone()]);
 #[cfg(feature = "cli")]
 pub(crate) mod cli {
     use super::*;
-    use crate::registry::shared::diloco_communicator;
-    use crate::registry::{CompressionArgs, Entry, Flags, OptimizerArgs, Shared};
+    use crate::registry::{
+        CompressionArgs, Entry, Flags, OptimizerArgs, OuterArgs, QuorumArgs, Shared, SyncArgs,
+    };
 
     /// The flag groups DiLoCo's synchronisation reads ([`communicator`]).
     pub const READS: &[Shared] = &[
@@ -231,17 +232,20 @@ pub(crate) mod cli {
         },
     };
 
-    /// DiLoCo's synchronisation from `defaults`, with what the shared flags set.
+    /// DiLoCo's synchronisation from `defaults` (DiLoCo's or MuLoCo's), with what the shared
+    /// flags set: `-H`, the outer optimizer, the compression and the quorum.
     pub fn communicator(
         f: &Flags,
         defaults: DiLoCoCommunicatorConfig,
     ) -> Result<DiLoCoCommunicatorConfig, String> {
-        diloco_communicator(
-            defaults,
-            &f.get()?,
-            &f.get()?,
-            &f.get::<CompressionArgs>()?,
-            &f.get()?,
-        )
+        let (sync, outer) = (f.get::<SyncArgs>()?, f.get::<OuterArgs>()?);
+        let (compression, quorum) = (f.get::<CompressionArgs>()?, f.get::<QuorumArgs>()?);
+        Ok(DiLoCoCommunicatorConfig {
+            sync_interval: sync.or(defaults.sync_interval),
+            outer_optimizer: outer.optimizer_or(&defaults.outer_optimizer),
+            outer_lr: outer.lr_or(defaults.outer_lr),
+            compression: compression.or(defaults.compression),
+            quorum: quorum.rule()?.or(defaults.quorum),
+        })
     }
 }

@@ -273,48 +273,18 @@ composed_strategy!(SpartaConfig, NAME, |c| [c.communicator.clone()]);
 #[cfg(feature = "cli")]
 pub(crate) mod cli {
     use super::*;
-    use crate::registry::{Entry, OptimizerArgs, Shared, value_name};
-    use clap::{Args, ValueEnum};
-    use serde::Serialize;
+    use crate::registry::{Entry, OptimizerArgs, SelectorName, Shared, SpartaArgs};
 
-    /// SPARTA's index selectors, as the command line names them.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-    pub enum SelectorName {
-        /// Each element with probability p.
-        Random,
-        /// Chunks of one fixed permutation, in turn.
-        ShuffledSequential,
-        /// Parts of a balanced random partition, in turn.
-        Partitioned,
-    }
-
-    /// SPARTA's sparse averaging ([`Shared::Sparta`]): read by sparta and sparta-diloco.
-    #[derive(Debug, Clone, Args, Serialize)]
-    pub struct SpartaArgs {
-        /// SPARTA: fraction of the parameters averaged per synchronisation.
-        #[arg(long, default_value_t = 0.005)]
-        pub p_sparta: f64,
-        /// SPARTA: steps between sparse averagings (in sparta and sparta-diloco).
-        #[arg(long, default_value_t = 1)]
-        pub sparta_sync_interval: usize,
-        /// SPARTA: how the averaged elements are chosen.
-        #[arg(long, value_enum, default_value = "random")]
-        #[serde(serialize_with = "value_name")]
-        pub sparta_selector: SelectorName,
-    }
-
-    impl SpartaArgs {
-        /// SPARTA's sparse averaging as these flags describe it.
-        pub fn communicator(&self) -> SparseCommunicatorConfig {
-            SparseCommunicatorConfig::new()
-                .with_p(self.p_sparta)
-                .with_sync_interval(self.sparta_sync_interval)
-                .with_selector(match self.sparta_selector {
-                    SelectorName::Random => IndexSelectorKind::Random,
-                    SelectorName::ShuffledSequential => IndexSelectorKind::ShuffledSequential,
-                    SelectorName::Partitioned => IndexSelectorKind::Partitioned,
-                })
-        }
+    /// SPARTA's sparse averaging as the shared flags ([`SpartaArgs`]) describe it.
+    pub fn communicator(args: &SpartaArgs) -> SparseCommunicatorConfig {
+        SparseCommunicatorConfig::new()
+            .with_p(args.p_sparta)
+            .with_sync_interval(args.sparta_sync_interval)
+            .with_selector(match args.sparta_selector {
+                SelectorName::Random => IndexSelectorKind::Random,
+                SelectorName::ShuffledSequential => IndexSelectorKind::ShuffledSequential,
+                SelectorName::Partitioned => IndexSelectorKind::Partitioned,
+            })
     }
 
     /// SPARTA in the registry.
@@ -327,7 +297,7 @@ pub(crate) mod cli {
             Ok(Box::new(
                 SpartaConfig::new()
                     .with_inner(f.get::<OptimizerArgs>()?.inner())
-                    .with_communicator(f.get::<SpartaArgs>()?.communicator()),
+                    .with_communicator(communicator(&f.get::<SpartaArgs>()?)),
             ))
         },
     };

@@ -34,8 +34,9 @@ composed_strategy!(SpartaDiLoCoConfig, NAME, |c| [
 pub(crate) mod cli {
     use super::*;
     use crate::diloco::cli::communicator;
+    use crate::registry::SpartaArgs;
     use crate::registry::{Entry, OptimizerArgs, Shared};
-    use crate::sparta::cli::SpartaArgs;
+    use crate::sparta::cli::communicator as sparta_communicator;
 
     /// SPARTA+DiLoCo in the registry.
     pub const ENTRY: Entry = Entry {
@@ -54,7 +55,7 @@ pub(crate) mod cli {
             Ok(Box::new(
                 SpartaDiLoCoConfig::new()
                     .with_inner(f.get::<OptimizerArgs>()?.inner())
-                    .with_sparta(f.get::<SpartaArgs>()?.communicator())
+                    .with_sparta(sparta_communicator(&f.get::<SpartaArgs>()?))
                     .with_diloco(communicator(f, DiLoCoCommunicatorConfig::new())?),
             ))
         },

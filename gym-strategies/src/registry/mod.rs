@@ -15,7 +15,10 @@ use gym_core::{GymError, StrategyConfig};
 use serde::Serialize;
 use std::collections::BTreeSet;
 
-pub use shared::{CompressionArgs, OptimizerArgs, OptimizerName, OuterArgs, QuorumArgs, SyncArgs};
+pub use shared::{
+    CompressionArgs, OptimizerArgs, OptimizerName, OuterArgs, QuorumArgs, SelectorName, SpartaArgs,
+    SyncArgs,
+};
 
 /// A group of flags that several strategies read, declared once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -56,7 +59,7 @@ impl Shared {
             Shared::Outer => OuterArgs::augment_args(command),
             Shared::Compression => CompressionArgs::augment_args(command),
             Shared::Quorum => QuorumArgs::augment_args(command),
-            Shared::Sparta => crate::sparta::cli::SpartaArgs::augment_args(command),
+            Shared::Sparta => SpartaArgs::augment_args(command),
         }
     }
 
@@ -67,7 +70,7 @@ impl Shared {
             Shared::Outer => json::<OuterArgs>(matches),
             Shared::Compression => json::<CompressionArgs>(matches),
             Shared::Quorum => json::<QuorumArgs>(matches),
-            Shared::Sparta => json::<crate::sparta::cli::SpartaArgs>(matches),
+            Shared::Sparta => json::<SpartaArgs>(matches),
         }
     }
 }

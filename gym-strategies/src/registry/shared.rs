@@ -3,7 +3,6 @@
 //! optimizer, the compression and the quorum.
 
 use crate::compress::CompressionConfig;
-use crate::diloco::DiLoCoCommunicatorConfig;
 use burn::optim::{
     AdaGradConfig, AdafactorConfig, AdanConfig, AdjustLrFn, LambConfig, LionConfig, MuonConfig,
     RmsPropConfig,
@@ -237,22 +236,30 @@ impl QuorumArgs {
     }
 }
 
-/// DiLoCo's synchronisation from `defaults` (DiLoCo's or MuLoCo's), with what the shared
-/// flags set: `-H`, the outer optimizer, the compression and the quorum.
-pub fn diloco_communicator(
-    defaults: DiLoCoCommunicatorConfig,
-    sync: &SyncArgs,
-    outer: &OuterArgs,
-    compression: &CompressionArgs,
-    quorum: &QuorumArgs,
-) -> Result<DiLoCoCommunicatorConfig, String> {
-    Ok(DiLoCoCommunicatorConfig {
-        sync_interval: sync.or(defaults.sync_interval),
-        outer_optimizer: outer.optimizer_or(&defaults.outer_optimizer),
-        outer_lr: outer.lr_or(defaults.outer_lr),
-        compression: compression.or(defaults.compression),
-        quorum: quorum.rule()?.or(defaults.quorum),
-    })
+/// SPARTA's index selectors, as the command line names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SelectorName {
+    /// Each element with probability p.
+    Random,
+    /// Chunks of one fixed permutation, in turn.
+    ShuffledSequential,
+    /// Parts of a balanced random partition, in turn.
+    Partitioned,
+}
+
+/// SPARTA's sparse averaging ([`Shared::Sparta`](super::Shared::Sparta)): read by sparta and sparta-diloco.
+#[derive(Debug, Clone, Args, Serialize)]
+pub struct SpartaArgs {
+    /// SPARTA: fraction of the parameters averaged per synchronisation.
+    #[arg(long, default_value_t = 0.005)]
+    pub p_sparta: f64,
+    /// SPARTA: steps between sparse averagings (in sparta and sparta-diloco).
+    #[arg(long, default_value_t = 1)]
+    pub sparta_sync_interval: usize,
+    /// SPARTA: how the averaged elements are chosen.
+    #[arg(long, value_enum, default_value = "random")]
+    #[serde(serialize_with = "super::value_name")]
+    pub sparta_selector: SelectorName,
 }
 
 /// A value parser that checks a spec parses as `T` and keeps it as written (so that the
