@@ -108,7 +108,8 @@ pub use outer::{OuterOptimizer, default_outer_optimizer};
 pub use powersgd::PowerSgdConfig;
 pub use sparseloco::SparseLoCoConfig;
 pub use sparta::{
-    IndexSelector, IndexSelectorKind, SparseCommunicator, SparseCommunicatorConfig, SpartaConfig,
+    IndexSelector, IndexSelectorKind, PSchedule, SparseCommunicator, SparseCommunicatorConfig,
+    SpartaConfig,
 };
 pub use sparta_diloco::SpartaDiLoCoConfig;
 pub use streaming_diloco::{FragmentPattern, StreamingDiLoCo, StreamingDiLoCoConfig};

@@ -1,6 +1,11 @@
 //! SPARTA (sparse parameter averaging): every step, a small random subset of each
 //! parameter's elements is averaged across nodes.
 //!
+//! Two extras from the original's predecessor (diloco-sim), which its flags still name:
+//! a *delay* d, where each synchronisation's averaged values are applied d synchronisations
+//! later (a FIFO; the all-reduce overlaps the d steps in between), and a *schedule* of p,
+//! a ramp from 0 to 2p that averages as much as a constant p overall.
+//!
 //! # Shared seed instead of a broadcast mask
 //!
 //! The original has rank 0 draw a boolean mask per parameter and broadcast it (a full-size
@@ -12,15 +17,16 @@
 //! averaged values only (a ring all-reduce of `m` selected elements per synchronisation).
 
 use crate::communicate::{
-    CommunicationModule, CommunicationModuleConfig, composed_strategy, is_sync_step,
+    CommunicationModule, CommunicationModuleConfig, Transfer, composed_strategy, is_sync_step,
 };
 use burn::config::Config;
+use burn::tensor::Device;
 use burn::tensor::{IndexingUpdateOp, Int, Tensor, TensorData};
 use gym_core::rng::derive_seed;
-use gym_core::state::fields::Record;
+use gym_core::state::fields::{Bytes, Record, Values};
 use gym_core::{
     GymError, InnerOptimizerConfig, NodeInfo, ParamLayout, ReduceOp, Replica, Result, StateDict,
-    StepContext,
+    StepContext, TransferTiming,
 };
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -73,9 +79,15 @@ impl IndexSelector {
 
     /// The sorted flat indices to average at this synchronisation; advances the counter.
     pub fn next(&mut self, layout: &ParamLayout) -> Vec<usize> {
+        self.next_with(layout, self.p)
+    }
+
+    /// [`next`](Self::next) with fraction `p` for this synchronisation alone (a scheduled
+    /// p; the random selector only, whose draws are independent of each other).
+    pub fn next_with(&mut self, layout: &ParamLayout, p: f64) -> Vec<usize> {
         let it = self.iteration;
         self.iteration += 1;
-        if self.p <= 0.0 {
+        if p <= 0.0 {
             return Vec::new();
         }
         let mut out = Vec::new();
@@ -85,7 +97,7 @@ impl IndexSelector {
                 IndexSelectorKind::Random => {
                     let mut rng =
                         ChaCha8Rng::seed_from_u64(derive_seed(self.seed, &[0x5350, it, pi]));
-                    bernoulli(&mut rng, e.numel, self.p, |i| out.push(e.offset + i));
+                    bernoulli(&mut rng, e.numel, p, |i| out.push(e.offset + i));
                 }
                 IndexSelectorKind::ShuffledSequential => {
                     let parts = self.parts(e.numel);
@@ -177,12 +189,83 @@ pub struct SparseCommunicatorConfig {
     /// Synchronise after every `sync_interval`-th step (1: every step).
     #[config(default = 1)]
     pub sync_interval: usize,
+    /// Apply each synchronisation's averaged values this many synchronisations later (0:
+    /// at once). Its all-reduce overlaps the steps in between.
+    #[config(default = 0)]
+    pub delay: usize,
+    /// How `p` varies over the run.
+    #[config(default = "PSchedule::Constant")]
+    pub schedule: PSchedule,
+}
+
+/// How SPARTA's fraction `p` varies over the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PSchedule {
+    /// `p` at every synchronisation.
+    Constant,
+    /// A linear ramp from 0 to 2p over `period` steps (`None`: the whole run), started
+    /// again after each period: as many elements averaged as with a constant `p`, few
+    /// early in the period and many late (diloco-sim's scheduled selector, whose period
+    /// was DiLoCo's H).
+    Ramp {
+        /// Steps of one ramp.
+        period: Option<usize>,
+    },
+}
+
+impl PSchedule {
+    /// The fraction at step `step` of a run of `max_steps`, for a base fraction `p`.
+    pub fn p_at(self, p: f64, step: usize, max_steps: usize) -> f64 {
+        match self {
+            PSchedule::Constant => p,
+            PSchedule::Ramp { period } => {
+                let n = period.unwrap_or(max_steps).max(1);
+                if n == 1 {
+                    return p;
+                }
+                (2.0 * p * (step % n) as f64 / (n - 1) as f64).min(1.0)
+            }
+        }
+    }
+}
+
+/// `constant`, `ramp` (over the run) or `ramp:STEPS`.
+impl std::str::FromStr for PSchedule {
+    type Err = String;
+
+    fn from_str(spec: &str) -> std::result::Result<Self, String> {
+        let bad = || format!("`{spec}` is not a p schedule: constant, ramp or ramp:STEPS");
+        match spec.split_once(':') {
+            None if spec == "constant" => Ok(PSchedule::Constant),
+            None if spec == "ramp" => Ok(PSchedule::Ramp { period: None }),
+            Some(("ramp", n)) => match n.parse::<usize>() {
+                Ok(n) if n >= 1 => Ok(PSchedule::Ramp { period: Some(n) }),
+                _ => Err(bad()),
+            },
+            _ => Err(bad()),
+        }
+    }
 }
 
 /// Averages the selected elements across nodes, leaving the others local.
 pub struct SparseCommunicator {
     selector: IndexSelector,
     sync_interval: usize,
+    p: f64,
+    schedule: PSchedule,
+    max_steps: usize,
+    delay: usize,
+    /// Averaged values not yet applied, oldest first (at most `delay` between steps).
+    delayed: std::collections::VecDeque<Delayed>,
+    /// Where the parameters live (for the delayed means of a checkpoint).
+    device: Device,
+}
+
+/// One synchronisation's averaged values, waiting for their turn.
+struct Delayed {
+    indices: Vec<usize>,
+    mean: Tensor<1>,
+    transfer: Transfer,
 }
 
 impl CommunicationModuleConfig for SparseCommunicatorConfig {
@@ -206,9 +289,29 @@ impl CommunicationModuleConfig for SparseCommunicatorConfig {
                 "SPARTA: `sync_interval` must be at least 1".into(),
             ));
         }
+        if self.delay > 0 && self.delay >= node.max_steps {
+            return Err(GymError::InvalidConfig(format!(
+                "SPARTA: a delay of {} synchronisations is not shorter than the run ({} \
+                 steps): no averaged value would be applied",
+                self.delay, node.max_steps
+            )));
+        }
+        if self.schedule != PSchedule::Constant && self.selector != IndexSelectorKind::Random {
+            return Err(GymError::InvalidConfig(format!(
+                "SPARTA: a scheduled p needs the random selector; {:?} cuts each parameter \
+                 into 1/p parts",
+                self.selector
+            )));
+        }
         Ok(Box::new(SparseCommunicator {
             selector: IndexSelector::new(self.selector, self.p, node.seed),
             sync_interval: self.sync_interval,
+            p: self.p,
+            schedule: self.schedule,
+            max_steps: node.max_steps,
+            delay: self.delay,
+            delayed: Default::default(),
+            device: node.initial_params.device(),
         }))
     }
 }
@@ -218,33 +321,110 @@ impl CommunicationModule for SparseCommunicator {
         if !is_sync_step(ctx.step, self.sync_interval) || ctx.world_size == 1 {
             return Ok(());
         }
-        let indices = self.selector.next(ctx.layout);
-        if indices.is_empty() {
-            return Ok(());
+        let p = self.schedule.p_at(self.p, ctx.step, self.max_steps);
+        let indices = self.selector.next_with(ctx.layout, p);
+        if !indices.is_empty() {
+            let flat = replica.params();
+            let selected = flat
+                .clone()
+                .select(0, index_tensor(&indices, &flat.device()));
+            // The value is held from here; the clock's charge stays with the transfer.
+            let (mean, transfer) = ctx
+                .collective
+                .all_reduce_start(selected, ReduceOp::Mean)?
+                .into_parts();
+            self.delayed.push_back(Delayed {
+                indices,
+                mean,
+                transfer: Transfer::Started(transfer),
+            });
+        } else if self.delay > 0 {
+            // Nothing averaged this time: an empty turn keeps the FIFO's count.
+            self.delayed.push_back(Delayed {
+                indices,
+                mean: Tensor::zeros([0], &self.device),
+                transfer: Transfer::Resumed(None),
+            });
         }
-        let flat = replica.params();
-        let n = indices.len();
-        let idx: Vec<i64> = indices.into_iter().map(|i| i as i64).collect();
-        let idx = Tensor::<1, Int>::from_data(TensorData::new(idx, [n]), &flat.device());
-        let mean = ctx
-            .collective
-            .all_reduce(flat.clone().select(0, idx.clone()), ReduceOp::Mean)?;
-        replica.set_params(flat.select_assign(0, idx, mean, IndexingUpdateOp::Assign));
+        while self.delayed.len() > self.delay {
+            let Delayed {
+                indices,
+                mean,
+                transfer,
+            } = self.delayed.pop_front().expect("non-empty");
+            transfer.wait(ctx)?;
+            if indices.is_empty() {
+                continue;
+            }
+            let flat = replica.params();
+            let idx = index_tensor(&indices, &flat.device());
+            replica.set_params(flat.select_assign(0, idx, mean, IndexingUpdateOp::Assign));
+        }
         Ok(())
     }
 
     fn save_state(&self) -> Result<StateDict> {
         SparseRecord {
             selector: self.selector.record(),
+            delayed: self
+                .delayed
+                .iter()
+                .map(|d| {
+                    let timing = d.transfer.timing();
+                    Ok(DelayedRecord {
+                        indices: Bytes(
+                            d.indices
+                                .iter()
+                                .flat_map(|&i| (i as u64).to_le_bytes())
+                                .collect(),
+                        ),
+                        mean: Values::of(&d.mean)?,
+                        own_ready_s: timing.map(|t| t.own_ready_s),
+                        start_s: timing.map(|t| t.start_s),
+                        end_s: timing.map(|t| t.end_s),
+                    })
+                })
+                .collect::<Result<_>>()?,
         }
         .to_state()
     }
 
     fn load_state(&mut self, state: &StateDict) -> Result<()> {
-        self.selector
-            .load_record(SparseRecord::from_state(state)?.selector);
+        let record = SparseRecord::from_state(state)?;
+        self.selector.load_record(record.selector);
+        self.delayed = record
+            .delayed
+            .into_iter()
+            .map(|d| {
+                let indices: Vec<usize> = d
+                    .indices
+                    .0
+                    .chunks_exact(8)
+                    .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")) as usize)
+                    .collect();
+                let timing = match (d.own_ready_s, d.start_s, d.end_s) {
+                    (Some(own_ready_s), Some(start_s), Some(end_s)) => Some(TransferTiming {
+                        own_ready_s,
+                        start_s,
+                        end_s,
+                    }),
+                    _ => None,
+                };
+                Ok(Delayed {
+                    mean: d.mean.tensor(indices.len(), &self.device)?,
+                    indices,
+                    transfer: Transfer::Resumed(timing),
+                })
+            })
+            .collect::<Result<_>>()?;
         Ok(())
     }
+}
+
+/// `indices` as an index tensor on `device`.
+fn index_tensor(indices: &[usize], device: &Device) -> Tensor<1, Int> {
+    let idx: Vec<i64> = indices.iter().map(|&i| i as i64).collect();
+    Tensor::from_data(TensorData::new(idx, [indices.len()]), device)
 }
 
 gym_core::record! {
@@ -252,6 +432,24 @@ gym_core::record! {
     pub struct SparseRecord {
         /// Its index selector's position.
         pub selector: IndexSelectorRecord,
+        /// The averaged values not yet applied, oldest first (with a delay).
+        pub delayed: Vec<DelayedRecord>,
+    }
+}
+
+gym_core::record! {
+    /// One synchronisation's averaged values, waiting to be applied.
+    pub struct DelayedRecord {
+        /// The flat indices averaged, as little-endian u64s.
+        pub indices: Bytes,
+        /// Their means.
+        pub mean: Values,
+        /// When this node was ready for the transfer (simulated time).
+        pub own_ready_s: Option<f64>,
+        /// When the transfer started.
+        pub start_s: Option<f64>,
+        /// When it ends.
+        pub end_s: Option<f64>,
     }
 }
 
@@ -276,15 +474,21 @@ pub(crate) mod cli {
     use crate::registry::{Entry, OptimizerArgs, SelectorName, Shared, SpartaArgs};
 
     /// SPARTA's sparse averaging as the shared flags ([`SpartaArgs`]) describe it.
-    pub fn communicator(args: &SpartaArgs) -> SparseCommunicatorConfig {
-        SparseCommunicatorConfig::new()
+    pub fn communicator(args: &SpartaArgs) -> Result<SparseCommunicatorConfig, String> {
+        let schedule = args
+            .p_sparta_schedule
+            .parse::<PSchedule>()
+            .map_err(|e| format!("--p-sparta-schedule: {e}"))?;
+        Ok(SparseCommunicatorConfig::new()
             .with_p(args.p_sparta)
             .with_sync_interval(args.sparta_sync_interval)
+            .with_delay(args.sparta_delay)
+            .with_schedule(schedule)
             .with_selector(match args.sparta_selector {
                 SelectorName::Random => IndexSelectorKind::Random,
                 SelectorName::ShuffledSequential => IndexSelectorKind::ShuffledSequential,
                 SelectorName::Partitioned => IndexSelectorKind::Partitioned,
-            })
+            }))
     }
 
     /// SPARTA in the registry.
@@ -297,7 +501,7 @@ pub(crate) mod cli {
             Ok(Box::new(
                 SpartaConfig::new()
                     .with_inner(f.get::<OptimizerArgs>()?.inner())
-                    .with_communicator(communicator(&f.get::<SpartaArgs>()?)),
+                    .with_communicator(communicator(&f.get::<SpartaArgs>()?)?),
             ))
         },
     };
@@ -390,5 +594,191 @@ mod tests {
         for _ in 0..5 {
             assert_eq!(a.next(&layout), b.next(&layout));
         }
+    }
+
+    /// Node k's local move at step t.
+    fn drift(k: usize, t: usize, n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|i| ((k * 31 + t * 17 + i * 7) % 23) as f32 / 23.0 - 0.4)
+            .collect()
+    }
+
+    /// Runs `steps` steps of the module `config` builds on `k` nodes, each node's inner
+    /// step moving its flat parameters by `drift`; every node's parameters after each
+    /// step, and its exposed communication time when `network` (with that much compute per
+    /// step) is given. With `resume_at`, each node saves its module's state before that
+    /// step and continues with a fresh module that loaded it.
+    fn run(
+        config: &SparseCommunicatorConfig,
+        k: usize,
+        steps: usize,
+        network: Option<(gym_core::Network, f64)>,
+        resume_at: Option<usize>,
+    ) -> (Vec<Vec<Vec<f32>>>, Vec<f64>) {
+        use crate::testing::{FlatReplica, flat, host, node_info};
+        use gym_core::{Collective, InProcessGroup};
+        let layout = layout();
+        let n = layout.num_elements();
+        let group = match &network {
+            Some((net, _)) => InProcessGroup::simulated(k, net.clone()),
+            None => InProcessGroup::new(k),
+        };
+        let results = group
+            .run(|comm: Collective| {
+                let (device, speeds) = (Device::default(), vec![1.0; k]);
+                let initial = flat(&vec![1.0; n]);
+                let info = node_info(comm.rank(), k, initial.clone(), &layout, &speeds, &device);
+                let mut module = config.init(&info).unwrap();
+                let mut replica = FlatReplica(initial);
+                let mut after = Vec::new();
+                for t in 0..steps {
+                    if resume_at == Some(t) {
+                        let saved = module.save_state().unwrap();
+                        module = config.init(&info).unwrap();
+                        module.load_state(&saved).unwrap();
+                    }
+                    if let Some((_, compute_s)) = network {
+                        comm.compute(compute_s);
+                    }
+                    let moved = replica.0.clone() - flat(&drift(comm.rank(), t, n));
+                    replica.set_params(moved);
+                    let mut ctx = StepContext {
+                        rank: comm.rank(),
+                        world_size: k,
+                        step: t,
+                        max_steps: steps,
+                        collective: &comm,
+                        layout: &layout,
+                    };
+                    module.communicate(&mut replica, &mut ctx).unwrap();
+                    after.push(host(replica.0.clone()));
+                }
+                (after, comm.simulated_time().map_or(0.0, |t| t.comm_s))
+            })
+            .unwrap();
+        results.into_iter().map(|r| r.unwrap()).unzip()
+    }
+
+    /// The naive reference of delayed SPARTA, in f64: every node moves by its drift; the
+    /// means of step t's selected elements (as they are after step t's move) are assigned
+    /// at step t + delay.
+    fn reference(k: usize, steps: usize, p: f64, delay: usize) -> Vec<Vec<Vec<f64>>> {
+        let layout = layout();
+        let n = layout.num_elements();
+        // The same shared-seed selector every node uses (node_info's seed).
+        let mut selector = IndexSelector::new(IndexSelectorKind::Random, p, 5);
+        let mut params = vec![vec![1.0f64; n]; k];
+        let mut fifo: std::collections::VecDeque<(Vec<usize>, Vec<f64>)> = Default::default();
+        let mut out = vec![Vec::new(); k];
+        for t in 0..steps {
+            for (rank, x) in params.iter_mut().enumerate() {
+                for (xi, d) in x.iter_mut().zip(drift(rank, t, n)) {
+                    // The replica is f32: move in f32, as the node does.
+                    *xi = f64::from(*xi as f32 - d);
+                }
+            }
+            let idx = selector.next(&layout);
+            let mean: Vec<f64> = idx
+                .iter()
+                .map(|&i| params.iter().map(|x| x[i]).sum::<f64>() / k as f64)
+                .collect();
+            fifo.push_back((idx, mean));
+            while fifo.len() > delay {
+                let (idx, mean) = fifo.pop_front().unwrap();
+                for x in params.iter_mut() {
+                    for (&i, &m) in idx.iter().zip(&mean) {
+                        x[i] = m;
+                    }
+                }
+            }
+            for (rank, x) in params.iter().enumerate() {
+                out[rank].push(x.clone());
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn zoo_sparta_delay_follows_the_naive_reference_and_resumes_mid_fifo() {
+        let (k, steps, p) = (3, 9, 0.3);
+        for delay in [0, 1, 3] {
+            let config = SparseCommunicatorConfig::new().with_p(p).with_delay(delay);
+            let (got, _) = run(&config, k, steps, None, None);
+            let want = reference(k, steps, p, delay);
+            for rank in 0..k {
+                for t in 0..steps {
+                    for (i, (&g, &w)) in got[rank][t].iter().zip(&want[rank][t]).enumerate() {
+                        assert!(
+                            (f64::from(g) - w).abs() < 1e-5,
+                            "delay {delay} rank {rank} step {t} [{i}]: {g} vs {w}"
+                        );
+                    }
+                }
+            }
+            // A node that saves and reloads its module with means still in the FIFO
+            // continues bit for bit.
+            let (resumed, _) = run(&config, k, steps, None, Some(4));
+            assert_eq!(resumed, got, "delay {delay}: resumed");
+        }
+        // Not vacuous: a delay changes the trajectory.
+        assert_ne!(reference(k, steps, p, 0), reference(k, steps, p, 1));
+    }
+
+    #[test]
+    fn zoo_sparta_delay_overlaps_the_all_reduce_with_the_steps_between() {
+        // 100 kbit/s, no latency: each all-reduce of ~0.3·(13·7+7+7·8+8) floats takes
+        // longer than a step's compute; with a delay it runs during the steps it spans.
+        let network = gym_core::Network::switch("100kbit:0ms".parse().unwrap());
+        let exposed = |delay| {
+            let config = SparseCommunicatorConfig::new()
+                .with_p(0.3)
+                .with_delay(delay);
+            run(&config, 2, 12, Some((network.clone(), 0.05)), None).1[0]
+        };
+        let (at_once, delayed) = (exposed(0), exposed(4));
+        assert!(at_once > 0.0, "{at_once}");
+        assert!(delayed < 0.5 * at_once, "{delayed} vs {at_once}");
+    }
+
+    #[test]
+    fn p_ramps_from_zero_to_twice_p_and_averages_p() {
+        let ramp = PSchedule::Ramp { period: Some(5) };
+        let ps: Vec<f64> = (0..10).map(|t| ramp.p_at(0.1, t, 100)).collect();
+        let want = [0.0, 0.05, 0.1, 0.15, 0.2];
+        for (t, p) in ps.iter().enumerate() {
+            assert!((p - want[t % 5]).abs() < 1e-12, "step {t}: {p}");
+        }
+        let over_run = PSchedule::Ramp { period: None };
+        let mean: f64 = (0..101).map(|t| over_run.p_at(0.1, t, 101)).sum::<f64>() / 101.0;
+        assert!((mean - 0.1).abs() < 1e-12, "{mean}");
+        assert_eq!(over_run.p_at(0.8, 100, 101), 1.0, "capped at 1");
+        assert_eq!(PSchedule::Constant.p_at(0.1, 7, 100), 0.1);
+        assert_eq!("ramp:5".parse::<PSchedule>(), Ok(ramp));
+        assert_eq!("ramp".parse::<PSchedule>(), Ok(over_run));
+        assert_eq!("constant".parse::<PSchedule>(), Ok(PSchedule::Constant));
+        for bad in ["ramp:0", "ramp:x", "linear", ""] {
+            assert!(bad.parse::<PSchedule>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_delay_as_long_as_the_run_or_a_scheduled_partition_is_refused() {
+        use crate::testing::{flat, node_info};
+        let (layout, device, speeds) = (layout(), Device::default(), vec![1.0; 2]);
+        let info = node_info(0, 2, flat(&[0.0]), &layout, &speeds, &device);
+        let err = |c: SparseCommunicatorConfig| c.init(&info).err().unwrap().to_string();
+        assert!(err(SparseCommunicatorConfig::new().with_delay(100)).contains("100 steps"));
+        assert!(
+            err(SparseCommunicatorConfig::new()
+                .with_selector(IndexSelectorKind::Partitioned)
+                .with_schedule(PSchedule::Ramp { period: None }))
+            .contains("random selector")
+        );
+        assert!(
+            SparseCommunicatorConfig::new()
+                .with_delay(99)
+                .init(&info)
+                .is_ok()
+        );
     }
 }

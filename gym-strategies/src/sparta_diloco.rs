@@ -55,7 +55,7 @@ pub(crate) mod cli {
             Ok(Box::new(
                 SpartaDiLoCoConfig::new()
                     .with_inner(f.get::<OptimizerArgs>()?.inner())
-                    .with_sparta(sparta_communicator(&f.get::<SpartaArgs>()?))
+                    .with_sparta(sparta_communicator(&f.get::<SpartaArgs>()?)?)
                     .with_diloco(communicator(f, DiLoCoCommunicatorConfig::new())?),
             ))
         },

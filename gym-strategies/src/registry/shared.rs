@@ -260,6 +260,14 @@ pub struct SpartaArgs {
     #[arg(long, value_enum, default_value = "random")]
     #[serde(serialize_with = "super::value_name")]
     pub sparta_selector: SelectorName,
+    /// SPARTA: apply each synchronisation's averaged values this many synchronisations
+    /// later (0: at once); the all-reduce overlaps the steps in between.
+    #[arg(long, value_name = "D", default_value_t = 0)]
+    pub sparta_delay: usize,
+    /// SPARTA: how p varies over the run: constant, ramp (from 0 to 2p over the run) or
+    /// ramp:STEPS (over every STEPS steps, started again after each).
+    #[arg(long, value_name = "SCHEDULE", default_value = "constant")]
+    pub p_sparta_schedule: String,
 }
 
 /// A value parser that checks a spec parses as `T` and keeps it as written (so that the
