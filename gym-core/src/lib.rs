@@ -53,9 +53,10 @@ pub use run::{
 };
 pub use state::{Dropout, ParamEntry, ParamLayout, StateDict, rng};
 pub use strategy::optim::{
-    InnerOptimizer, InnerOptimizerConfig, InnerOptimizerRecord, LrScheduleConfig, OptimizerConfig,
-    OptimizerGroup, ParamSelection,
+    InnerOptimizer, InnerOptimizerConfig, InnerOptimizerRecord, OptimizerConfig, OptimizerGroup,
+    ParamSelection,
 };
+pub use strategy::schedule::{CustomSchedule, LrScheduleConfig};
 pub use strategy::{
     ModelReplica, NodeInfo, RejoinPolicy, Replica, StepContext, Strategy, StrategyConfig, optim,
 };

@@ -81,14 +81,14 @@ impl Identity {
                 ),
             });
         }
-        if saved.strategy_config != self.strategy_config {
+        if !same_settings(&saved.strategy_config, &self.strategy_config) {
             return refuse(format!(
                 "strategy settings {} where this run has {}",
                 differing(&saved.strategy_config, &self.strategy_config),
                 differing(&self.strategy_config, &saved.strategy_config)
             ));
         }
-        if saved.trainer != self.trainer {
+        if !same_settings(&saved.trainer, &self.trainer) {
             return refuse(format!(
                 "trainer settings {} where this run has {}",
                 differing(&saved.trainer, &self.trainer),
@@ -96,6 +96,27 @@ impl Identity {
             ));
         }
         Ok(())
+    }
+}
+
+/// Whether two settings (JSON) agree, a field that one lacks and the other holds as `null`
+/// counting as the same: a setting added later with no value keeps older checkpoints usable.
+fn same_settings(a: &str, b: &str) -> bool {
+    fn without_nulls(v: serde_json::Value) -> serde_json::Value {
+        match v {
+            serde_json::Value::Object(fields) => fields
+                .into_iter()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| (k, without_nulls(v)))
+                .collect(),
+            serde_json::Value::Array(items) => items.into_iter().map(without_nulls).collect(),
+            other => other,
+        }
+    }
+    let parse = |s: &str| serde_json::from_str::<serde_json::Value>(s).map(without_nulls);
+    match (parse(a), parse(b)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
     }
 }
 
@@ -684,5 +705,11 @@ mod tests {
             "{err}"
         );
         assert!(here.check(&here.clone()).is_ok());
+        // A setting added since, with no value, leaves the checkpoint usable.
+        let mut newer = here.clone();
+        newer.strategy_config = r#"{"h":20,"lr":0.7,"custom":null}"#.into();
+        assert!(newer.check(&here).is_ok());
+        newer.strategy_config = r#"{"h":20,"lr":0.7,"custom":"decay"}"#.into();
+        assert!(newer.check(&here).is_err());
     }
 }

@@ -4,14 +4,15 @@
 //! Owns: [`Strategy`] (one node's algorithm) and [`StrategyConfig`] (the algorithm as a
 //! value, which builds it on every node), what a node knows ([`NodeInfo`],
 //! [`StepContext`]), the model as a strategy sees it ([`Replica`]), and each node's own
-//! optimizer ([`optim`]: Burn's optimizers, parameter groups, schedules, clipping). The
-//! algorithms themselves are in the `gym-strategies` crate.
+//! optimizer ([`optim`]: Burn's optimizers, parameter groups, clipping; [`schedule`]: its
+//! learning-rate schedules). The algorithms themselves are in the `gym-strategies` crate.
 //!
 //! Uses: [`crate::comm`] (the collective a strategy talks through) and [`crate::state`]
 //! (parameters, records). The run ([`crate::run`]) uses this module, never the reverse.
 
 pub mod optim;
 pub mod replica;
+pub mod schedule;
 
 pub use replica::{ModelReplica, Replica};
 

@@ -12,14 +12,11 @@ use crate::error::{GymError, Result};
 use crate::state::fields::OptimizerState;
 use crate::state::params::{ParamEntry, ParamLayout};
 use crate::strategy::replica::Replica;
+use crate::strategy::schedule::LrScheduleConfig;
 use burn::config::Config;
 use burn::module::{ParamGroup, ParamId};
 use burn::optim::decay::WeightDecayConfig;
-use burn::optim::lr_scheduler::LrSchedulerConfig;
-use burn::optim::lr_scheduler::cosine::CosineAnnealingLrSchedulerConfig;
-use burn::optim::lr_scheduler::linear::LinearLrSchedulerConfig;
-use burn::optim::lr_scheduler::module_lr_scheduler::{ModuleLrScheduler, ModuleLrSchedulerConfig};
-use burn::optim::lr_scheduler::sequential::SequentialLrSchedulerConfig;
+use burn::optim::lr_scheduler::module_lr_scheduler::ModuleLrScheduler;
 use burn::optim::momentum::MomentumConfig;
 use burn::optim::{
     AdaGradConfig, AdafactorConfig, AdamConfig, AdamWConfig, AdanConfig, LambConfig, LionConfig,
@@ -248,77 +245,6 @@ pub struct OptimizerGroup {
     pub lr: Option<f64>,
 }
 
-/// A learning-rate schedule around a base learning rate (the original's `lambda_cosine`),
-/// built from Burn's linear, cosine-annealing and constant schedulers.
-///
-/// With base lr `η`, warmup `W` and `T` total steps, the lr used at step `t` is:
-/// * `t < W`: `η·(t+1)/W` — linear warmup reaching `η` at `t = W−1`. (The original starts
-///   at `η·t/W`, so its first step runs at lr 0 and is wasted.)
-/// * otherwise, with `cosine`: `η·(f + (1−f)·½(1 + cos(π·(t−W)/(T−W))))`, `f` =
-///   `min_lr_factor` (0.1 as the original);
-/// * otherwise: `η`.
-#[derive(Config, Debug, PartialEq)]
-pub struct LrScheduleConfig {
-    /// Warmup steps (0: none).
-    #[config(default = 0)]
-    pub warmup_steps: usize,
-    /// Cosine decay after the warmup.
-    #[config(default = false)]
-    pub cosine: bool,
-    /// Floor of the cosine decay, as a fraction of the base lr.
-    #[config(default = 0.1)]
-    pub min_lr_factor: f64,
-}
-
-impl LrScheduleConfig {
-    /// Checks the schedule's own settings.
-    pub fn validate(&self) -> Result<()> {
-        if !(0.0..=1.0).contains(&self.min_lr_factor) {
-            return Err(GymError::InvalidConfig(format!(
-                "`min_lr_factor` must be in [0, 1], got {}",
-                self.min_lr_factor
-            )));
-        }
-        Ok(())
-    }
-
-    /// Burn's scheduler configuration for `base_lr` over `total_steps` steps.
-    pub fn scheduler(&self, base_lr: f64, total_steps: usize) -> Result<LrSchedulerConfig> {
-        check_learning_rate("lr", base_lr)?;
-        self.validate()?;
-        let main = if self.cosine {
-            LrSchedulerConfig::Cosine(
-                CosineAnnealingLrSchedulerConfig::new(
-                    base_lr,
-                    total_steps.saturating_sub(self.warmup_steps).max(1),
-                )
-                .with_min_lr(base_lr * self.min_lr_factor),
-            )
-        } else {
-            LrSchedulerConfig::Constant(base_lr)
-        };
-        Ok(LrSchedulerConfig::Sequential(match self.warmup_steps {
-            0 => SequentialLrSchedulerConfig::new(vec![main], vec![]),
-            // One warmup step runs at the full rate (η·1/1).
-            1 => SequentialLrSchedulerConfig::new(
-                vec![LrSchedulerConfig::Constant(base_lr), main],
-                vec![1],
-            ),
-            w => {
-                let warmup = LinearLrSchedulerConfig::new(base_lr / w as f64, base_lr, w - 1);
-                SequentialLrSchedulerConfig::new(vec![warmup.into(), main], vec![w])
-            }
-        }))
-    }
-
-    /// Burn's scheduler for `base_lr` over `total_steps` steps.
-    pub fn init(&self, base_lr: f64, total_steps: usize) -> Result<ModuleLrScheduler> {
-        ModuleLrSchedulerConfig::new(self.scheduler(base_lr, total_steps)?)
-            .init()
-            .map_err(|why| GymError::InvalidConfig(format!("learning-rate schedule: {why}")))
-    }
-}
-
 /// What a node's own optimizer does each step: clip the gradient's global norm, then step
 /// Burn's optimizer at the scheduled learning rate.
 ///
@@ -383,8 +309,7 @@ impl InnerOptimizerConfig {
         self.validate()?;
         let entries = layout.entries();
         let mut optim = self.optimizer.init();
-        let mut schedule =
-            ModuleLrSchedulerConfig::new(self.schedule.scheduler(self.lr, total_steps)?);
+        let mut scheduled: Vec<(ParamGroup, f64)> = Vec::new();
         // The optimizer each parameter ends up with, to refuse what Burn would panic on.
         let mut owner: Vec<&OptimizerConfig> = vec![&self.optimizer; entries.len()];
         for (i, g) in self.groups.iter().enumerate() {
@@ -403,8 +328,7 @@ impl InnerOptimizerConfig {
             }
             let group = ParamGroup::from_ids(ids);
             optim = g.optimizer.add_group(optim, group.clone());
-            let lr = g.lr.unwrap_or(self.lr);
-            schedule = schedule.with_group(group, self.schedule.scheduler(lr, total_steps)?);
+            scheduled.push((group, g.lr.unwrap_or(self.lr)));
         }
         for (e, o) in entries.iter().zip(owner) {
             if matches!(o, OptimizerConfig::Muon(_)) && e.shape.len() != 2 {
@@ -417,9 +341,9 @@ impl InnerOptimizerConfig {
         }
         Ok(InnerOptimizer {
             optim,
-            schedule: schedule
-                .init()
-                .map_err(|why| GymError::InvalidConfig(format!("learning-rate schedule: {why}")))?,
+            schedule: self
+                .schedule
+                .init_groups(self.lr, &scheduled, total_steps)?,
             max_norm: self.max_norm,
             lr: self.lr,
             steps: 0,
@@ -496,45 +420,6 @@ pub fn clip_grad_norm(grads: Tensor<1>, max_norm: f64) -> Tensor<1> {
 mod tests {
     use super::*;
     use burn::tensor::{Device, TensorData};
-
-    /// The original's `lambda_cosine` with our warmup offset (`t+1`), in closed form.
-    fn reference(base: f64, warmup: usize, total: usize, cosine: bool, t: usize) -> f64 {
-        if t < warmup {
-            return base * (t + 1) as f64 / warmup as f64;
-        }
-        if !cosine {
-            return base;
-        }
-        let progress = (t - warmup) as f64 / (total - warmup).max(1) as f64;
-        base * (0.1 + 0.9 * 0.5 * (1.0 + (std::f64::consts::PI * progress).cos()))
-    }
-
-    #[test]
-    fn schedules_match_the_closed_form() {
-        for (warmup, cosine) in [
-            (0, false),
-            (0, true),
-            (1, true),
-            (10, false),
-            (10, true),
-            (100, true),
-        ] {
-            let total = 120;
-            let mut s = LrScheduleConfig::new()
-                .with_warmup_steps(warmup)
-                .with_cosine(cosine)
-                .init(3e-4, total)
-                .unwrap();
-            for t in 0..total {
-                let got = s.step().base();
-                let want = reference(3e-4, warmup, total, cosine, t);
-                assert!(
-                    (got - want).abs() < 1e-12,
-                    "warmup {warmup} cosine {cosine} t {t}: {got} vs {want}"
-                );
-            }
-        }
-    }
 
     fn invalid(r: Result<impl Sized>) -> String {
         match r {
