@@ -7,8 +7,8 @@ use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::{Args, ValueEnum};
 use gym_core::faults::{FaultSchedule, FaultTimeline};
 use gym_core::{
-    ComputeModel, GymError, Network, NonFinitePolicy, SimulationConfig, StrategyConfig, Topology,
-    TrainerConfig,
+    Autocast, ComputeModel, GymError, Network, NonFinitePolicy, SimulationConfig, StrategyConfig,
+    Topology, TrainerConfig,
 };
 use gym_strategies::registry::{self, Entry, StrategyFlags};
 use serde::Serialize;
@@ -86,6 +86,73 @@ pub enum CollectiveKind {
     Mpi,
 }
 
+/// The precision of the forward and backward passes under `--autocast`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AutocastName {
+    /// bfloat16 (f32's range, an 8-bit mantissa).
+    Bf16,
+}
+
+/// `--minibatch-size`: a number of examples, or `auto` (the minibatch probe).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MinibatchSize {
+    /// Find the largest that fits ([`Trainer::probe_minibatch`](gym_core::Trainer::probe_minibatch)).
+    Auto,
+    /// This many examples per forward pass.
+    Examples(usize),
+}
+
+impl FromStr for MinibatchSize {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(MinibatchSize::Auto),
+            n => n
+                .parse()
+                .map(MinibatchSize::Examples)
+                .map_err(|_| format!("`{n}` is neither a number of examples nor `auto`")),
+        }
+    }
+}
+
+impl Serialize for MinibatchSize {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            MinibatchSize::Auto => s.serialize_str("auto"),
+            MinibatchSize::Examples(n) => s.serialize_u64(*n as u64),
+        }
+    }
+}
+
+/// A number of bytes: `123`, `512KiB`, `1.5GiB`, `2GB` (binary and decimal units).
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let scale: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "kib" => 1024.0,
+        "mib" => 1024.0 * 1024.0,
+        "gib" => 1024.0 * 1024.0 * 1024.0,
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        other => {
+            return Err(format!(
+                "unknown unit `{other}` in `{s}` (B, KiB, MiB, GiB, KB, MB, GB)"
+            ));
+        }
+    };
+    match number.parse::<f64>() {
+        Ok(v) if v > 0.0 && (v * scale).is_finite() => Ok((v * scale).round() as u64),
+        _ => Err(format!("`{s}` is not a positive number of bytes")),
+    }
+}
+
 /// What a NaN or infinite loss or gradient does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -120,8 +187,20 @@ pub struct CommonArgs {
     #[arg(long, default_value_t = 64)]
     pub batch_size: usize,
     /// Examples per forward pass (gradient accumulation); default: the whole batch.
-    #[arg(long)]
-    pub minibatch_size: Option<usize>,
+    /// `auto`: the largest that lets the nodes fit in --memory-budget, found by short
+    /// one-node trials halving from the batch size (Linux, CPU; measurements cached in
+    /// ~/.cache/exogym-rs).
+    #[arg(long, value_name = "N|auto")]
+    pub minibatch_size: Option<MinibatchSize>,
+    /// Memory the nodes may use together under `--minibatch-size auto` (bytes, or with
+    /// KiB/MiB/GiB); default: half of the memory available.
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
+    pub memory_budget: Option<u64>,
+    /// Run the forward and backward passes in this precision, with f32 master weights
+    /// (PyTorch's autocast): parameters, gradients, optimizer state and collectives stay
+    /// f32. Needs a backend with its arithmetic (flex, cuda, metal, tch).
+    #[arg(long, value_enum, value_name = "PRECISION")]
+    pub autocast: Option<AutocastName>,
     /// Folder holding the dataset files (default: $GYM_DATA_DIR/DATASET or a user cache,
     /// downloaded if missing).
     #[arg(long)]
@@ -236,13 +315,20 @@ impl CommonArgs {
     /// strategies take ([`check_strategy_flags`](Self::check_strategy_flags)).
     pub fn trainer_config(&self) -> Result<TrainerConfig, String> {
         self.check_strategy_flags()?;
+        self.check_flag_pairs()?;
         let simulation = self.simulation()?;
         let faults = self.fault_schedule(simulation.as_ref())?;
         Ok(TrainerConfig::new(self.num_nodes)
             .with_num_epochs(self.epochs)
             .with_max_steps(self.max_steps)
             .with_batch_size(self.batch_size)
-            .with_minibatch_size(self.minibatch_size)
+            .with_minibatch_size(match self.minibatch_size {
+                Some(MinibatchSize::Examples(n)) => Some(n),
+                Some(MinibatchSize::Auto) | None => None,
+            })
+            .with_autocast(self.autocast.map(|a| match a {
+                AutocastName::Bf16 => Autocast::Bf16,
+            }))
             .with_val_size(Some(self.val_size))
             .with_val_interval(self.val_interval)
             .with_seed(self.seed)
@@ -314,6 +400,14 @@ impl CommonArgs {
         self.strategy_flags.check(self.strategy.entry())
     }
 
+    /// Checks the flags that apply only with another flag's value.
+    pub fn check_flag_pairs(&self) -> Result<(), String> {
+        if self.memory_budget.is_some() && self.minibatch_size != Some(MinibatchSize::Auto) {
+            return Err("--memory-budget applies to --minibatch-size auto".into());
+        }
+        Ok(())
+    }
+
     /// Drops the flags this strategy does not take (the quorum flags), so that one command
     /// line can run several strategies (`compare`, `sweep`) and each run records only what
     /// applied to it.
@@ -381,7 +475,10 @@ fn checked_faults(arg: &str) -> Result<String, String> {
 /// when `common` holds flags its strategy does not take
 /// ([`CommonArgs::check_strategy_flags`]): for binaries that train one strategy.
 pub fn exit_on_strategy_flag_error(common: &CommonArgs) {
-    if let Err(why) = common.check_strategy_flags() {
+    if let Err(why) = common
+        .check_strategy_flags()
+        .and_then(|()| common.check_flag_pairs())
+    {
         clap::Error::raw(clap::error::ErrorKind::ArgumentConflict, format!("{why}\n")).exit();
     }
 }

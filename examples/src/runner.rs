@@ -7,11 +7,13 @@
 //! [`CommonArgs::strategy_config`]).
 
 use crate::backend;
-use crate::cli::{self, CollectiveKind, CommonArgs};
+use crate::cli::{self, CollectiveKind, CommonArgs, MinibatchSize};
 use crate::summary::{RunLabels, RunSummary, print_summary};
 use burn::data::dataloader::batcher::Batcher;
 use burn::tensor::Device;
-use gym_core::{NodeData, RunReport, StrategyConfig, TrainModel, Trainer};
+use gym_core::{
+    MinibatchChoice, MinibatchProbeConfig, NodeData, RunReport, StrategyConfig, TrainModel, Trainer,
+};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -154,8 +156,36 @@ impl Runner {
             Some(list) => backend::parse_devices(list)?,
             None => vec![self.device.clone()],
         };
-        let trainer = Trainer::new(args.trainer_config()?).with_devices(devices);
         let fit_start = Instant::now();
+        let mut config = args.trainer_config()?;
+        let probe = match args.minibatch_size {
+            Some(MinibatchSize::Auto) => {
+                if args.collective == CollectiveKind::Mpi {
+                    return Err("--minibatch-size auto runs in one process: give a number \
+                                under --collective mpi"
+                        .into());
+                }
+                let choice = Trainer::new(config.clone())
+                    .with_devices(devices.clone())
+                    .probe_minibatch(
+                        &task.init,
+                        strategy,
+                        &task.data,
+                        &task.batcher,
+                        &MinibatchProbeConfig::new()
+                            .with_budget_bytes(args.memory_budget)
+                            .with_cache_file(
+                                MinibatchProbeConfig::default_cache_file()
+                                    .map(|f| f.to_string_lossy().into_owned()),
+                            ),
+                    )?;
+                eprintln!("{}", describe_probe(&choice, config.num_nodes));
+                config.minibatch_size = Some(choice.minibatch_size);
+                Some(choice)
+            }
+            _ => None,
+        };
+        let trainer = Trainer::new(config).with_devices(devices);
         let backend = args.devices.as_deref().unwrap_or(&self.backend);
         let (out, backend) = match args.collective {
             CollectiveKind::InProcess => {
@@ -178,13 +208,14 @@ impl Runner {
             dataset: &task.dataset,
             backend: &backend,
         };
-        let summary = RunSummary::new(
+        let mut summary = RunSummary::new(
             &out.report,
             labels,
             args.target_loss,
             self.process_start,
             fit_start,
         );
+        summary.minibatch_probe = probe;
         let dir = args.run_dir(&out.report.run_name);
         // Under MPI, rank 0 writes the summary and prints it; the others only trained.
         if self.is_rank_zero() {
@@ -202,6 +233,25 @@ impl Runner {
             },
         })
     }
+}
+
+/// One line on what the minibatch probe chose: the size, and each size's memory per node.
+fn describe_probe(choice: &MinibatchChoice, nodes: usize) -> String {
+    let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+    let trials: Vec<String> = choice
+        .trials
+        .iter()
+        .map(|t| {
+            let from = if t.cached { ", cached" } else { "" };
+            format!("{}: {:.1} MiB{from}", t.minibatch, mib(t.bytes))
+        })
+        .collect();
+    format!(
+        "minibatch size    {} (probe per node: {}; budget {:.0} MiB for {nodes} node(s))",
+        choice.minibatch_size,
+        trials.join(", "),
+        mib(choice.budget_bytes)
+    )
 }
 
 /// The whole of a binary that trains one task: builds the task with `task`, trains it with

@@ -1,7 +1,7 @@
 //! What an example run reports: the figures of `summary.json` and the lines it prints.
 
 use gym_core::faults::Fault;
-use gym_core::{GymError, RunReport};
+use gym_core::{GymError, MinibatchChoice, RunReport};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -89,6 +89,9 @@ pub struct RunSummary {
     /// What the faults of `--faults` cost, over all nodes.
     #[serde(default)]
     pub elastic: ElasticSummary,
+    /// What `--minibatch-size auto` chose, and each size's measured memory.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub minibatch_probe: Option<MinibatchChoice>,
 }
 
 /// The faults a run met and what they cost, over all nodes (`summary.json`'s `elastic`).
@@ -185,6 +188,7 @@ impl RunSummary {
             goodput: report.goodput(),
             node_steps_lost: report.node_steps_lost(),
             elastic: ElasticSummary::new(report),
+            minibatch_probe: None,
         }
     }
 
@@ -220,6 +224,9 @@ pub fn print_summary(s: &RunSummary) {
     match s.interrupted_at_step {
         Some(at) => println!("steps             {at} of {} (interrupted)", s.steps),
         None => println!("steps             {}", s.steps),
+    }
+    if let Some(probe) = &s.minibatch_probe {
+        println!("minibatch size    {} (probed)", probe.minibatch_size);
     }
     if s.skipped_steps > 0 {
         println!(

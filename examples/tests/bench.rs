@@ -1,5 +1,5 @@
 //! The benchmark suite of `bench --suite`, in a tiny configuration: every figure it names is
-//! in its JSON, finite and positive.
+//! in its JSON, finite and positive (the precision part's included).
 
 use examples::bench_suite::{self, SuiteConfig};
 use std::path::PathBuf;
@@ -60,6 +60,12 @@ fn bench_suite_writes_every_named_figure() {
         names.push(format!("{op}_vs_memcpy_1mb_k2"));
     }
     names.push("allreduce_vs_memcpy_all_1mb_k2".to_string());
+    // The precision part: each model in f32 and bf16 on the default backend.
+    for model in ["mlp", "cnn", "gpt"] {
+        for key in ["f32_step_ms", "bf16_step_ms", "bf16_vs_f32"] {
+            names.push(format!("{key}_{model}_flex"));
+        }
+    }
     for name in &names {
         let v = map
             .get(name)
@@ -80,7 +86,7 @@ fn bench_suite_writes_every_named_figure() {
         assert!((ratio - 1.0).abs() < 1e-9, "{model}: {ratio}");
     }
     // One table per part, each captioned with the machine and the command.
-    assert_eq!(result.tables.len(), 4);
+    assert_eq!(result.tables.len(), 5);
     for table in &result.tables {
         assert!(table.caption.contains(&result.machine.machine));
         assert!(table.caption.contains("cargo test --test bench"));

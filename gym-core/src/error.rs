@@ -141,3 +141,14 @@ impl GymError {
 
 /// Shorthand for results in this crate.
 pub type Result<T, E = GymError> = std::result::Result<T, E>;
+
+/// The message of a panic payload.
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "unknown panic".to_string()
+    }
+}

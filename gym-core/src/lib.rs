@@ -29,7 +29,7 @@ pub mod batch;
 pub mod comm;
 pub mod error;
 pub mod metrics;
-mod model;
+pub mod model;
 pub mod run;
 pub mod state;
 pub mod strategy;
@@ -48,8 +48,8 @@ pub use metrics::{CorrelationRecord, RunReport, TrainRecord, ValRecord};
 pub use model::{EvalMetrics, TrainModel};
 pub use run::checkpoint;
 pub use run::{
-    DistributedSampler, FitOutput, NodeData, NonFinitePolicy, SharedDataset, Split, Trainer,
-    TrainerConfig,
+    Autocast, DistributedSampler, FitOutput, MinibatchChoice, MinibatchProbeConfig, MinibatchTrial,
+    NodeData, NonFinitePolicy, SharedDataset, Split, Trainer, TrainerConfig,
 };
 pub use state::{Dropout, ParamEntry, ParamLayout, StateDict, rng};
 pub use strategy::optim::{

@@ -1,8 +1,8 @@
 //! What the trainer asks of a model: a batch in, a scalar loss out.
 
 use crate::state::params::ParamLayout;
-use burn::module::Module;
-use burn::tensor::Tensor;
+use burn::module::{Module, ModuleMapper, Param};
+use burn::tensor::{FloatDType, Tensor};
 
 /// Metrics of one evaluation batch.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -44,6 +44,16 @@ pub struct EvalMetrics {
 /// let batch = Batch { x: Tensor::ones([4, 3], &device), y: Tensor::zeros([4, 1], &device) };
 /// assert_eq!(model.loss(&batch).dims(), [1]);
 /// ```
+///
+/// # Autocast
+///
+/// Under [`TrainerConfig::autocast`](crate::TrainerConfig::autocast) the trainer runs
+/// `loss` on a copy of the model whose float parameters are cast to the lower precision
+/// (the master weights stay f32, and the gradients come back in f32). The batch is built
+/// as usual, in f32: a model that runs under autocast casts its float inputs to its
+/// parameters' type at the entry ([`like_params`]), as `gym-models`' models do; the loss
+/// may come out in either type. A model that mixes types fails the trainer's check before
+/// any step, with an error that says so.
 pub trait TrainModel: Module + 'static {
     /// What one forward pass consumes.
     type Batch: Send + 'static;
@@ -73,4 +83,54 @@ pub trait TrainModel: Module + 'static {
     fn flops_per_example(&self) -> f64 {
         6.0 * ParamLayout::trainable(self).num_elements() as f64
     }
+}
+
+/// `x` in the float type of `param` (a parameter of the model that reads it): under
+/// autocast the model's inputs meet its parameters in their type; otherwise `x` is
+/// returned as it is.
+///
+/// ```
+/// use burn::tensor::{DType, Device, FloatDType, Tensor};
+/// use gym_core::model::like_params;
+///
+/// let device = Device::default();
+/// let weight = Tensor::<2>::ones([2, 2], &device).cast(FloatDType::BF16);
+/// let x = like_params(Tensor::<2>::ones([1, 2], &device), &weight);
+/// assert_eq!(x.dtype(), DType::BF16);
+/// ```
+pub fn like_params<const D: usize, const P: usize>(x: Tensor<D>, param: &Tensor<P>) -> Tensor<D> {
+    let dtype = param.dtype();
+    if x.dtype() == dtype { x } else { x.cast(dtype) }
+}
+
+/// `logits` (or a loss) in f32: under autocast a loss is taken in full precision, as
+/// PyTorch's autocast does for its reductions.
+pub fn in_f32<const D: usize>(x: Tensor<D>) -> Tensor<D> {
+    if x.dtype() == burn::tensor::DType::F32 {
+        x
+    } else {
+        x.cast(FloatDType::F32)
+    }
+}
+
+/// A copy of `model` whose trainable float parameters are cast to `dtype`, still in the
+/// autodiff graph of the originals: the backward pass of a loss computed with the copy
+/// leaves each gradient on the original f32 parameter, in f32. Buffers (batch-norm running
+/// statistics, which Burn shares between a module and its clones, and which a mapper would
+/// change in place) stay as they are: their updates are blended in their own type.
+pub(crate) fn cast_params<M: Module>(model: &M, dtype: FloatDType) -> M {
+    struct Cast(FloatDType);
+    impl ModuleMapper for Cast {
+        fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+            let dtype = self.0;
+            param.map(|t| {
+                if t.is_require_grad() {
+                    t.cast(dtype)
+                } else {
+                    t
+                }
+            })
+        }
+    }
+    model.clone().map(&mut Cast(dtype))
 }

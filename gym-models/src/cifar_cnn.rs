@@ -9,6 +9,7 @@ use burn::nn::pool::{MaxPool2d, MaxPool2dConfig};
 use burn::nn::{Linear, LinearConfig, PaddingConfig2d};
 use burn::tensor::activation::relu;
 use burn::tensor::{Device, Tensor};
+use gym_core::model::like_params;
 
 /// Configuration of [`CifarCnn`].
 #[derive(Config, Debug)]
@@ -75,6 +76,7 @@ impl CifarCnnConfig {
 impl CifarCnn {
     /// Logits `[batch, classes]` of images `[batch, 3, 32, 32]`.
     pub fn forward(&self, images: Tensor<4>) -> Tensor<2> {
+        let images = like_params(images, &self.conv1.weight.val());
         let x = self.pool.forward(relu(conv2d_forward(&self.conv1, images)));
         let x = self.pool.forward(relu(conv2d_forward(&self.conv2, x)));
         let x = self.pool.forward(relu(conv2d_forward(&self.conv3, x)));

@@ -4,8 +4,10 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::tensor::{Int, Tensor};
 use gym_core::EvalMetrics;
 
-/// Mean cross-entropy of `logits` `[batch, classes]` against class indices `[batch]`.
+/// Mean cross-entropy of `logits` `[batch, classes]` against class indices `[batch]`,
+/// taken in f32 whatever the logits' precision (as under autocast).
 pub fn cross_entropy(logits: Tensor<2>, targets: Tensor<1, Int>) -> Tensor<1> {
+    let logits = gym_core::model::in_f32(logits);
     CrossEntropyLossConfig::new()
         .init(&logits.device())
         .forward(logits, targets)

@@ -11,6 +11,7 @@ use burn::nn::{BatchNorm, BatchNormConfig, Linear, LinearConfig, PaddingConfig2d
 use burn::tensor::activation::relu;
 use burn::tensor::{Device, Tensor};
 use gym_core::Dropout;
+use gym_core::model::like_params;
 
 /// Configuration of [`MnistCnn`].
 #[derive(Config, Debug)]
@@ -104,6 +105,7 @@ impl MnistCnnConfig {
 impl MnistCnn {
     /// Logits `[batch, classes]` of images `[batch, 1, 28, 28]`.
     pub fn forward(&self, images: Tensor<4>) -> Tensor<2> {
+        let images = like_params(images, &self.block1.conv1.weight.val());
         let x = self.block2.forward(self.block1.forward(images));
         let x = relu(self.fc1.forward(x.flatten::<2>(1, 3)));
         self.fc2.forward(self.dropout.forward(x))

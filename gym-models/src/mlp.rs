@@ -6,6 +6,7 @@ use burn::module::Module;
 use burn::nn::{Linear, LinearConfig};
 use burn::tensor::activation::relu;
 use burn::tensor::{Device, Tensor};
+use gym_core::model::like_params;
 
 /// Sizes of an [`Mlp`]; the defaults are MNIST's 784-256-10.
 #[derive(Config, Debug)]
@@ -44,7 +45,7 @@ impl MlpConfig {
 impl Mlp {
     /// Logits `[batch, classes]` of images `[batch, …]` (flattened).
     pub fn forward(&self, images: Tensor<4>) -> Tensor<2> {
-        let x = images.flatten::<2>(1, 3);
+        let x = like_params(images.flatten::<2>(1, 3), &self.fc1.weight.val());
         self.fc2.forward(relu(self.fc1.forward(x)))
     }
 }

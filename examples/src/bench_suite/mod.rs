@@ -129,6 +129,8 @@ pub struct SuiteConfig {
     /// Timings of each model and node count: the overhead figures are their median, so one
     /// disturbed run does not decide a ratio.
     pub repeats: usize,
+    /// Precision part: each model's one-node step in f32 and under `--autocast bf16`.
+    pub precision: bool,
     /// Overhead part: timed steps of the MLP.
     pub mlp_steps: usize,
     /// Overhead part: timed steps of the CNN.
@@ -174,6 +176,7 @@ impl SuiteConfig {
             cnn_max_k: 8,
             warmup_steps: 1,
             repeats: 3,
+            precision: true,
             mlp_steps: 50,
             cnn_steps: 3,
             gpt_steps: 15,
@@ -337,6 +340,9 @@ pub fn run_suite(config: &SuiteConfig) -> Result<SuiteResult, BoxError> {
     };
     if !config.models.is_empty() {
         overhead::overhead(config, &mut out)?;
+        if config.precision {
+            overhead::precision(config, &mut out)?;
+        }
     }
     if config.collective_mb.iter().any(|&s| s > 0) && config.collective_ks.iter().any(|&k| k > 0) {
         bandwidth::bandwidth(config, &mut out)?;

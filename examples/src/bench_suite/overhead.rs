@@ -4,7 +4,7 @@
 use burn::data::dataset::Dataset;
 use burn::data::dataset::transform::PartialDataset;
 use burn::tensor::Device;
-use gym_core::{NodeData, TrainModel, Trainer, TrainerConfig};
+use gym_core::{Autocast, NodeData, TrainModel, Trainer, TrainerConfig};
 use gym_data::{
     CharCorpus, MnistBatcher, MnistDataset, MnistItem, MnistSplit, TokenBatcher, TokenWindow,
 };
@@ -82,11 +82,13 @@ fn load_overhead_data(config: &SuiteConfig) -> Result<OverheadData, BoxError> {
 /// ends when the last one finishes, so the difference holds exactly `steps` steps of every
 /// node. Should noise make it non-positive (steps of a few milliseconds), the mean of the
 /// last `steps` records stands in.
+#[allow(clippy::too_many_arguments)]
 fn time_steps<M, I, B>(
     k: usize,
     batch_size: usize,
     warmup: usize,
     steps: usize,
+    autocast: Option<Autocast>,
     init: impl Fn(&Device) -> M + Sync,
     data: &NodeData<I>,
     batcher: &B,
@@ -105,7 +107,8 @@ where
         let trainer_config = TrainerConfig::new(k)
             .with_max_steps(Some(max_steps))
             .with_batch_size(batch_size)
-            .with_val_size(Some(0));
+            .with_val_size(Some(0))
+            .with_autocast(autocast);
         Trainer::new(trainer_config).fit(&init, &strategy, data, batcher)
     };
     let warm_s = if warmup > 0 {
@@ -126,6 +129,126 @@ where
     })
 }
 
+/// Seconds per step of `model` on `k` nodes ([`time_steps`]), in f32 or under `autocast`.
+fn time_model(
+    model: SuiteModel,
+    k: usize,
+    config: &SuiteConfig,
+    data: &OverheadData,
+    autocast: Option<Autocast>,
+) -> Result<f64, BoxError> {
+    let (w, steps) = (config.warmup_steps, config.steps_for(model));
+    Ok(match (model, data) {
+        (
+            SuiteModel::Mlp,
+            OverheadData {
+                mnist: Some(mnist), ..
+            },
+        ) => time_steps(
+            k,
+            MNIST_BATCH,
+            w,
+            steps,
+            autocast,
+            |d| MlpConfig::new().init(d),
+            mnist,
+            &MnistBatcher,
+        )?,
+        (
+            SuiteModel::Cnn,
+            OverheadData {
+                mnist: Some(mnist), ..
+            },
+        ) => time_steps(
+            k,
+            MNIST_BATCH,
+            w,
+            steps,
+            autocast,
+            |d| MnistCnnConfig::new().init(d),
+            mnist,
+            &MnistBatcher,
+        )?,
+        (
+            SuiteModel::Gpt,
+            OverheadData {
+                gpt: Some((tokens, gpt)),
+                ..
+            },
+        ) => time_steps(
+            k,
+            GPT_BATCH,
+            w,
+            steps,
+            autocast,
+            |d| gpt.init(d).expect("validated configuration"),
+            tokens,
+            &TokenBatcher,
+        )?,
+        _ => unreachable!("the data of every configured model is loaded"),
+    })
+}
+
+/// Part 1b: one node's seconds per step in f32 and under `--autocast bf16`, timed in
+/// alternation. A backend without bf16 arithmetic gets a row that says so.
+pub(super) fn precision(config: &SuiteConfig, out: &mut SuiteResult) -> Result<(), BoxError> {
+    let data = load_overhead_data(config)?;
+    let tag = backend_tag();
+    let mut rows = vec![
+        "| model | f32 ms/step | bf16 ms/step | bf16 ÷ f32 |".to_string(),
+        "|---|---|---|---|".to_string(),
+    ];
+    for &model in &config.models {
+        let name = model.name();
+        eprintln!("precision: {name}, f32 and bf16 …");
+        let (mut f32_s, mut bf16_s) = (Vec::new(), Vec::new());
+        let mut refused = None;
+        for _ in 0..config.repeats.max(1) {
+            f32_s.push(time_model(model, 1, config, &data, None)?);
+            match time_model(model, 1, config, &data, Some(Autocast::Bf16)) {
+                Ok(s) => bf16_s.push(s),
+                Err(e) => {
+                    refused = Some(e.to_string());
+                    break;
+                }
+            }
+        }
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let f32_ms = median(&mut f32_s) * 1e3;
+        out.figures
+            .insert(format!("f32_step_ms_{name}_{tag}"), f32_ms);
+        match refused {
+            Some(why) => rows.push(format!("| {name} | {f32_ms:.2} | refused: {why} | - |")),
+            None => {
+                let bf16_ms = median(&mut bf16_s) * 1e3;
+                out.figures
+                    .insert(format!("bf16_step_ms_{name}_{tag}"), bf16_ms);
+                out.figures
+                    .insert(format!("bf16_vs_f32_{name}_{tag}"), bf16_ms / f32_ms);
+                rows.push(format!(
+                    "| {name} | {f32_ms:.2} | {bf16_ms:.2} | {:.3} |",
+                    bf16_ms / f32_ms
+                ));
+            }
+        }
+    }
+    let note = format!(
+        "One node's seconds per step, as in the overhead ratio (K = 1, the same models, \
+         batches and timing), in f32 and under `--autocast bf16` (forward and backward in \
+         bf16 on a bf16 copy of the model, f32 master weights and optimizer), alternated, \
+         the median of {} each; backend {tag}.",
+        config.repeats.max(1)
+    );
+    out.tables.push(SuiteTable {
+        caption: caption("Precision", config, &out.machine, &note),
+        rows,
+    });
+    Ok(())
+}
+
 pub(super) fn overhead(config: &SuiteConfig, out: &mut SuiteResult) -> Result<(), BoxError> {
     let data = load_overhead_data(config)?;
     let cores = out.machine.cores;
@@ -143,55 +266,7 @@ pub(super) fn overhead(config: &SuiteConfig, out: &mut SuiteResult) -> Result<()
                 "overhead: {} on {k} node(s), {steps} timed steps …",
                 model.name()
             );
-            let w = config.warmup_steps;
-            let time_once = || -> Result<f64, BoxError> {
-                Ok(match (model, &data) {
-                    (
-                        SuiteModel::Mlp,
-                        OverheadData {
-                            mnist: Some(mnist), ..
-                        },
-                    ) => time_steps(
-                        k,
-                        MNIST_BATCH,
-                        w,
-                        steps,
-                        |d| MlpConfig::new().init(d),
-                        mnist,
-                        &MnistBatcher,
-                    )?,
-                    (
-                        SuiteModel::Cnn,
-                        OverheadData {
-                            mnist: Some(mnist), ..
-                        },
-                    ) => time_steps(
-                        k,
-                        MNIST_BATCH,
-                        w,
-                        steps,
-                        |d| MnistCnnConfig::new().init(d),
-                        mnist,
-                        &MnistBatcher,
-                    )?,
-                    (
-                        SuiteModel::Gpt,
-                        OverheadData {
-                            gpt: Some((tokens, gpt)),
-                            ..
-                        },
-                    ) => time_steps(
-                        k,
-                        GPT_BATCH,
-                        w,
-                        steps,
-                        |d| gpt.init(d).expect("validated configuration"),
-                        tokens,
-                        &TokenBatcher,
-                    )?,
-                    _ => unreachable!("the data of every configured model is loaded"),
-                })
-            };
+            let time_once = || time_model(model, k, config, &data, None);
             let mut times = (0..config.repeats.max(1))
                 .map(|_| time_once())
                 .collect::<Result<Vec<f64>, BoxError>>()?;

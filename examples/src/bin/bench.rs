@@ -117,6 +117,10 @@ struct SuiteArgs {
     /// Suite: timings of each model and node count; the overhead figures are their median.
     #[arg(long, default_value_t = 3)]
     suite_repeats: usize,
+    /// Suite: skip the precision part (each model's one-node step in f32 and under
+    /// `--autocast bf16`).
+    #[arg(long)]
+    suite_no_precision: bool,
     /// Suite: timed steps of the MLP.
     #[arg(long, default_value_t = 50)]
     suite_mlp_steps: usize,
@@ -189,6 +193,7 @@ fn suite_main(cli: &Cli, mnist: Option<PathBuf>) -> ExitCode {
     config.cnn_max_k = a.suite_cnn_max_k;
     config.warmup_steps = a.suite_warmup;
     config.repeats = a.suite_repeats;
+    config.precision = !a.suite_no_precision;
     config.mlp_steps = a.suite_mlp_steps;
     config.cnn_steps = a.suite_cnn_steps;
     config.gpt_steps = a.suite_gpt_steps;

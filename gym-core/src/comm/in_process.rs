@@ -139,20 +139,9 @@ pub fn run_on_threads<T: Send>(
         let node = nodes[ctx.index()].clone();
         let (rank, transport) = (node.rank(), node.transport().clone());
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(node))).map_err(|panic| {
-            let msg = panic_message(&*panic);
+            let msg = crate::error::panic_message(&*panic);
             transport.abort(rank, format!("panic: {msg}"));
             msg
         })
     }))
-}
-
-/// The message of a panic payload.
-pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = panic.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = panic.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "unknown panic".to_string()
-    }
 }

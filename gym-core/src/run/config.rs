@@ -26,6 +26,10 @@ pub struct TrainerConfig {
     /// Examples per forward/backward pass; `batch_size / minibatch_size` passes are
     /// accumulated per step. `None`: the whole batch at once.
     pub minibatch_size: Option<usize>,
+    /// Run the forward and backward passes in a lower precision, with f32 master weights
+    /// (PyTorch's autocast): the parameters, the accumulated gradient, the optimizer state
+    /// and every collective stay f32. `None`: f32 throughout.
+    pub autocast: Option<Autocast>,
     /// Shuffle the training data (a new order every epoch, from the seed).
     #[config(default = true)]
     pub shuffle: bool,
@@ -75,6 +79,30 @@ pub struct TrainerConfig {
     /// effect (random faults drawn from the seed) is in
     /// [`RunReport::elastic`](crate::RunReport::elastic) and the run folder's `faults.json`.
     pub faults: Option<FaultSchedule>,
+}
+
+/// The precision of the forward and backward passes under autocast
+/// ([`TrainerConfig::autocast`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Autocast {
+    /// bfloat16: f32's range with an 8-bit mantissa.
+    Bf16,
+}
+
+impl Autocast {
+    /// Burn's float type for it.
+    pub fn dtype(self) -> burn::tensor::FloatDType {
+        match self {
+            Autocast::Bf16 => burn::tensor::FloatDType::BF16,
+        }
+    }
+
+    /// Its name on the command line (`bf16`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Autocast::Bf16 => "bf16",
+        }
+    }
 }
 
 /// What a NaN or infinite loss or gradient does ([`TrainerConfig::on_nonfinite`]).
@@ -200,6 +228,7 @@ impl TrainerConfig {
             max_steps,
             minibatch,
             accumulation: self.batch_size / minibatch,
+            autocast: self.autocast,
             val_size: self.effective_val_size(),
             val_interval: self.val_interval,
             correlation_interval: self.correlation_interval,
@@ -209,6 +238,7 @@ impl TrainerConfig {
             checkpoint_interval: self.checkpoint_interval,
             on_nonfinite: self.on_nonfinite,
             faults,
+            final_evaluation: true,
         })
     }
 }

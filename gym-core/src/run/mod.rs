@@ -13,12 +13,14 @@
 pub mod checkpoint;
 mod config;
 mod data;
+mod minibatch_probe;
 mod node;
 mod plan;
 mod prepare;
 mod rejoin;
 mod trainer;
 
-pub use config::{NonFinitePolicy, TrainerConfig};
+pub use config::{Autocast, NonFinitePolicy, TrainerConfig};
 pub use data::{DistributedSampler, NodeData, SharedDataset, Split};
+pub use minibatch_probe::{MinibatchChoice, MinibatchProbeConfig, MinibatchTrial};
 pub use trainer::{FitOutput, Trainer};

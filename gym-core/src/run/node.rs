@@ -11,7 +11,7 @@ use crate::comm::{Collective, ReduceOp};
 use crate::error::{GymError, Result};
 use crate::metrics::ledger::NodeLedger;
 use crate::metrics::{EvalKind, NodeStep, Recorder, Report, Reporter, mean_pairwise_correlation};
-use crate::model::{EvalMetrics, TrainModel};
+use crate::model::{EvalMetrics, TrainModel, cast_params, in_f32};
 use crate::rng;
 use crate::state::params::ParamLayout;
 use crate::strategy::replica::ModelReplica;
@@ -250,7 +250,7 @@ where
         _ => None,
     };
     // An interrupted run skips the final evaluation: rank 0's replica stands for the model.
-    let final_model = if interrupted {
+    let final_model = if interrupted || !plan.final_evaluation {
         (rank == 0).then_some(model)
     } else {
         eval.finish(plan.max_steps, model)?
@@ -343,7 +343,12 @@ where
         let batch = shared
             .batcher
             .batch(loader.next_items(plan.minibatch)?, device);
-        let loss = model.loss(&batch);
+        // Under autocast the pass runs on a lower-precision copy, cast anew each pass (a
+        // graph is consumed by its backward pass); the gradient lands on `model`, in f32.
+        let loss = match plan.autocast {
+            None => model.loss(&batch),
+            Some(precision) => in_f32(cast_params(model, precision.dtype()).loss(&batch)),
+        };
         losses.push(loss.clone().inner().reshape([1]));
         let mut backward = loss.backward();
         let g = layout.flatten_grads(model, &mut backward);

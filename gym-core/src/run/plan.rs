@@ -1,7 +1,7 @@
 //! What every node of a run does, resolved once by the trainer from its configuration and
 //! the data: the node loop reads this plan, never the configuration.
 
-use super::config::NonFinitePolicy;
+use super::config::{Autocast, NonFinitePolicy};
 use crate::comm::faults::FaultTimeline;
 use crate::comm::simulation::SimulationConfig;
 
@@ -16,6 +16,8 @@ pub(crate) struct RunPlan {
     pub minibatch: usize,
     /// Passes accumulated per step (`batch_size / minibatch`).
     pub accumulation: usize,
+    /// The precision of the forward and backward passes, under autocast.
+    pub autocast: Option<Autocast>,
     /// Validation examples per intermediate evaluation (0: none).
     pub val_size: usize,
     /// Steps between intermediate evaluations.
@@ -34,6 +36,9 @@ pub(crate) struct RunPlan {
     pub on_nonfinite: NonFinitePolicy,
     /// Which nodes are present at each step, and which run slow.
     pub faults: FaultTimeline,
+    /// Whether the run ends with an evaluation on the whole validation set (not for the
+    /// minibatch probe's trials).
+    pub final_evaluation: bool,
 }
 
 impl RunPlan {

@@ -3,7 +3,7 @@
 //! run's folder. Whatever is refused here is an error of the run's set-up.
 
 use super::checkpoint::{Checkpoint, Identity};
-use super::config::TrainerConfig;
+use super::config::{Autocast, TrainerConfig};
 use super::data::{NodeData, get_item};
 use super::node::NodeStart;
 use super::plan::RunPlan;
@@ -12,7 +12,7 @@ use crate::comm::faults::FaultTimeline;
 use crate::error::{GymError, Result};
 use crate::metrics::ledger::ElasticReport;
 use crate::metrics::{CsvLogs, Fingerprint, Recorder, Records, RunReport, default_run_name};
-use crate::model::TrainModel;
+use crate::model::{TrainModel, cast_params, in_f32};
 use crate::state::params::ParamLayout;
 use crate::state::rng;
 use crate::strategy::replica::ModelReplica;
@@ -152,10 +152,14 @@ impl Trainer {
             if draws_from_backend_generator(&init(&devices[0]), &probe_batch, &devices[0]) {
                 return Err(GymError::SharedRandomness);
             }
+            if let Some(precision) = cfg.autocast {
+                check_autocast(&replicas[0], &probe_batch, &devices[0], precision)?;
+            }
             (replicas, init_fingerprint.finish())
         };
 
         let mut plan = cfg.plan(steps_per_epoch, replicas[0].flops_per_example())?;
+        plan.final_evaluation = self.final_evaluation;
 
         // A resumed run: the same configuration, then every replica as it was saved, its
         // parameters under their saved ids (which key the optimizers' saved states).
@@ -386,6 +390,42 @@ fn identity<M: TrainModel>(
             .map(|e| (e.path.clone(), e.shape.clone()))
             .collect(),
         trainer: trainer.to_string(),
+    }
+}
+
+/// Refuses autocast to `precision` on a device without its arithmetic, or for a model
+/// whose loss does not run with its parameters in that type (one pass, forward and
+/// backward, on `batch`).
+fn check_autocast<M: TrainModel>(
+    model: &M,
+    batch: &M::Batch,
+    device: &Device,
+    precision: Autocast,
+) -> Result<()> {
+    let name = precision.name();
+    if !device.supports_dtype(precision.dtype()) {
+        return Err(GymError::InvalidConfig(format!(
+            "autocast {name}: the backend of {device:?} has no {name} arithmetic; run in \
+             f32, or on a backend that has it (flex, CUDA, Metal, LibTorch)"
+        )));
+    }
+    let pass = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let loss = in_f32(cast_params(model, precision.dtype()).loss(batch));
+        let mut grads = loss.backward();
+        ParamLayout::trainable(model).flatten_grads(model, &mut grads)
+    }));
+    match pass {
+        Ok(grads) if grads.dtype() == burn::tensor::DType::F32 => Ok(()),
+        Ok(grads) => Err(GymError::InvalidConfig(format!(
+            "autocast {name}: the model's gradient came back in {:?}, not f32",
+            grads.dtype()
+        ))),
+        Err(panic) => Err(GymError::InvalidConfig(format!(
+            "autocast {name}: the model's loss fails with its parameters in {name} ({}); a \
+             model under autocast casts its float inputs to its parameters' type \
+             (`gym_core::model::like_params`)",
+            crate::error::panic_message(&*panic)
+        ))),
     }
 }
 

@@ -54,6 +54,8 @@ pub struct Trainer {
     pub(super) config: TrainerConfig,
     pub(super) devices: Vec<Device>,
     pub(super) interrupt: Option<Arc<AtomicBool>>,
+    /// Whether runs end with an evaluation on the whole validation set.
+    pub(super) final_evaluation: bool,
 }
 
 impl Trainer {
@@ -63,6 +65,7 @@ impl Trainer {
             config,
             devices: vec![Device::default()],
             interrupt: None,
+            final_evaluation: true,
         }
     }
 

@@ -73,6 +73,8 @@ impl Dropout {
         });
         let device = input.device();
         let mask = Tensor::<D>::from_data(TensorData::new(values, mask_shape), &device);
+        // Under autocast the input is in a lower precision: the mask follows it.
+        let mask = crate::model::like_params(mask, &input);
         input * mask
     }
 }

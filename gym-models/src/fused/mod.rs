@@ -516,10 +516,12 @@ pub fn batch_norm_forward<const D: usize>(bn: &BatchNorm, x: Tensor<D>) -> Tenso
     let mean = Tensor::<1>::from_dispatch(mean);
     let rstd = Tensor::<1>::from_dispatch(rstd);
     let variance = rstd.powi_scalar(-2) - bn.epsilon;
+    // In the running statistics' own type (f32 under autocast).
     let blend = |running: Tensor<1>, batch: Tensor<1>| {
+        let batch = gym_core::model::like_params(batch.detach(), &running);
         running
             .mul_scalar(1.0 - bn.momentum)
-            .add(batch.detach().mul_scalar(bn.momentum))
+            .add(batch.mul_scalar(bn.momentum))
             .detach()
     };
     bn.running_mean
