@@ -51,6 +51,7 @@ mod diloco;
 mod eager_diloco;
 mod fedavg;
 mod free_async_diloco;
+mod index_selector;
 mod muloco;
 mod noloco;
 mod outer;
@@ -100,6 +101,7 @@ pub use fedavg::{
     AveragingCommunicator, AveragingCommunicatorConfig, FedAvgConfig, IslandPartition,
 };
 pub use free_async_diloco::{FreeAsyncDiLoCo, FreeAsyncDiLoCoConfig};
+pub use index_selector::{IndexSelector, IndexSelectorKind, IndexSelectorRecord};
 pub use muloco::{
     MuLoCoConfig, hidden_matrices, muloco_communicator, muloco_inner, muon_for_matrices,
 };
@@ -107,9 +109,6 @@ pub use noloco::{NoLoCoCommunicator, NoLoCoCommunicatorConfig, NoLoCoConfig, NoL
 pub use outer::{OuterOptimizer, default_outer_optimizer};
 pub use powersgd::PowerSgdConfig;
 pub use sparseloco::SparseLoCoConfig;
-pub use sparta::{
-    IndexSelector, IndexSelectorKind, PSchedule, SparseCommunicator, SparseCommunicatorConfig,
-    SpartaConfig,
-};
+pub use sparta::{PSchedule, SparseCommunicator, SparseCommunicatorConfig, SpartaConfig};
 pub use sparta_diloco::SpartaDiLoCoConfig;
 pub use streaming_diloco::{FragmentPattern, StreamingDiLoCo, StreamingDiLoCoConfig};

@@ -45,6 +45,23 @@ pub(crate) fn any_layout() -> ParamLayout {
     ParamLayout::trainable(&burn::nn::LinearConfig::new(1, 1).init(&device))
 }
 
+/// Two linear layers of 13×7 and 7×8 (+ biases): four parameters of 7 to 91 elements.
+#[derive(burn::module::Module, Debug)]
+struct TwoLinear {
+    a: burn::nn::Linear,
+    b: burn::nn::Linear,
+}
+
+/// The layout of [`TwoLinear`]: parameters of several sizes, each of at least 7 elements.
+pub(crate) fn two_linear_layout() -> ParamLayout {
+    let d = Device::default().autodiff();
+    let m = TwoLinear {
+        a: burn::nn::LinearConfig::new(13, 7).init(&d),
+        b: burn::nn::LinearConfig::new(7, 8).init(&d),
+    };
+    ParamLayout::trainable(&m)
+}
+
 /// What node `rank` of `k` knows, starting from `initial`, all nodes of speed 1.
 pub(crate) fn node_info<'a>(
     rank: usize,

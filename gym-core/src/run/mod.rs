@@ -13,6 +13,7 @@
 pub mod checkpoint;
 mod config;
 mod data;
+mod identity;
 mod minibatch_probe;
 mod node;
 mod plan;
