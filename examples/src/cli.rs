@@ -3,6 +3,7 @@
 //! registry ([`gym_strategies::STRATEGIES`]); run configuration files are in
 //! [`config_file`](crate::config_file).
 
+use crate::plot::XAxis;
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::{Args, ValueEnum};
 use gym_core::faults::{FaultSchedule, FaultTimeline};
@@ -223,6 +224,9 @@ pub struct CommonArgs {
     /// Hide the progress bar.
     #[arg(long)]
     pub no_progress: bool,
+    /// X axis of the run's loss plots (`loss.svg`; a comparison's and a sweep's plots).
+    #[arg(long, value_enum, default_value = "step")]
+    pub x_axis: XAxis,
     /// What a NaN or infinite loss or gradient does.
     #[arg(long, value_enum, default_value = "stop")]
     pub on_nonfinite: NonFiniteName,

@@ -15,27 +15,18 @@
 //!   `runs/<strategy>/` with each run's own logs, summary and configuration.
 
 use crate::cli::{self, CommonArgs, ConfigFile, StrategyName};
+pub use crate::plot::XAxis;
 use crate::plot::{Chart, Series};
 use crate::runner::{BoxError, Runner, TrainTask};
 use crate::summary::{RunSummary, human_bytes, percent, seconds};
 use crate::tasks::{self, TaskArgs};
-use clap::{CommandFactory, Parser, ValueEnum};
+use clap::{CommandFactory, Parser};
 use gym_core::{CorrelationRecord, RunReport, StrategyConfig, TrainRecord, ValRecord};
 use serde::Serialize;
 use std::ffi::OsString;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
-
-/// The x axis of the loss plots.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum XAxis {
-    /// Optimizer steps.
-    Step,
-    /// Training examples seen by all nodes.
-    Examples,
-}
 
 /// Run several strategies on one task under identical conditions and write a table,
 /// plots and metrics into one folder.
@@ -64,9 +55,6 @@ pub struct CompareArgs {
     /// Output folder.
     #[arg(long, default_value = "compare")]
     pub out_dir: PathBuf,
-    /// X axis of the loss plots.
-    #[arg(long, value_enum, default_value = "step")]
-    pub x_axis: XAxis,
 }
 
 /// One run of a comparison: a strategy under a label (its name, or a variant's).
@@ -250,10 +238,8 @@ fn write_outputs(
     files.push(cli::save_run_config(args, dir)?);
     files.extend(write_metrics(dir, &outcomes)?);
 
-    let (x_label, x_of): (&str, fn(usize, u64) -> f64) = match args.x_axis {
-        XAxis::Step => ("step", |s, _| s as f64),
-        XAxis::Examples => ("examples seen (all nodes)", |_, e| e as f64),
-    };
+    let axis = args.common.x_axis;
+    let (x_label, x_of) = (axis.label(), |step, examples| axis.value(step, examples));
     let val_series = |x: &dyn Fn(&Outcome, &ValRecord) -> f64| -> Vec<Series> {
         outcomes
             .iter()

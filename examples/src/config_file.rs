@@ -35,7 +35,9 @@ pub enum ConfigError {
 /// `--num-nodes 4`); `true` is a bare switch (`cosine = true`), `false` leaves it off; an
 /// array is a comma-separated list (`strategies = ["allreduce", "diloco"]`). A table
 /// `[overrides.<strategy>]` holds flags for one strategy only (used by `compare`, e.g. DeMo's
-/// own learning rate). The file is TOML unless its name ends in `.json`.
+/// own learning rate), and a table `[at_nodes.<K>]` flags for the runs of K nodes only (used
+/// by `sweep`, e.g. the DiLoCo scaling experiment's learning rate per node count). The file
+/// is TOML unless its name ends in `.json`.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ConfigFile {
     /// The file the flags came from.
@@ -44,6 +46,8 @@ pub struct ConfigFile {
     pub flags: Vec<String>,
     /// Per strategy name: the flags of its `[overrides.<strategy>]` table.
     pub overrides: BTreeMap<String, Vec<String>>,
+    /// Per node count: the flags of its `[at_nodes.<K>]` table.
+    pub at_nodes: BTreeMap<usize, Vec<String>>,
 }
 
 impl ConfigFile {
@@ -79,11 +83,32 @@ impl ConfigFile {
                 overrides.insert(strategy.replace('_', "-"), words);
             }
         }
+        let mut at_nodes = BTreeMap::new();
+        if let Some(o) = top.remove("at_nodes") {
+            let serde_json::Value::Object(o) = o else {
+                return Err(invalid("`at_nodes` must be a table of tables".into()));
+            };
+            for (k, flags) in o {
+                let nodes: usize = k
+                    .parse()
+                    .map_err(|_| invalid(format!("`at_nodes.{k}`: `{k}` is not a node count")))?;
+                let serde_json::Value::Object(flags) = flags else {
+                    return Err(invalid(format!("`at_nodes.{k}` must be a table")));
+                };
+                at_nodes.insert(nodes, flag_words(&flags).map_err(invalid)?);
+            }
+        }
         Ok(ConfigFile {
             path: Some(path.to_path_buf()),
             flags: flag_words(&top).map_err(invalid)?,
             overrides,
+            at_nodes,
         })
+    }
+
+    /// The flags of the `[at_nodes.<K>]` table of `nodes` (none if it has no table).
+    pub fn at_nodes_for(&self, nodes: usize) -> &[String] {
+        self.at_nodes.get(&nodes).map_or(&[], Vec::as_slice)
     }
 
     /// The flags of the overrides table of `label` (a strategy's name, or a `compare`
@@ -147,7 +172,7 @@ pub fn parse_with<T: FromArgMatches>(
     let matches = command
         .clone()
         .args_override_self(true)
-        .try_get_matches_from(with_flags_first(argv, &file.flags, extra))?;
+        .try_get_matches_from(with_flags_first(command, argv, &file.flags, extra))?;
     T::from_arg_matches(&matches)
 }
 
@@ -163,12 +188,85 @@ pub fn parse_command<T: FromArgMatches>(command: &clap::Command) -> (T, ConfigFi
     try_parse_from(command, &argv).unwrap_or_else(|e| e.exit())
 }
 
-fn with_flags_first(argv: &[OsString], flags: &[String], extra: &[String]) -> Vec<OsString> {
+/// The program name, then `flags` (a file's), the command line's flags and `extra`, each
+/// source's flags dropping the same flags of the sources before it: a list flag on the
+/// command line replaces the file's list rather than adding to it, and a file's value the
+/// command line replaces is never parsed.
+fn with_flags_first(
+    command: &clap::Command,
+    argv: &[OsString],
+    flags: &[String],
+    extra: &[String],
+) -> Vec<OsString> {
+    let file: Vec<OsString> = flags.iter().map(OsString::from).collect();
+    let extra: Vec<OsString> = extra.iter().map(OsString::from).collect();
+    let (file, line, extra) = (
+        flag_groups(command, &file),
+        flag_groups(command, argv.get(1..).unwrap_or_default()),
+        flag_groups(command, &extra),
+    );
+    let named = |groups: &[FlagGroup]| -> Vec<String> {
+        groups.iter().filter_map(|g| g.name.clone()).collect()
+    };
+    let (later_than_file, later_than_line) =
+        ([named(&line), named(&extra)].concat(), named(&extra));
+    let keep = |groups: Vec<FlagGroup>, later: &[String]| {
+        groups
+            .into_iter()
+            .filter(|g| g.name.as_ref().is_none_or(|n| !later.contains(n)))
+            .flat_map(|g| g.words)
+            .collect::<Vec<_>>()
+    };
     let mut args: Vec<OsString> = argv.iter().take(1).cloned().collect();
-    args.extend(flags.iter().map(OsString::from));
-    args.extend(argv.iter().skip(1).cloned());
-    args.extend(extra.iter().map(OsString::from));
+    args.extend(keep(file, &later_than_file));
+    args.extend(keep(line, &later_than_line));
+    args.extend(extra.into_iter().flat_map(|g| g.words));
     args
+}
+
+/// A flag and the values after it (or words before any flag: `name` is `None`).
+struct FlagGroup {
+    /// The flag's long name (`sync-interval` for `-H` too).
+    name: Option<String>,
+    words: Vec<OsString>,
+}
+
+/// `words` cut into flags with their values. A word is a flag when it starts with `--`
+/// followed by a name, or with `-` followed by a letter (`-H`); `-0.5` is a value. After a
+/// bare `--` everything is a value.
+fn flag_groups(command: &clap::Command, words: &[OsString]) -> Vec<FlagGroup> {
+    let long_of = |word: &str| -> Option<String> {
+        if let Some(long) = word.strip_prefix("--") {
+            let long = long.split('=').next().unwrap_or_default();
+            return (!long.is_empty()).then(|| long.to_string());
+        }
+        let short = word.strip_prefix('-')?.chars().next()?;
+        if !short.is_ascii_alphabetic() {
+            return None;
+        }
+        let arg = command
+            .get_arguments()
+            .find(|a| a.get_short() == Some(short));
+        Some(
+            arg.and_then(|a| a.get_long())
+                .map_or(format!("-{short}"), str::to_string),
+        )
+    };
+    let mut groups: Vec<FlagGroup> = Vec::new();
+    let mut rest = false;
+    for word in words {
+        let text = word.to_string_lossy();
+        let name = if rest { None } else { long_of(&text) };
+        rest |= text == "--";
+        match (name, groups.last_mut()) {
+            (None, Some(last)) => last.words.push(word.clone()),
+            (name, _) => groups.push(FlagGroup {
+                name,
+                words: vec![word.clone()],
+            }),
+        }
+    }
+    groups
 }
 
 /// The value of `--config FILE` or `--config=FILE` in `argv`.
@@ -206,6 +304,66 @@ pub fn save_run_config<A: Serialize>(args: &A, dir: &Path) -> std::io::Result<Pa
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn later_sources_replace_a_flag_rather_than_add_to_it() {
+        let command = clap::Command::new("t").arg(
+            clap::Arg::new("sync-interval")
+                .short('H')
+                .long("sync-interval"),
+        );
+        let words = |w: &[&str]| w.iter().map(OsString::from).collect::<Vec<_>>();
+        let file: Vec<String> = [
+            "--strategies",
+            "a,b,c",
+            "--lr",
+            "1e-3",
+            "--cosine",
+            "--sync-interval",
+            "20",
+            "--shift",
+            "-0.5",
+        ]
+        .map(String::from)
+        .to_vec();
+        let argv = words(&["prog", "--strategies", "a", "-H", "5"]);
+        let extra = ["--lr".to_string(), "2e-3".to_string()];
+        let merged = with_flags_first(&command, &argv, &file, &extra);
+        assert_eq!(
+            merged,
+            words(&[
+                "prog",
+                "--cosine",
+                "--shift",
+                "-0.5",
+                "--strategies",
+                "a",
+                "-H",
+                "5",
+                "--lr",
+                "2e-3"
+            ])
+        );
+        // `--name=value` is the flag `name`; after `--` nothing is a flag.
+        let argv = words(&["prog", "--lr=5", "--", "--cosine"]);
+        let merged = with_flags_first(&command, &argv, &file, &[]);
+        assert_eq!(
+            merged,
+            words(&[
+                "prog",
+                "--strategies",
+                "a,b,c",
+                "--cosine",
+                "--sync-interval",
+                "20",
+                "--shift",
+                "-0.5",
+                "--lr=5",
+                "--",
+                "--cosine"
+            ])
+        );
+    }
 
     #[test]
     fn config_values_become_flags() {

@@ -2,9 +2,39 @@
 //! no font files, so the charts render the same on any machine.
 
 use crate::summary::human_bytes;
+use clap::ValueEnum;
 use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
 use plotters::prelude::*;
+use serde::Serialize;
 use std::path::Path;
+
+/// The x axis of the loss plots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum XAxis {
+    /// Optimizer steps.
+    Step,
+    /// Training examples seen by all nodes.
+    Examples,
+}
+
+impl XAxis {
+    /// The axis's label.
+    pub fn label(self) -> &'static str {
+        match self {
+            XAxis::Step => "step",
+            XAxis::Examples => "examples seen (all nodes)",
+        }
+    }
+
+    /// The x of a record at `step` after `examples` examples.
+    pub fn value(self, step: usize, examples: u64) -> f64 {
+        match self {
+            XAxis::Step => step as f64,
+            XAxis::Examples => examples as f64,
+        }
+    }
+}
 
 /// One line of a chart.
 #[derive(Debug, Clone, PartialEq)]

@@ -8,6 +8,7 @@
 
 use crate::backend;
 use crate::cli::{self, CollectiveKind, CommonArgs, MinibatchSize};
+use crate::plot::{Chart, Series, XAxis};
 use crate::summary::{RunLabels, RunSummary, print_summary};
 use burn::data::dataloader::batcher::Batcher;
 use burn::tensor::Device;
@@ -220,6 +221,7 @@ impl Runner {
         // Under MPI, rank 0 writes the summary and prints it; the others only trained.
         if self.is_rank_zero() {
             summary.write(&dir)?;
+            loss_chart(&out.report, args.x_axis, &summary).write_svg(&dir.join("loss.svg"))?;
             cli::save_run_config(run_config, &dir)?;
             print_summary(&summary);
             println!("logs              {}", dir.display());
@@ -232,6 +234,39 @@ impl Runner {
                 dir,
             },
         })
+    }
+}
+
+/// A run's train loss (mean over nodes) and validation loss (the averaged model) against
+/// `axis`.
+fn loss_chart(report: &RunReport, axis: XAxis, summary: &RunSummary) -> Chart {
+    Chart {
+        title: format!(
+            "{}: {} on {} nodes, {}",
+            summary.run_name, summary.strategy, summary.num_nodes, summary.model
+        ),
+        x_label: axis.label().into(),
+        y_label: "loss".into(),
+        log_x: false,
+        x_bytes: false,
+        series: vec![
+            Series {
+                label: "train loss (mean over nodes)".into(),
+                points: report
+                    .train
+                    .iter()
+                    .map(|r| (axis.value(r.step, r.examples_seen), r.train_loss))
+                    .collect(),
+            },
+            Series {
+                label: "validation loss (averaged model)".into(),
+                points: report
+                    .validation
+                    .iter()
+                    .map(|v| (axis.value(v.step, v.examples_seen), v.global_loss))
+                    .collect(),
+            },
+        ],
     }
 }
 

@@ -6,8 +6,12 @@
 //! compute utilisation, goodput, node-steps lost to `--faults` and time to `--target-loss`
 //! per cell), `results.csv`, and plots:
 //! `time_to_target.svg` and `simulated_time.svg` against the node count (one line per
-//! strategy, interval and network), `final_loss.svg` against the node count, and
-//! `val_loss_vs_time_<network>.svg` (every run's validation loss against simulated time).
+//! strategy, interval and network), `final_loss.svg` against the node count, `val_loss.svg`
+//! (every run's validation loss against the step or, `--x-axis examples`, the examples seen)
+//! and `val_loss_vs_time_<network>.svg` (against simulated time).
+//!
+//! A `--config` file's `[at_nodes.<K>]` table gives flags for the cells of K nodes only:
+//! the DiLoCo scaling experiment's learning rate, warmup and dropout per node count.
 //!
 //! With `--global-batch B`, each node trains on `B / K` examples per step, so every cell sees
 //! the same examples per step and in total (equal total tokens).
@@ -160,11 +164,23 @@ pub fn run(argv: &[OsString]) -> Result<Sweep, BoxError> {
         } else {
             vec![None]
         };
+        // A strategy's `[overrides.<strategy>]` table may give it node counts of its own
+        // (the scaling experiment runs DDP on one node only).
+        let own: SweepArgs =
+            cli::parse_with(&command, argv, &file, file.overrides_for(strategy.as_str()))?;
         for &h in &intervals {
             for network in &args.networks {
-                for &k in &args.nodes {
+                for &k in &own.nodes {
                     let name = cell_name(strategy, h, k, network);
+                    if k == 0 || args.global_batch.is_some_and(|b| b % k != 0) {
+                        return Err(format!(
+                            "{name}: {k} nodes cannot share the global batch \
+                                            (or run at all)"
+                        )
+                        .into());
+                    }
                     let mut extra = file.overrides_for(strategy.as_str()).to_vec();
+                    extra.extend_from_slice(file.at_nodes_for(k));
                     extra.extend(
                         [
                             ["--strategy", strategy.as_str()],
@@ -354,6 +370,29 @@ fn write_outputs(args: &SweepArgs, label: &str, cells: Vec<Cell>) -> Result<Swee
             ));
         }
     }
+    let axis = args.common.x_axis;
+    charts.push((
+        "val_loss.svg".to_string(),
+        Chart {
+            title: format!("{label}: validation loss"),
+            x_label: axis.label().into(),
+            y_label: "validation loss".into(),
+            log_x: false,
+            x_bytes: false,
+            series: cells
+                .iter()
+                .map(|c| Series {
+                    label: c.name(),
+                    points: c
+                        .report
+                        .validation
+                        .iter()
+                        .map(|v| (axis.value(v.step, v.examples_seen), v.global_loss))
+                        .collect(),
+                })
+                .collect(),
+        },
+    ));
     for network in &args.networks {
         let series: Vec<Series> = cells
             .iter()

@@ -1,6 +1,7 @@
 //! What the examples train, each built as a [`Task`] for the [`Runner`](crate::runner::Runner):
 //! MNIST (an MLP or the original's CNN), CIFAR-10 (or its CIFAR-like approximation) with a
-//! small CNN, and a character-level GPT on tiny-shakespeare (or any text).
+//! small CNN, and a GPT on tiny-shakespeare in characters (or any text) or on WikiText and
+//! OpenWebText in GPT-2's BPE.
 
 use crate::runner::{BoxError, Task, TrainTask};
 use burn::data::dataset::Dataset;
@@ -8,10 +9,14 @@ use burn::tensor::Device;
 use clap::Command;
 use clap::{Args, ValueEnum};
 use gym_core::{ImageBatch, NodeData, TrainModel};
+use gym_data::gpt2::TOKENIZER_FILE;
+use gym_data::text::VOCAB_FILE;
 use gym_data::{
-    CharCorpus, Cifar10, CifarBatcher, CifarSplit, DataError, MnistBatcher, MnistDataset,
-    MnistItem, MnistSplit, TokenBatcher, TokenWindow, TokenWindows,
+    CharCorpus, CharVocab, Cifar10, CifarBatcher, CifarSplit, DataError, Gpt2Dataset,
+    Gpt2Tokenizer, MnistBatcher, MnistDataset, MnistItem, MnistSplit, TokenBatcher, TokenWindow,
+    TokenWindows,
 };
+use gym_models::augment::RandomAffineConfig;
 use gym_models::{CifarCnnConfig, Gpt, GptConfig, GptSize, MlpConfig, MnistCnnConfig};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -26,9 +31,25 @@ pub enum MnistModel {
     Cnn,
 }
 
+/// Flags of the MNIST task.
+#[derive(Debug, Clone, Args, Serialize)]
+pub struct MnistArgs {
+    /// Model to train.
+    #[arg(long, value_enum, default_value = "mlp")]
+    pub model: MnistModel,
+    /// Augment the CNN's training images as the original does (random rotations up to 10°
+    /// and shifts up to 10%, drawn from each node's stream).
+    #[arg(long)]
+    pub augment: bool,
+}
+
 /// MNIST's train and test splits from `data_dir` (default: `$GYM_DATA_DIR/mnist` or the
-/// user cache, downloaded if missing), shared by every node, with `model`.
-pub fn mnist(data_dir: Option<&Path>, model: MnistModel) -> Result<Box<dyn TrainTask>, DataError> {
+/// user cache, downloaded if missing), shared by every node, with the model `args` name.
+pub fn mnist(data_dir: Option<&Path>, args: &MnistArgs) -> Result<Box<dyn TrainTask>, BoxError> {
+    let (model, augment) = (args.model, args.augment);
+    if augment && model != MnistModel::Cnn {
+        return Err("--augment applies to --model cnn (the original's MNIST run)".into());
+    }
     // A --data-dir that does not exist is refused before anything is downloaded into it.
     let dir = gym_data::resolve_data_dir(data_dir, "mnist")?;
     // Decompressing and checking the two splits in parallel halves the start-up.
@@ -40,7 +61,7 @@ pub fn mnist(data_dir: Option<&Path>, model: MnistModel) -> Result<Box<dyn Train
     let data: NodeData<MnistItem> = NodeData::shared(train?, test?);
     fn task<M: TrainModel<Batch = ImageBatch>>(
         name: &str,
-        init: fn(&Device) -> M,
+        init: impl Fn(&Device) -> M + Send + Sync + 'static,
         data: NodeData<MnistItem>,
     ) -> Box<dyn TrainTask> {
         Box::new(Task {
@@ -53,6 +74,15 @@ pub fn mnist(data_dir: Option<&Path>, model: MnistModel) -> Result<Box<dyn Train
     }
     Ok(match model {
         MnistModel::Mlp => task("mlp", |d| MlpConfig::new().init(d), data),
+        MnistModel::Cnn if augment => task(
+            "cnn+affine",
+            |d| {
+                MnistCnnConfig::new()
+                    .with_augment(Some(RandomAffineConfig::new()))
+                    .init(d)
+            },
+            data,
+        ),
         MnistModel::Cnn => task("cnn", |d| MnistCnnConfig::new().init(d), data),
     })
 }
@@ -113,15 +143,72 @@ pub fn cifar(data_dir: Option<&Path>, args: &CifarArgs) -> Result<Box<dyn TrainT
     }))
 }
 
-/// Flags of the character-level GPT task.
+/// What the GPT reads (`--dataset`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+pub enum TextDataset {
+    /// tiny-shakespeare (or --text-file), character-level.
+    #[value(name = "shakespeare")]
+    #[serde(rename = "shakespeare")]
+    Shakespeare,
+    /// WikiText-2, GPT-2's BPE (the original's `wikitext`).
+    #[value(name = "wikitext-2", alias = "wikitext")]
+    #[serde(rename = "wikitext-2")]
+    WikiText2,
+    /// WikiText-103, GPT-2's BPE.
+    #[value(name = "wikitext-103")]
+    #[serde(rename = "wikitext-103")]
+    WikiText103,
+    /// OpenWebText as nanoGPT's prepare.py writes it (train.bin, val.bin), GPT-2's BPE (the
+    /// original's `owt`).
+    #[value(name = "openwebtext", alias = "owt")]
+    #[serde(rename = "openwebtext")]
+    OpenWebText,
+}
+
+impl TextDataset {
+    /// The GPT-2-tokenised dataset it is, if it is one.
+    pub fn gpt2(self) -> Option<Gpt2Dataset> {
+        match self {
+            TextDataset::Shakespeare => None,
+            TextDataset::WikiText2 => Some(Gpt2Dataset::WikiText2),
+            TextDataset::WikiText103 => Some(Gpt2Dataset::WikiText103),
+            TextDataset::OpenWebText => Some(Gpt2Dataset::OpenWebText),
+        }
+    }
+}
+
+/// Flags of the GPT task.
 #[derive(Debug, Clone, Args, Serialize)]
 pub struct GptArgs {
+    /// The data: tiny-shakespeare in characters, or a dataset tokenised with GPT-2's BPE
+    /// (vocabulary 50,257; its folder is --data-dir or $GYM_DATA_DIR/<dataset>).
+    #[arg(long, value_enum, default_value = "shakespeare")]
+    pub dataset: TextDataset,
     /// Text file to train on, instead of DATA_DIR/input.txt (tiny-shakespeare).
     #[arg(long)]
     pub text_file: Option<PathBuf>,
-    /// Fraction of the text, at its end, held out for validation.
+    /// A tokenizer.json to use instead of GPT-2's (downloaded to $GYM_DATA_DIR/gpt2 or the
+    /// user cache if missing), for the GPT-2 datasets.
+    #[arg(long, value_name = "FILE")]
+    pub tokenizer: Option<PathBuf>,
+    /// Fraction of the text, at its end, held out for validation (character text).
     #[arg(long, default_value_t = 0.1)]
     pub val_fraction: f64,
+    /// Where the training part starts, as a fraction of the training data (the original's
+    /// --start_pc); default 0.
+    #[arg(long, value_name = "FRACTION")]
+    pub start_pc: Option<f64>,
+    /// Where the training part ends (--end_pc); default 1 − --val-fraction for character
+    /// text, 0.04 for OpenWebText (as the original), 1 for WikiText.
+    #[arg(long, value_name = "FRACTION")]
+    pub end_pc: Option<f64>,
+    /// Where the validation part starts (--val_start_pc); default 1 − --val-fraction for
+    /// character text, 0 of the validation split for the GPT-2 datasets.
+    #[arg(long, value_name = "FRACTION")]
+    pub val_start_pc: Option<f64>,
+    /// Where the validation part ends (--val_end_pc); default 1.
+    #[arg(long, value_name = "FRACTION")]
+    pub val_end_pc: Option<f64>,
     /// Context length in characters (the original: 1024).
     #[arg(long, default_value_t = 256)]
     pub block_size: usize,
@@ -155,7 +242,7 @@ pub struct GptArgs {
 }
 
 impl GptArgs {
-    /// The model these flags describe for a vocabulary of `vocab_size` characters.
+    /// The model these flags describe for a vocabulary of `vocab_size` tokens.
     pub fn model_config(&self, vocab_size: usize) -> GptConfig {
         // The value parser admits only the presets' names.
         let size: GptSize = self.model_size.parse().unwrap_or(GptSize::Small);
@@ -171,30 +258,147 @@ impl GptArgs {
     }
 }
 
-/// The character-level GPT task, with the text it reads and the model's sizes.
+/// How a GPT's text becomes tokens and back: characters, or a GPT-2-style BPE.
+#[derive(Debug, Clone)]
+pub enum TextCodec {
+    /// The text's own characters.
+    Chars(CharVocab),
+    /// Byte-level BPE.
+    Gpt2(Box<Gpt2Tokenizer>),
+}
+
+impl TextCodec {
+    /// Tokens in the vocabulary.
+    pub fn vocab_size(&self) -> usize {
+        match self {
+            TextCodec::Chars(v) => v.len(),
+            TextCodec::Gpt2(t) => t.vocab_size(),
+        }
+    }
+
+    /// The tokens of `text`.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, DataError> {
+        match self {
+            TextCodec::Chars(v) => v.encode(text),
+            TextCodec::Gpt2(t) => t.encode(text),
+        }
+    }
+
+    /// The text of `tokens`.
+    pub fn decode(&self, tokens: &[u32]) -> Result<String, DataError> {
+        match self {
+            TextCodec::Chars(v) => v.decode(tokens),
+            TextCodec::Gpt2(t) => t.decode(tokens),
+        }
+    }
+
+    /// Saves it into a run folder (`vocab.json` or `tokenizer.json`), beside the model.
+    pub fn save(&self, dir: &Path) -> Result<(), DataError> {
+        match self {
+            TextCodec::Chars(v) => v.save(&dir.join(VOCAB_FILE)),
+            TextCodec::Gpt2(t) => t.save(&dir.join(TOKENIZER_FILE)),
+        }
+    }
+
+    /// The codec saved in a run folder.
+    pub fn load(dir: &Path) -> Result<Self, DataError> {
+        let tokenizer = dir.join(TOKENIZER_FILE);
+        if tokenizer.is_file() {
+            return Ok(TextCodec::Gpt2(Box::new(Gpt2Tokenizer::load(&tokenizer)?)));
+        }
+        Ok(TextCodec::Chars(CharVocab::load(&dir.join(VOCAB_FILE))?))
+    }
+}
+
+/// The GPT task, with the codec of its text and the model's sizes.
 pub struct GptTask {
     /// Model, windows of the text, batcher.
     pub task: Task<Gpt, TokenWindow, TokenBatcher>,
-    /// The text and its vocabulary.
-    pub corpus: CharCorpus,
+    /// How the text became tokens.
+    pub codec: TextCodec,
+    /// Tokens of the train and validation parts.
+    pub tokens: (usize, usize),
     /// The model's sizes.
     pub config: GptConfig,
 }
 
-/// The GPT task `args` describe: `--text-file`, or `input.txt` in `data_dir` (default:
-/// tiny-shakespeare, downloaded if missing), cut into windows of `--block-size` characters,
-/// the last `--val-fraction` held out.
+/// The GPT task `args` describe, cut into windows of `--block-size` tokens: character text
+/// (`--text-file`, or `input.txt` in `data_dir`, by default tiny-shakespeare, downloaded if
+/// missing) with its last `--val-fraction` held out, or a `--dataset` tokenised with GPT-2's
+/// BPE; `--start-pc` and the like choose parts.
 pub fn gpt(data_dir: Option<&Path>, args: &GptArgs) -> Result<GptTask, BoxError> {
-    let (corpus, dataset) = match &args.text_file {
-        Some(file) => (CharCorpus::load(file)?, file.display().to_string()),
-        None => (
-            CharCorpus::load_or_download(&gym_data::resolve_data_dir(data_dir, "shakespeare")?)?,
-            "tiny-shakespeare".into(),
-        ),
+    let (codec, train, val, dataset) = match args.dataset.gpt2() {
+        None => {
+            let (corpus, dataset) = match &args.text_file {
+                Some(file) => (CharCorpus::load(file)?, file.display().to_string()),
+                None => (
+                    CharCorpus::load_or_download(&gym_data::resolve_data_dir(
+                        data_dir,
+                        "shakespeare",
+                    )?)?,
+                    "tiny-shakespeare".into(),
+                ),
+            };
+            let (train, val) = if [
+                args.start_pc,
+                args.end_pc,
+                args.val_start_pc,
+                args.val_end_pc,
+            ]
+            .iter()
+            .all(Option::is_none)
+            {
+                corpus.split(args.block_size, args.val_fraction)?
+            } else {
+                let cut = 1.0 - args.val_fraction;
+                corpus.split_parts(
+                    args.block_size,
+                    args.start_pc.unwrap_or(0.0)..args.end_pc.unwrap_or(cut),
+                    args.val_start_pc.unwrap_or(cut)..args.val_end_pc.unwrap_or(1.0),
+                )?
+            };
+            (
+                TextCodec::Chars(corpus.vocab().clone()),
+                train,
+                val,
+                dataset,
+            )
+        }
+        Some(set) => {
+            if args.text_file.is_some() {
+                return Err(format!(
+                    "--text-file is character text (--dataset shakespeare), not {}",
+                    set.name()
+                )
+                .into());
+            }
+            let tokenizer = match &args.tokenizer {
+                Some(file) => Gpt2Tokenizer::load(file)?,
+                None => Gpt2Tokenizer::gpt2(&gym_data::data_dir(None, "gpt2"))?,
+            };
+            let dir = gym_data::resolve_data_dir(data_dir, set.name())?;
+            let end = match set {
+                Gpt2Dataset::OpenWebText => 0.04,
+                _ => 1.0,
+            };
+            let splits = set.load(
+                &dir,
+                &tokenizer,
+                args.start_pc.unwrap_or(0.0)..args.end_pc.unwrap_or(end),
+                args.val_start_pc.unwrap_or(0.0)..args.val_end_pc.unwrap_or(1.0),
+            )?;
+            let block = args.block_size;
+            (
+                TextCodec::Gpt2(Box::new(tokenizer)),
+                TokenWindows::new(splits.train, block, 1)?,
+                TokenWindows::new(splits.val, block, block)?,
+                format!("{} (GPT-2 BPE)", set.name()),
+            )
+        }
     };
-    let config = args.model_config(corpus.vocab().len());
+    let config = args.model_config(codec.vocab_size());
     config.validate()?;
-    let (train, val) = corpus.split(args.block_size, args.val_fraction)?;
+    let tokens = (train.tokens().len(), val.tokens().len());
     let data = if args.shard {
         TokenWindows::per_node(train, val)
     } else {
@@ -213,7 +417,8 @@ pub fn gpt(data_dir: Option<&Path>, args: &GptArgs) -> Result<GptTask, BoxError>
     };
     Ok(GptTask {
         task,
-        corpus,
+        codec,
+        tokens,
         config,
     })
 }
@@ -237,9 +442,10 @@ pub struct TaskArgs {
     /// Task to train.
     #[arg(long, value_enum, default_value = "mnist")]
     pub task: TaskName,
-    /// MNIST: model.
-    #[arg(long, value_enum, default_value = "mlp")]
-    pub model: MnistModel,
+    /// MNIST: the model and its data.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub mnist: MnistArgs,
     /// Shakespeare: the text and the GPT (by default 2 layers × 2 heads × 64 dims, context 64).
     #[command(flatten)]
     #[serde(flatten)]
@@ -254,7 +460,7 @@ impl TaskArgs {
     /// The task these flags name, its data loaded once for every run.
     pub fn build(&self, data_dir: Option<&Path>) -> Result<Box<dyn TrainTask>, BoxError> {
         Ok(match self.task {
-            TaskName::Mnist => mnist(data_dir, self.model)?,
+            TaskName::Mnist => mnist(data_dir, &self.mnist)?,
             TaskName::Shakespeare => Box::new(gpt(data_dir, &self.gpt)?.task),
             TaskName::Cifar => cifar(data_dir, &self.cifar)?,
         })

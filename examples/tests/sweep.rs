@@ -106,3 +106,72 @@ fn a_sweep_times_every_cell_of_its_grid() {
 fn named(name: &str) -> StrategyName {
     StrategyName::named(name).unwrap()
 }
+
+/// The scaling experiment's rules from a config file: `[at_nodes.K]` flags for the cells of
+/// K nodes only, a strategy's `[overrides]` giving it node counts of its own, and a list on
+/// the command line replacing the file's list; `--x-axis examples` plots against examples.
+#[test]
+fn per_node_count_rules_and_lists_from_the_command_line() {
+    let out = std::env::temp_dir().join(format!("gym-sweep-rules-{}", std::process::id()));
+    std::fs::create_dir_all(&out).unwrap();
+    let config = out.join("rules.toml");
+    std::fs::write(
+        &config,
+        r#"
+strategies = ["allreduce", "diloco", "sparta"]
+nodes = [1, 2, 4]
+networks = ["datacenter"]
+global_batch = 16
+max_steps = 4
+lr = 1e-3
+warmup_steps = 2
+val_interval = 2
+val_size = 32
+x_axis = "examples"
+[overrides.allreduce]
+nodes = [1]
+[at_nodes.1]
+lr = 5e-4
+warmup_steps = 4
+"#,
+    )
+    .unwrap();
+    let data = tests::shared_data("mnist");
+    let argv: Vec<OsString> = [
+        "sweep",
+        "--config",
+        config.to_str().unwrap(),
+        "--strategies",
+        "allreduce,diloco",
+        "--nodes",
+        "1,2",
+        "--no-progress",
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--out-dir",
+        out.to_str().unwrap(),
+    ]
+    .iter()
+    .map(OsString::from)
+    .collect();
+    let sweep = examples::sweep::run(&argv).unwrap();
+    let cells: Vec<(String, usize)> = sweep
+        .cells
+        .iter()
+        .map(|c| (c.strategy.as_str().to_string(), c.nodes))
+        .collect();
+    // The command line's lists replace the file's; AllReduce runs on its own node count.
+    assert_eq!(
+        cells,
+        [("allreduce", 1), ("diloco", 1), ("diloco", 2)].map(|(s, k)| (s.to_string(), k))
+    );
+    for c in &sweep.cells {
+        let lr = c.report.train[0].lr;
+        // Warmup starts at lr / W: 5e-4 / 4 on one node, 1e-3 / 2 on two.
+        let expected = if c.nodes == 1 { 5e-4 / 4.0 } else { 1e-3 / 2.0 };
+        assert!((lr - expected).abs() < 1e-12, "{}: lr {lr}", c.name());
+    }
+    let plot = std::fs::read_to_string(out.join("val_loss.svg")).unwrap();
+    assert!(plot.contains("examples seen (all nodes)"));
+    std::fs::remove_dir_all(&out).ok();
+}

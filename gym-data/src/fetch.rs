@@ -162,6 +162,17 @@ pub(crate) fn download(
     })
 }
 
+/// The bytes of `path`; a file that is not there is [`DataError::Missing`].
+pub(crate) fn read(path: &Path) -> Result<Vec<u8>, DataError> {
+    std::fs::read(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => DataError::Missing {
+            path: path.to_path_buf(),
+            hint: String::new(),
+        },
+        _ => DataError::io(path, e),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

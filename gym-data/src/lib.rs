@@ -2,8 +2,9 @@
 //!
 //! Datasets for the simulator, as Burn [`Dataset`](burn::data::dataset::Dataset)s with
 //! [`Batcher`](burn::data::dataloader::batcher::Batcher)s that build the batch types of
-//! [`gym_core::batch`]: [`mnist`] and [`cifar`] (CIFAR-10) images, and character-level [`text`]
-//! for language models.
+//! [`gym_core::batch`]: [`mnist`] and [`cifar`] (CIFAR-10) images, character-level [`text`]
+//! for language models, and WikiText and OpenWebText tokenised with GPT-2's BPE
+//! ([`gpt2`], [`gpt2_corpus`]).
 //!
 //! Files are looked up in an explicit directory, else in `$GYM_DATA_DIR/<name>`, else in a
 //! user cache directory ([`data_dir`]); [`resolve_data_dir`] also refuses an explicit
@@ -23,11 +24,15 @@
 pub mod cifar;
 mod error;
 mod fetch;
+pub mod gpt2;
+pub mod gpt2_corpus;
 pub mod mnist;
 pub mod text;
 
 pub use cifar::{Cifar10, CifarBatcher, CifarItem, CifarSplit};
 pub use error::DataError;
 pub use fetch::{MAX_GUNZIPPED_BYTES, data_dir, resolve_data_dir};
+pub use gpt2::Gpt2Tokenizer;
+pub use gpt2_corpus::{Gpt2Dataset, TokenSplits};
 pub use mnist::{MnistBatcher, MnistDataset, MnistItem, MnistSplit};
 pub use text::{CharCorpus, CharVocab, TokenBatcher, TokenWindow, TokenWindows};

@@ -16,7 +16,7 @@
 //! ```
 
 use crate::error::DataError;
-use crate::fetch::download;
+use crate::fetch::{download, read};
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::{Dataset, DatasetError};
 use burn::tensor::{Device, Int, Tensor, TensorData};
@@ -259,13 +259,38 @@ impl CharCorpus {
                 "the validation fraction {val_fraction} is not in (0, 1)"
             )));
         }
+        let cut = 1.0 - val_fraction;
+        self.split_parts(block_size, 0.0..cut, cut..1.0)
+    }
+
+    /// Train windows (stride 1) over the part `train` of the stream and validation windows
+    /// (stride `block_size`) over the part `val`, each given as fractions of the stream (the
+    /// original's `start_pc` and `end_pc`); the parts may overlap. Each part must hold at
+    /// least one window.
+    pub fn split_parts(
+        &self,
+        block_size: usize,
+        train: std::ops::Range<f64>,
+        val: std::ops::Range<f64>,
+    ) -> Result<(TokenWindows, TokenWindows), DataError> {
         let n = self.tokens.len();
-        let n_train = ((n as f64) * (1.0 - val_fraction)) as usize;
-        let part = |what: &str, range: std::ops::Range<usize>, stride| {
+        let part = |what: &str, fractions: std::ops::Range<f64>, stride| {
+            if !(0.0 <= fractions.start && fractions.start < fractions.end && fractions.end <= 1.0)
+            {
+                return Err(DataError::InvalidArgument(format!(
+                    "the {what} part {}..{} is not a range of fractions in [0, 1]",
+                    fractions.start, fractions.end
+                )));
+            }
+            let range =
+                ((n as f64) * fractions.start) as usize..((n as f64) * fractions.end) as usize;
             TokenWindows::over(self.tokens.clone(), range, block_size, stride).map_err(
                 |e| match e {
                     DataError::TooShort { tokens, needed, .. } => DataError::TooShort {
-                        what: format!("the {what} part ({val_fraction} validation split)"),
+                        what: format!(
+                            "the {what} part ({}..{} of the text)",
+                            fractions.start, fractions.end
+                        ),
                         tokens,
                         needed,
                         hint: " (use a longer text or a smaller block size)".into(),
@@ -274,8 +299,8 @@ impl CharCorpus {
                 },
             )
         };
-        let train = part("train", 0..n_train, 1)?;
-        let val = part("validation", n_train..n, block_size)?;
+        let train = part("train", train, 1)?;
+        let val = part("validation", val, block_size)?;
         Ok((train, val))
     }
 }
@@ -472,17 +497,6 @@ impl Batcher<TokenWindow, TokenBatch> for TokenBatcher {
             targets: Tensor::<2, Int>::from_data(TensorData::new(targets, [b, t]), device),
         }
     }
-}
-
-/// The bytes of `path`; a file that is not there is [`DataError::Missing`].
-fn read(path: &Path) -> Result<Vec<u8>, DataError> {
-    std::fs::read(path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => DataError::Missing {
-            path: path.to_path_buf(),
-            hint: String::new(),
-        },
-        _ => DataError::io(path, e),
-    })
 }
 
 #[cfg(test)]

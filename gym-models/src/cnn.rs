@@ -1,5 +1,6 @@
 //! The original's MNIST CNN (`example/mnist.py`).
 
+use crate::augment::{RandomAffine, RandomAffineConfig};
 use crate::classifier::{conv_flops, dense_flops};
 use crate::conv::conv2d_forward;
 use crate::fused::batch_norm_forward;
@@ -25,6 +26,9 @@ pub struct MnistCnnConfig {
     /// Dropout before the last layer.
     #[config(default = 0.5)]
     pub head_dropout: f64,
+    /// Random affine augmentation of the training images (the original's
+    /// `RandomAffine(degrees=10, translate=(0.1, 0.1))`); `None`: none.
+    pub augment: Option<RandomAffineConfig>,
 }
 
 /// One block: conv 3×3 → BN → ReLU → conv 3×3 → BN → ReLU → max-pool 2 → channel dropout.
@@ -72,6 +76,7 @@ impl ConvBlock {
 /// `Linear(6272, 256) → ReLU → Dropout → Linear(256, classes)`; 1,868,234 parameters.
 #[derive(Module, Debug)]
 pub struct MnistCnn {
+    augment: Option<RandomAffine>,
     block1: ConvBlock,
     block2: ConvBlock,
     fc1: Linear,
@@ -85,6 +90,7 @@ impl MnistCnnConfig {
     /// Builds the model on `device`.
     pub fn init(&self, device: &Device) -> MnistCnn {
         MnistCnn {
+            augment: self.augment.as_ref().map(RandomAffineConfig::init),
             block1: ConvBlock::new(1, 64, self.conv_dropout, device),
             block2: ConvBlock::new(64, 128, self.conv_dropout, device),
             fc1: LinearConfig::new(128 * 7 * 7, 256).init(device),
@@ -105,6 +111,10 @@ impl MnistCnnConfig {
 impl MnistCnn {
     /// Logits `[batch, classes]` of images `[batch, 1, 28, 28]`.
     pub fn forward(&self, images: Tensor<4>) -> Tensor<2> {
+        let images = match &self.augment {
+            Some(augment) => augment.forward(images),
+            None => images,
+        };
         let images = like_params(images, &self.block1.conv1.weight.val());
         let x = self.block2.forward(self.block1.forward(images));
         let x = relu(self.fc1.forward(x.flatten::<2>(1, 3)));

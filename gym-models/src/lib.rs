@@ -15,11 +15,14 @@
 //! The GPT's LayerNorms and attention softmax, and the MNIST CNN's batch normalisation, are
 //! single operations with closed-form backward passes ([`fused`]).
 //!
+//! [`augment::RandomAffine`] augments the MNIST CNN's training images as the original does.
+//!
 //! Their dropout is [`gym_core::Dropout`], drawn from each node's own random stream, so
 //! runs are reproducible whatever the thread timing.
 
 #![warn(missing_docs)]
 
+pub mod augment;
 mod cifar_cnn;
 mod classifier;
 mod cnn;

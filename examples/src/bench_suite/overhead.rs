@@ -13,7 +13,7 @@ use gym_strategies::{DiLoCoCommunicatorConfig, DiLoCoConfig};
 
 use super::{SuiteConfig, SuiteModel, SuiteResult, SuiteTable, backend_tag, caption};
 use crate::runner::BoxError;
-use crate::tasks::GptArgs;
+use crate::tasks::{GptArgs, TextDataset};
 
 /// Examples per node per step of the MNIST models (the original's set-up).
 const MNIST_BATCH: usize = 64;
@@ -47,8 +47,14 @@ fn load_overhead_data(config: &SuiteConfig) -> Result<OverheadData, BoxError> {
         let corpus = CharCorpus::load_or_download(&dir)?;
         // The `nanogpt` binary's model for these sizes (bias, no dropout).
         let args = GptArgs {
+            dataset: TextDataset::Shakespeare,
             text_file: None,
+            tokenizer: None,
             val_fraction: 0.1,
+            start_pc: None,
+            end_pc: None,
+            val_start_pc: None,
+            val_end_pc: None,
             block_size: GPT_BLOCK,
             model_size: "small".into(),
             n_layer: Some(2),

@@ -8,7 +8,7 @@
 use clap::Parser;
 use examples::cli::{self, CommonArgs};
 use examples::runner;
-use examples::tasks::{self, MnistModel};
+use examples::tasks::{self, MnistArgs};
 use serde::Serialize;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -21,9 +21,9 @@ struct Cli {
     #[command(flatten)]
     #[serde(flatten)]
     common: CommonArgs,
-    /// Model to train.
-    #[arg(long, value_enum, default_value = "mlp")]
-    model: MnistModel,
+    #[command(flatten)]
+    #[serde(flatten)]
+    mnist: MnistArgs,
 }
 
 fn main() -> ExitCode {
@@ -32,6 +32,6 @@ fn main() -> ExitCode {
     let process_start = Instant::now();
     let (cli, _) = cli::parse::<Cli>();
     runner::train_main(process_start, &cli, &cli.common, || {
-        Ok(tasks::mnist(cli.common.data_dir.as_deref(), cli.model)?)
+        tasks::mnist(cli.common.data_dir.as_deref(), &cli.mnist)
     })
 }

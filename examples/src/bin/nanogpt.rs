@@ -1,5 +1,6 @@
-//! Train nanoGPT on a character-level text (tiny-shakespeare by default) with K simulated
-//! nodes, save the model, and sample from it.
+//! Train nanoGPT on a character-level text (tiny-shakespeare by default) or on WikiText or
+//! OpenWebText in GPT-2's BPE (`--dataset`) with K simulated nodes, save the model, and
+//! sample from it.
 //!
 //! ```text
 //! cargo run --release -p examples --bin nanogpt -- --strategy diloco -H 20 --num-nodes 4 \
@@ -12,9 +13,7 @@ use clap::{CommandFactory, Parser};
 use examples::backend;
 use examples::cli::{self, CommonArgs};
 use examples::runner::{self, BoxError, Runner};
-use examples::tasks::{self, GptArgs};
-use gym_data::CharVocab;
-use gym_data::text::VOCAB_FILE;
+use examples::tasks::{self, GptArgs, TextCodec};
 use gym_models::{Gpt, SamplingConfig};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -97,16 +96,16 @@ fn main() -> ExitCode {
 fn sample_saved(cli: &Cli, dir: &Path) -> Result<(), BoxError> {
     let (device, backend) = backend::select();
     eprintln!("backend: {backend}");
-    let vocab = CharVocab::load(&dir.join(VOCAB_FILE))?;
+    let codec = TextCodec::load(dir)?;
     let model = Gpt::load(dir, &device)?;
-    print_sample(cli, &model, &vocab)
+    print_sample(cli, &model, &codec)
 }
 
-fn print_sample(cli: &Cli, model: &Gpt, vocab: &CharVocab) -> Result<(), BoxError> {
-    let prompt = vocab.encode(&cli.prompt)?;
+fn print_sample(cli: &Cli, model: &Gpt, codec: &TextCodec) -> Result<(), BoxError> {
+    let prompt = codec.encode(&cli.prompt)?;
     let mut rng = ChaCha8Rng::seed_from_u64(cli.common.seed);
     let tokens = model.generate(&prompt, &cli.sampling(), &mut rng)?;
-    println!("── sample ──\n{}{}", cli.prompt, vocab.decode(&tokens)?);
+    println!("── sample ──\n{}{}", cli.prompt, codec.decode(&tokens)?);
     Ok(())
 }
 
@@ -115,11 +114,13 @@ fn train(cli: &Cli, process_start: Instant) -> Result<(), BoxError> {
     let gpt = tasks::gpt(cli.common.data_dir.as_deref(), &cli.gpt)?;
     // Checked before training, so a bad prompt or size fails in a second, not after the run.
     cli.sampling().validate()?;
-    gpt.corpus.vocab().encode(&cli.prompt)?;
+    gpt.codec.encode(&cli.prompt)?;
     eprintln!(
-        "text: {} characters, vocabulary {}; model: {} layers, {} heads, {} dims, {:.2}M parameters",
-        gpt.corpus.tokens().len(),
-        gpt.corpus.vocab().len(),
+        "text: {} train and {} validation tokens, vocabulary {}; model: {} layers, {} heads, \
+         {} dims, {:.2}M parameters",
+        gpt.tokens.0,
+        gpt.tokens.1,
+        gpt.codec.vocab_size(),
         gpt.config.n_layer,
         gpt.config.n_head,
         gpt.config.n_embd,
@@ -130,7 +131,7 @@ fn train(cli: &Cli, process_start: Instant) -> Result<(), BoxError> {
     let done = runner.fit(&gpt.task, &cli.common, strategy.as_ref(), &run_config)?;
     let dir = &done.result.dir;
     done.model.save(dir)?;
-    gpt.corpus.vocab().save(&dir.join(VOCAB_FILE))?;
+    gpt.codec.save(dir)?;
     let tokens_per_step =
         (cli.common.batch_size * cli.gpt.block_size * cli.common.num_nodes) as f64;
     println!(
@@ -139,5 +140,5 @@ fn train(cli: &Cli, process_start: Instant) -> Result<(), BoxError> {
         tokens_per_step
     );
     println!("saved model       {}", dir.display());
-    print_sample(cli, &done.model, gpt.corpus.vocab())
+    print_sample(cli, &done.model, &gpt.codec)
 }
