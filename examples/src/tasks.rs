@@ -181,7 +181,7 @@ impl TextDataset {
 #[derive(Debug, Clone, Args, Serialize)]
 pub struct GptArgs {
     /// The data: tiny-shakespeare in characters, or a dataset tokenised with GPT-2's BPE
-    /// (vocabulary 50,257; its folder is --data-dir or $GYM_DATA_DIR/<dataset>).
+    /// (vocabulary 50,257; its folder is --data-dir or `$GYM_DATA_DIR/<dataset>`).
     #[arg(long, value_enum, default_value = "shakespeare")]
     pub dataset: TextDataset,
     /// Text file to train on, instead of DATA_DIR/input.txt (tiny-shakespeare).
@@ -236,7 +236,8 @@ pub struct GptArgs {
     #[arg(long)]
     pub no_bias: bool,
     /// Give each node its own contiguous shard of the training text (the original's
-    /// per-rank dataset factory) instead of sampling windows from all of it.
+    /// per-rank dataset factory) instead of sampling windows from all of it (always so for
+    /// OpenWebText, as the original).
     #[arg(long)]
     pub shard: bool,
 }
@@ -399,7 +400,9 @@ pub fn gpt(data_dir: Option<&Path>, args: &GptArgs) -> Result<GptTask, BoxError>
     let config = args.model_config(codec.vocab_size());
     config.validate()?;
     let tokens = (train.tokens().len(), val.tokens().len());
-    let data = if args.shard {
+    // OpenWebText is split by rank, as the original's dataset factory does.
+    let shard = args.shard || args.dataset == TextDataset::OpenWebText;
+    let data = if shard {
         TokenWindows::per_node(train, val)
     } else {
         TokenWindows::shared(train, val)

@@ -610,3 +610,18 @@ fn mpi_mnist_under_mpirun_logs_once_what_the_in_process_run_logs() {
         std::fs::remove_dir_all(&dir).ok();
     }
 }
+
+/// The original's augmentation is for its CNN: asked of the MLP, it is refused before
+/// anything is loaded, naming the flag.
+#[test]
+fn augmentation_of_the_mlp_is_refused() {
+    let logs = temp_dir("augment-mlp");
+    let out = mnist(&logs, &["--augment"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("--augment applies to --model cnn"),
+        "{stderr}"
+    );
+    assert!(!logs.exists(), "nothing written");
+}

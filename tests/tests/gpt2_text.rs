@@ -110,6 +110,17 @@ fn openwebtext_reads_nanogpts_bins_and_says_how_to_make_them() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// A file in GPT-2's place that is not GPT-2's tokenizer is refused by its checksum.
+#[test]
+fn a_tokenizer_that_is_not_gpt2s_is_refused() {
+    let dir = scratch("not-gpt2");
+    trained().save(&dir.join(TOKENIZER_FILE)).unwrap();
+    let err = Gpt2Tokenizer::gpt2(&dir).unwrap_err();
+    assert!(matches!(err, DataError::Checksum { .. }), "{err}");
+    assert!(err.to_string().contains(GPT2_TOKENIZER_MD5), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// GPT-2's own tokenizer gives Hugging Face's ids for 27 texts (letters, accents, CJK,
 /// emoji with joiners, Devanagari digits, Arabic, runs of spaces, control bytes), and
 /// decodes them back.
