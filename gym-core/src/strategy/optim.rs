@@ -13,6 +13,7 @@ use crate::state::fields::OptimizerState;
 use crate::state::params::{ParamEntry, ParamLayout};
 use crate::strategy::replica::Replica;
 use crate::strategy::schedule::LrScheduleConfig;
+pub use crate::strategy::schedule::check_learning_rate;
 use burn::config::Config;
 use burn::module::{ParamGroup, ParamId};
 use burn::optim::decay::WeightDecayConfig;
@@ -33,17 +34,6 @@ crate::record! {
         pub steps: u64,
         /// The learning rate of the last step.
         pub lr: f64,
-    }
-}
-
-/// Checks that `value`, the setting called `field`, is a usable learning rate.
-pub fn check_learning_rate(field: &str, value: f64) -> Result<()> {
-    if value.is_finite() && value > 0.0 {
-        Ok(())
-    } else {
-        Err(GymError::InvalidConfig(format!(
-            "`{field}` must be a positive, finite learning rate, got {value}"
-        )))
     }
 }
 

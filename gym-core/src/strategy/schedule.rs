@@ -3,7 +3,6 @@
 //! the whole model and for each parameter group around its own base rate.
 
 use crate::error::{GymError, Result};
-use crate::strategy::optim::check_learning_rate;
 use burn::config::Config;
 use burn::module::ParamGroup;
 use burn::optim::lr_scheduler::cosine::CosineAnnealingLrSchedulerConfig;
@@ -11,6 +10,17 @@ use burn::optim::lr_scheduler::linear::LinearLrSchedulerConfig;
 use burn::optim::lr_scheduler::module_lr_scheduler::{ModuleLrScheduler, ModuleLrSchedulerConfig};
 use burn::optim::lr_scheduler::sequential::SequentialLrSchedulerConfig;
 use burn::optim::lr_scheduler::{LrScheduler, LrSchedulerConfig, LrSchedulerRecord};
+
+/// Checks that `value`, the setting called `field`, is a usable learning rate.
+pub fn check_learning_rate(field: &str, value: f64) -> Result<()> {
+    if value.is_finite() && value > 0.0 {
+        Ok(())
+    } else {
+        Err(GymError::InvalidConfig(format!(
+            "`{field}` must be a positive, finite learning rate, got {value}"
+        )))
+    }
+}
 
 /// A learning-rate schedule around a base learning rate (the original's `lambda_cosine`),
 /// built from Burn's linear, cosine-annealing and constant schedulers, or a schedule of
