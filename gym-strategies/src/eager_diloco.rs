@@ -305,16 +305,9 @@ pub(crate) mod cli {
 mod tests {
     use super::*;
     use crate::diloco::DiLoCoCommunicatorConfig;
-    use crate::testing::{FlatReplica, any_layout, flat, host, node_info};
+    use crate::testing::{FlatReplica, any_layout, drift, flat, host, node_info};
     use burn::tensor::Device;
     use gym_core::{Collective, InProcessGroup, Link, Network};
-
-    /// Node k's outer gradient at round t: what its inner phase moved it by.
-    fn drift(k: usize, t: usize, n: usize) -> Vec<f32> {
-        (0..n)
-            .map(|i| ((k * 31 + t * 17 + i * 7) % 23) as f32 / 23.0 - 0.4)
-            .collect()
-    }
 
     /// Runs `rounds` rounds (H = 1) of the module `config` builds on `k` nodes, each
     /// node's inner phase moving it from its φ by `drift`; every node's φ after each

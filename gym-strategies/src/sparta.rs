@@ -368,14 +368,8 @@ mod tests {
     use super::*;
     use burn::tensor::Device;
 
+    use crate::testing::drift;
     use crate::testing::two_linear_layout as layout;
-
-    /// Node k's local move at step t.
-    fn drift(k: usize, t: usize, n: usize) -> Vec<f32> {
-        (0..n)
-            .map(|i| ((k * 31 + t * 17 + i * 7) % 23) as f32 / 23.0 - 0.4)
-            .collect()
-    }
 
     /// Runs `steps` steps of the module `config` builds on `k` nodes, each node's inner
     /// step moving its flat parameters by `drift`; every node's parameters after each

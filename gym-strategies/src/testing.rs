@@ -39,6 +39,14 @@ pub(crate) fn host(t: Tensor<1>) -> Vec<f32> {
     t.into_data().try_to_vec::<f32>().expect("f32 values")
 }
 
+/// Node `k`'s move at step (or round) `t`, over `n` values: distinct per node and step,
+/// in [−0.4, 0.56).
+pub(crate) fn drift(k: usize, t: usize, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| ((k * 31 + t * 17 + i * 7) % 23) as f32 / 23.0 - 0.4)
+        .collect()
+}
+
 /// A layout to hand to `NodeInfo` (modules that read only the initial parameters).
 pub(crate) fn any_layout() -> ParamLayout {
     let device = Device::default().autodiff();
