@@ -21,8 +21,11 @@ pub struct RunSummary {
     pub backend: String,
     /// Number of nodes.
     pub num_nodes: usize,
-    /// Steps taken.
+    /// Steps taken (fewer than planned when the run was interrupted).
     pub steps: usize,
+    /// Steps planned.
+    #[serde(default)]
+    pub steps_planned: usize,
     /// Loss of the last step (mean over nodes).
     pub final_train_loss: Option<f64>,
     /// Loss of the averaged model on the whole validation set.
@@ -159,7 +162,8 @@ impl RunSummary {
             dataset: labels.dataset.to_string(),
             backend: labels.backend.to_string(),
             num_nodes: report.num_nodes,
-            steps: report.steps,
+            steps: report.steps_done(),
+            steps_planned: report.steps,
             final_train_loss: report.final_train_loss(),
             final_val_loss: fin.map(|v| v.global_loss),
             val_accuracy: fin.and_then(|v| v.global_accuracy),
@@ -222,7 +226,10 @@ pub fn print_summary(s: &RunSummary) {
     println!("model             {}", s.model);
     println!("data              {}", s.dataset);
     match s.interrupted_at_step {
-        Some(at) => println!("steps             {at} of {} (interrupted)", s.steps),
+        Some(at) => println!(
+            "steps             {at} of {} (interrupted)",
+            s.steps_planned
+        ),
         None => println!("steps             {}", s.steps),
     }
     if let Some(probe) = &s.minibatch_probe {

@@ -288,6 +288,15 @@ fn resume_after_ctrl_c_with_the_printed_command_ends_as_the_run_left_alone() {
         .as_u64()
         .expect("marked interrupted");
     assert!(at > 0 && at < 400, "{at}");
+    // The summary tells what was done, not what was planned.
+    assert_eq!(stopped["steps"], at);
+    assert_eq!(stopped["steps_planned"], 400);
+    let rows = std::fs::read_to_string(logs.join("stopped/train.csv"))
+        .unwrap()
+        .lines()
+        .count()
+        - 1;
+    assert_eq!(rows as u64, at, "a train.csv row per step done");
     // The printed command, run as printed.
     let command = stderr
         .lines()
@@ -315,6 +324,10 @@ fn resume_after_ctrl_c_with_the_printed_command_ends_as_the_run_left_alone() {
     for key in ["final_val_loss", "final_train_loss", "val_accuracy"] {
         assert_eq!(a[key], b[key], "{key}");
     }
+    assert_eq!(
+        (a["steps"].clone(), a["steps_planned"].clone()),
+        (400.into(), 400.into())
+    );
     std::fs::remove_dir_all(&logs).ok();
 }
 
@@ -624,4 +637,33 @@ fn augmentation_of_the_mlp_is_refused() {
         "{stderr}"
     );
     assert!(!logs.exists(), "nothing written");
+}
+
+/// A checkpoint folder that cannot be written is refused before any step, naming it and the
+/// system's reason; no run folder is left behind.
+#[test]
+fn an_unwritable_checkpoint_folder_is_refused_before_any_step() {
+    let logs = temp_dir("unwritable");
+    std::fs::create_dir_all(&logs).unwrap();
+    // A folder under a regular file cannot exist, even for root.
+    let file = logs.join("a-file");
+    std::fs::write(&file, "not a folder").unwrap();
+    let folder = file.join("checkpoints");
+    let out = mnist(
+        &logs,
+        &[
+            "--checkpoint-dir",
+            folder.to_str().unwrap(),
+            "--checkpoint-interval",
+            "1",
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("checkpoint folder") && stderr.contains(folder.to_str().unwrap()),
+        "{stderr}"
+    );
+    assert!(!logs.join("run").exists(), "no step taken, no run folder");
+    std::fs::remove_dir_all(&logs).ok();
 }

@@ -405,3 +405,40 @@ fn elastic_compare_runs_labelled_variants_under_the_same_faults() {
 fn named(name: &str) -> StrategyName {
     StrategyName::named(name).unwrap()
 }
+
+/// A flag on the command line replaces the file's value: a list replaces the file's list
+/// (naming one of its strategies again is no repeat), and a file's value that the command
+/// line replaces is never read (here a faults file that does not exist).
+#[test]
+fn the_command_line_replaces_lists_and_unread_values_of_the_file() {
+    let out = std::env::temp_dir().join(format!("gym-compare-replace-{}", std::process::id()));
+    std::fs::create_dir_all(&out).unwrap();
+    let config = out.join("run.toml");
+    std::fs::write(
+        &config,
+        "num_nodes = 2\nmax_steps = 3\nbatch_size = 8\nval_size = 16\nno_progress = true\n\
+         strategies = [\"allreduce\", \"diloco\", \"sparta\"]\n\
+         faults = \"no-such-faults-file.toml\"\n",
+    )
+    .unwrap();
+    let data = mnist_dir();
+    let args = argv(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--strategies",
+        "diloco",
+        "--faults",
+        "leave:1@1+1",
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--out-dir",
+        out.join("result").to_str().unwrap(),
+    ]);
+    let result = compare::run(&args).unwrap();
+    let names: Vec<StrategyName> = result.outcomes.iter().map(|o| o.strategy).collect();
+    assert_eq!(names, [named("diloco")]);
+    // The command line's schedule ran: node 1 was away for a step (and its work since the
+    // last synchronisation was dropped), where a run without faults loses nothing.
+    assert!(result.outcomes[0].report.node_steps_lost() >= 1);
+    std::fs::remove_dir_all(&out).ok();
+}

@@ -151,8 +151,12 @@ pub struct RunReport {
     pub log_dir: Option<PathBuf>,
     /// Number of nodes.
     pub num_nodes: usize,
-    /// Steps taken.
+    /// Steps planned: the run's length (`max_steps`, or the epochs' steps). An interrupted
+    /// run took fewer ([`steps_done`](Self::steps_done)).
     pub steps: usize,
+    /// The step this call's training began at: 0, or where a resumed run continued.
+    #[serde(default)]
+    pub start_step: usize,
     /// Per-step records.
     pub train: Vec<TrainRecord>,
     /// Evaluations, the last over the whole validation set.
@@ -198,9 +202,15 @@ impl RunReport {
             .collect()
     }
 
-    /// Steps per second of the training loop.
+    /// Steps the run has completed: all it planned, or those before an interruption.
+    pub fn steps_done(&self) -> usize {
+        self.interrupted_at.unwrap_or(self.steps)
+    }
+
+    /// Steps per second of the training loop: the steps this call took (from
+    /// [`start_step`](Self::start_step) to [`steps_done`](Self::steps_done)) over its time.
     pub fn loop_its_per_s(&self) -> f64 {
-        self.steps as f64 / self.loop_s.max(1e-9)
+        self.steps_done().saturating_sub(self.start_step) as f64 / self.loop_s.max(1e-9)
     }
 
     /// Mean over nodes of the bytes each sent.

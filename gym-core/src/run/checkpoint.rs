@@ -30,6 +30,21 @@ const HEADER: usize = 8 + 8 + 4;
 
 pub use super::identity::Identity;
 
+/// Fails unless `dir` can be created and written to: checked before the first step, so a
+/// run never trains to find at its first checkpoint that it cannot save one.
+pub(crate) fn check_writable(dir: &Path) -> Result<()> {
+    let refuse = |e: std::io::Error| {
+        GymError::Checkpoint(format!(
+            "the checkpoint folder {} cannot be written: {e}",
+            dir.display()
+        ))
+    };
+    std::fs::create_dir_all(dir).map_err(refuse)?;
+    let probe = dir.join(format!(".write-test-{}", std::process::id()));
+    std::fs::write(&probe, b"ok").map_err(refuse)?;
+    std::fs::remove_file(&probe).map_err(refuse)
+}
+
 /// One node's state between two steps.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct NodeCheckpoint {

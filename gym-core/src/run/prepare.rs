@@ -276,6 +276,7 @@ impl Trainer {
             log_dir,
             init_fingerprint,
             steps: plan.max_steps,
+            start_step: plan.start_step,
             setup_s: fit_start.elapsed().as_secs_f64(),
             fit_start,
         };
@@ -310,6 +311,7 @@ pub(super) struct RunFacts {
     pub log_dir: Option<PathBuf>,
     init_fingerprint: u64,
     steps: usize,
+    start_step: usize,
     setup_s: f64,
     fit_start: Instant,
 }
@@ -335,6 +337,7 @@ impl RunFacts {
             log_dir: self.log_dir,
             num_nodes: ends.len(),
             steps: self.steps,
+            start_step: self.start_step,
             train: records.train,
             validation: records.validation,
             correlation: records.correlation,

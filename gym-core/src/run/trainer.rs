@@ -169,6 +169,9 @@ impl Trainer {
             }
         }
         cfg.validate()?;
+        if let Some(dir) = &cfg.checkpoint_dir {
+            super::checkpoint::check_writable(Path::new(dir))?;
+        }
         let local = transport.local_ranks();
         let ranks: Vec<usize> = local.clone().collect();
         let network = cfg.simulation.as_ref().map(|s| s.network.clone());
