@@ -160,6 +160,20 @@ impl Runner {
         let fit_start = Instant::now();
         let mut config = args.trainer_config()?;
         let probe = match args.minibatch_size {
+            // A resumed run keeps the size it was saved with (a new probe could choose
+            // another, which the checkpoint would refuse).
+            Some(MinibatchSize::Auto) if args.resume.is_some() => {
+                let path = args.resume.as_deref().expect("checked");
+                let (saved, _) = gym_core::checkpoint::Checkpoint::load(path)?;
+                let trainer: serde_json::Value = serde_json::from_str(&saved.identity.trainer)?;
+                let size = trainer["minibatch_size"].as_u64().map(|n| n as usize);
+                eprintln!(
+                    "minibatch size    {} (from the checkpoint)",
+                    size.map_or("the whole batch".into(), |n| n.to_string())
+                );
+                config.minibatch_size = size;
+                None
+            }
             Some(MinibatchSize::Auto) => {
                 if args.collective == CollectiveKind::Mpi {
                     return Err("--minibatch-size auto runs in one process: give a number \

@@ -146,3 +146,44 @@ fn memory_budget_needs_auto() {
         String::from_utf8_lossy(&out.stderr).contains("neither a number of examples nor `auto`")
     );
 }
+
+/// A run whose minibatch was probed resumes with the size it was saved with, whatever a new
+/// probe would choose now (here a budget that would force another size).
+#[test]
+fn a_resumed_run_keeps_its_probed_size() {
+    let (logs, cache) = (scratch("resume-logs"), scratch("resume-cache"));
+    let out = run(
+        &logs,
+        &cache,
+        8,
+        &["--memory-budget", "64GiB", "--checkpoint-interval", "1"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(probe_of(&logs)["minibatch_size"], 8);
+    let checkpoint = logs.join("run/checkpoint-000000001.gym");
+    assert!(checkpoint.is_file());
+    // A budget of one byte fits nothing: a new probe would fail.
+    let out = run(
+        &logs,
+        &cache,
+        8,
+        &[
+            "--memory-budget",
+            "1",
+            "--resume",
+            checkpoint.to_str().unwrap(),
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("minibatch size    8 (from the checkpoint)"),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(&logs).ok();
+    std::fs::remove_dir_all(&cache).ok();
+}
