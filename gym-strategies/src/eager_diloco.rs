@@ -305,54 +305,19 @@ pub(crate) mod cli {
 mod tests {
     use super::*;
     use crate::diloco::DiLoCoCommunicatorConfig;
-    use crate::testing::{FlatReplica, any_layout, drift, flat, host, node_info};
-    use burn::tensor::Device;
-    use gym_core::{Collective, InProcessGroup, Link, Network};
+    use crate::testing::{any_layout, drift, run_module};
+    use gym_core::{Link, Network};
 
     /// Runs `rounds` rounds (H = 1) of the module `config` builds on `k` nodes, each
     /// node's inner phase moving it from its φ by `drift`; every node's φ after each
-    /// round. With `compute_s`, every round also costs that much compute on the clock of
-    /// a group on `network`; the last element is every node's exposed communication.
+    /// round, and with `network` every node's exposed communication ([`run_module`]).
     fn run(
         config: &dyn CommunicationModuleConfig,
         k: usize,
         rounds: usize,
         network: Option<(Network, f64)>,
     ) -> (Vec<Vec<Vec<f32>>>, Vec<f64>) {
-        let n = 5;
-        let group = match &network {
-            Some((net, _)) => InProcessGroup::simulated(k, net.clone()),
-            None => InProcessGroup::new(k),
-        };
-        let results = group
-            .run(|comm: Collective| {
-                let (layout, device, speeds) = (any_layout(), Device::default(), vec![1.0; k]);
-                let initial = flat(&vec![1.0; n]);
-                let info = node_info(comm.rank(), k, initial.clone(), &layout, &speeds, &device);
-                let mut module = config.init(&info).unwrap();
-                let mut replica = FlatReplica(initial);
-                let mut phis = Vec::new();
-                for t in 0..rounds {
-                    if let Some((_, compute_s)) = network {
-                        comm.compute(compute_s);
-                    }
-                    let moved = replica.0.clone() - flat(&drift(comm.rank(), t, n));
-                    replica.set_params(moved);
-                    let mut ctx = StepContext {
-                        rank: comm.rank(),
-                        world_size: k,
-                        step: t,
-                        max_steps: rounds,
-                        collective: &comm,
-                        layout: &layout,
-                    };
-                    module.communicate(&mut replica, &mut ctx).unwrap();
-                    phis.push(host(replica.0.clone()));
-                }
-                (phis, comm.simulated_time().map_or(0.0, |t| t.comm_s))
-            })
-            .unwrap();
-        results.into_iter().map(|r| r.unwrap()).unzip()
+        run_module(config, k, rounds, (&any_layout(), 5), network, None)
     }
 
     fn eager(form: EagerForm) -> EagerDiLoCoCommunicatorConfig {

@@ -368,14 +368,10 @@ mod tests {
     use super::*;
     use burn::tensor::Device;
 
-    use crate::testing::drift;
     use crate::testing::two_linear_layout as layout;
+    use crate::testing::{drift, run_module};
 
-    /// Runs `steps` steps of the module `config` builds on `k` nodes, each node's inner
-    /// step moving its flat parameters by `drift`; every node's parameters after each
-    /// step, and its exposed communication time when `network` (with that much compute per
-    /// step) is given. With `resume_at`, each node saves its module's state before that
-    /// step and continues with a fresh module that loaded it.
+    /// [`run_module`] over the two-linear layout.
     fn run(
         config: &SparseCommunicatorConfig,
         k: usize,
@@ -383,48 +379,9 @@ mod tests {
         network: Option<(gym_core::Network, f64)>,
         resume_at: Option<usize>,
     ) -> (Vec<Vec<Vec<f32>>>, Vec<f64>) {
-        use crate::testing::{FlatReplica, flat, host, node_info};
-        use gym_core::{Collective, InProcessGroup};
         let layout = layout();
         let n = layout.num_elements();
-        let group = match &network {
-            Some((net, _)) => InProcessGroup::simulated(k, net.clone()),
-            None => InProcessGroup::new(k),
-        };
-        let results = group
-            .run(|comm: Collective| {
-                let (device, speeds) = (Device::default(), vec![1.0; k]);
-                let initial = flat(&vec![1.0; n]);
-                let info = node_info(comm.rank(), k, initial.clone(), &layout, &speeds, &device);
-                let mut module = config.init(&info).unwrap();
-                let mut replica = FlatReplica(initial);
-                let mut after = Vec::new();
-                for t in 0..steps {
-                    if resume_at == Some(t) {
-                        let saved = module.save_state().unwrap();
-                        module = config.init(&info).unwrap();
-                        module.load_state(&saved).unwrap();
-                    }
-                    if let Some((_, compute_s)) = network {
-                        comm.compute(compute_s);
-                    }
-                    let moved = replica.0.clone() - flat(&drift(comm.rank(), t, n));
-                    replica.set_params(moved);
-                    let mut ctx = StepContext {
-                        rank: comm.rank(),
-                        world_size: k,
-                        step: t,
-                        max_steps: steps,
-                        collective: &comm,
-                        layout: &layout,
-                    };
-                    module.communicate(&mut replica, &mut ctx).unwrap();
-                    after.push(host(replica.0.clone()));
-                }
-                (after, comm.simulated_time().map_or(0.0, |t| t.comm_s))
-            })
-            .unwrap();
-        results.into_iter().map(|r| r.unwrap()).unzip()
+        run_module(config, k, steps, (&layout, n), network, resume_at)
     }
 
     /// The naive reference of delayed SPARTA, in f64: every node moves by its drift; the

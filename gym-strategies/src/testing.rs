@@ -91,3 +91,58 @@ pub(crate) fn node_info<'a>(
         faults: false,
     }
 }
+
+/// Runs `steps` steps of the module `config` builds on `k` nodes whose flat parameters are
+/// `n` values starting at 1 (`layout` is what their `NodeInfo` names), each node's inner
+/// phase moving it by [`drift`] before the module communicates; every node's parameters
+/// after each step, and its exposed communication time when `network` (with that much
+/// compute per step) is given. With `resume_at`, each node saves its module's state before
+/// that step and continues with a fresh module that loaded it.
+pub(crate) fn run_module(
+    config: &dyn crate::communicate::CommunicationModuleConfig,
+    k: usize,
+    steps: usize,
+    (layout, n): (&ParamLayout, usize),
+    network: Option<(gym_core::Network, f64)>,
+    resume_at: Option<usize>,
+) -> (Vec<Vec<Vec<f32>>>, Vec<f64>) {
+    use gym_core::{Collective, InProcessGroup, StepContext};
+    let group = match &network {
+        Some((net, _)) => InProcessGroup::simulated(k, net.clone()),
+        None => InProcessGroup::new(k),
+    };
+    let results = group
+        .run(|comm: Collective| {
+            let (device, speeds) = (Device::default(), vec![1.0; k]);
+            let initial = flat(&vec![1.0; n]);
+            let info = node_info(comm.rank(), k, initial.clone(), layout, &speeds, &device);
+            let mut module = config.init(&info).unwrap();
+            let mut replica = FlatReplica(initial);
+            let mut after = Vec::new();
+            for t in 0..steps {
+                if resume_at == Some(t) {
+                    let saved = module.save_state().unwrap();
+                    module = config.init(&info).unwrap();
+                    module.load_state(&saved).unwrap();
+                }
+                if let Some((_, compute_s)) = network {
+                    comm.compute(compute_s);
+                }
+                let moved = replica.0.clone() - flat(&drift(comm.rank(), t, n));
+                replica.set_params(moved);
+                let mut ctx = StepContext {
+                    rank: comm.rank(),
+                    world_size: k,
+                    step: t,
+                    max_steps: steps,
+                    collective: &comm,
+                    layout,
+                };
+                module.communicate(&mut replica, &mut ctx).unwrap();
+                after.push(host(replica.0.clone()));
+            }
+            (after, comm.simulated_time().map_or(0.0, |t| t.comm_s))
+        })
+        .unwrap();
+    results.into_iter().map(|r| r.unwrap()).unzip()
+}
