@@ -13,7 +13,8 @@ use crate::summary::{RunLabels, RunSummary, print_summary};
 use burn::data::dataloader::batcher::Batcher;
 use burn::tensor::Device;
 use gym_core::{
-    MinibatchChoice, MinibatchProbeConfig, NodeData, RunReport, StrategyConfig, TrainModel, Trainer,
+    GymError, MinibatchChoice, MinibatchProbeConfig, NodeData, RunReport, StrategyConfig,
+    TrainModel, Trainer,
 };
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -202,17 +203,17 @@ impl Runner {
         };
         let trainer = Trainer::new(config).with_devices(devices);
         let backend = args.devices.as_deref().unwrap_or(&self.backend);
-        let (out, backend) = match args.collective {
+        let (fitted, backend) = match args.collective {
             CollectiveKind::InProcess => {
                 let trainer = match &self.interrupt {
                     Some(flag) => trainer.with_interrupt(flag.clone()),
                     None => trainer,
                 };
-                let out = trainer.fit(&task.init, strategy, &task.data, &task.batcher)?;
-                (out, backend.to_string())
+                let out = trainer.fit(&task.init, strategy, &task.data, &task.batcher);
+                (out.map_err(BoxError::from), backend.to_string())
             }
             CollectiveKind::Mpi => {
-                let out = self.mpi.fit(&trainer, task, strategy, args.mpi_timeout)?;
+                let out = self.mpi.fit(&trainer, task, strategy, args.mpi_timeout);
                 let processes = self.mpi.processes();
                 (out, format!("{backend}; MPI, {processes} processes"))
             }
@@ -222,6 +223,31 @@ impl Runner {
             model: &task.model_name,
             dataset: &task.dataset,
             backend: &backend,
+        };
+        let out = match fitted {
+            Ok(out) => out,
+            Err(e) => {
+                // A run stopped by a failure (a checkpoint that could not be written) still
+                // leaves the summary of the steps it took, marked with the cause.
+                if let Some(GymError::Stopped { source, report, .. }) = e.downcast_ref() {
+                    let mut summary = RunSummary::new(
+                        report,
+                        labels,
+                        args.target_loss,
+                        self.process_start,
+                        fit_start,
+                    );
+                    summary.stopped_by = Some(source.to_string());
+                    let dir = args.run_dir(&report.run_name);
+                    if self.is_rank_zero() {
+                        summary.write(&dir)?;
+                        cli::save_run_config(run_config, &dir)?;
+                        print_summary(&summary);
+                        println!("logs              {}", dir.display());
+                    }
+                }
+                return Err(e);
+            }
         };
         let mut summary = RunSummary::new(
             &out.report,
@@ -237,6 +263,7 @@ impl Runner {
             summary.write(&dir)?;
             loss_chart(&out.report, args.x_axis, &summary).write_svg(&dir.join("loss.svg"))?;
             cli::save_run_config(run_config, &dir)?;
+            gym_core::model::save_for_pytorch(&out.model, &dir.join("model.safetensors"))?;
             print_summary(&summary);
             println!("logs              {}", dir.display());
         }

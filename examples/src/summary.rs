@@ -26,6 +26,10 @@ pub struct RunSummary {
     /// Steps planned.
     #[serde(default)]
     pub steps_planned: usize,
+    /// For a run extended past its first length (`--resume` with a larger `--max-steps`),
+    /// that length: its learning-rate schedule spans it and holds its last rate after.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub extended_from_steps: Option<usize>,
     /// Loss of the last step (mean over nodes).
     pub final_train_loss: Option<f64>,
     /// Loss of the averaged model on the whole validation set.
@@ -65,6 +69,10 @@ pub struct RunSummary {
     /// The step before which an interrupted run stopped (Ctrl-C); absent when it finished.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub interrupted_at_step: Option<usize>,
+    /// What stopped the run before its end when it was not asked to (a checkpoint that
+    /// could not be written); absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub stopped_by: Option<String>,
     /// Steps skipped for a non-finite loss or gradient (`--on-nonfinite skip`).
     #[serde(default)]
     pub skipped_steps: usize,
@@ -178,6 +186,8 @@ impl RunSummary {
             bytes_received_per_node: report.bytes_received_per_node(),
             peak_rss_bytes: peak_rss_bytes(),
             interrupted_at_step: report.interrupted_at,
+            extended_from_steps: report.schedule_steps,
+            stopped_by: None,
             checkpoint: report.checkpoint.clone(),
             skipped_steps: report.skipped_steps().len(),
             simulated_time_s: report.simulated_time_s(),
@@ -225,12 +235,19 @@ pub fn print_summary(s: &RunSummary) {
     );
     println!("model             {}", s.model);
     println!("data              {}", s.dataset);
-    match s.interrupted_at_step {
-        Some(at) => println!(
+    match (s.interrupted_at_step, &s.stopped_by) {
+        (Some(at), Some(why)) => println!(
+            "steps             {at} of {} (stopped: {why})",
+            s.steps_planned
+        ),
+        (Some(at), None) => println!(
             "steps             {at} of {} (interrupted)",
             s.steps_planned
         ),
-        None => println!("steps             {}", s.steps),
+        (None, _) => println!("steps             {}", s.steps),
+    }
+    if let Some(from) = s.extended_from_steps {
+        println!("extended          from {from} steps (the schedule holds its last rate after)");
     }
     if let Some(probe) = &s.minibatch_probe {
         println!("minibatch size    {} (probed)", probe.minibatch_size);

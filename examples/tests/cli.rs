@@ -575,11 +575,13 @@ fn mpi_mnist_under_mpirun_logs_once_what_the_in_process_run_logs() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let shard = job.join("run").join("checkpoint-000000003.ranks-2-3.gym");
+    let shard = job
+        .join("run")
+        .join("checkpoint-000000003.ranks-2-3.safetensors");
     assert!(
         shard.is_file()
             && shard
-                .with_file_name("checkpoint-000000003.ranks-0-1.gym")
+                .with_file_name("checkpoint-000000003.ranks-0-1.safetensors")
                 .is_file()
     );
     let resume = ["--resume", shard.to_str().unwrap()];
@@ -665,5 +667,49 @@ fn an_unwritable_checkpoint_folder_is_refused_before_any_step() {
         "{stderr}"
     );
     assert!(!logs.join("run").exists(), "no step taken, no run folder");
+    std::fs::remove_dir_all(&logs).ok();
+}
+
+/// A disk that fills up mid-run: the checkpoint of step 4 meets "No space left on device"
+/// (its temporary file is a link to /dev/full, which fails every write as a full disk
+/// does). The run stops at the next step boundary, exits non-zero naming the file and the
+/// reason, keeps the checkpoint of step 2, and writes the summary and logs of the 5 steps
+/// it took.
+#[test]
+fn a_checkpoint_that_meets_a_full_disk_stops_the_run_and_keeps_what_it_did() {
+    let logs = temp_dir("full-disk");
+    let run = logs.join("run");
+    std::fs::create_dir_all(&run).unwrap();
+    let tmp = run.join(".checkpoint-000000004.safetensors.tmp");
+    std::os::unix::fs::symlink("/dev/full", &tmp).unwrap();
+    let out = mnist(&logs, &["--max-steps", "8", "--checkpoint-interval", "2"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("checkpoint-000000004.safetensors")
+            && stderr.contains("No space left on device")
+            && stderr.contains("stopped before step 5"),
+        "{stderr}"
+    );
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["steps"], 5, "{summary}");
+    assert_eq!(summary["steps_planned"], 8);
+    assert!(
+        summary["stopped_by"]
+            .as_str()
+            .is_some_and(|s| s.contains("No space left")),
+        "{summary}"
+    );
+    let train = std::fs::read_to_string(run.join("train.csv")).unwrap();
+    assert_eq!(train.lines().count(), 1 + 5, "{train}");
+    // The previous checkpoint stays, and nothing half-written is left.
+    let mut files: Vec<String> = std::fs::read_dir(&run)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("checkpoint"))
+        .collect();
+    files.sort();
+    assert_eq!(files, ["checkpoint-000000002.safetensors"]);
     std::fs::remove_dir_all(&logs).ok();
 }

@@ -268,7 +268,7 @@ fn run(case: &Case, dir: &Path) -> Result<Value, String> {
     };
     let folder = if case.resumed {
         let first = go("first", &["--checkpoint-interval".into(), "4".into()])?;
-        let checkpoint = first.join("checkpoint-000000004.gym");
+        let checkpoint = first.join("checkpoint-000000004.safetensors");
         go(
             "run",
             &["--resume".into(), checkpoint.display().to_string()],

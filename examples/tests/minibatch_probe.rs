@@ -164,7 +164,7 @@ fn a_resumed_run_keeps_its_probed_size() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(probe_of(&logs)["minibatch_size"], 8);
-    let checkpoint = logs.join("run/checkpoint-000000001.gym");
+    let checkpoint = logs.join("run/checkpoint-000000001.safetensors");
     assert!(checkpoint.is_file());
     // A budget of one byte fits nothing: a new probe would fail.
     let out = run(

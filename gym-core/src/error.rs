@@ -110,6 +110,19 @@ pub enum GymError {
     /// run configuration, or a strategy keeps state it cannot save.
     #[error("checkpoint: {0}")]
     Checkpoint(String),
+    /// The run stopped at a step boundary before its end because of `source` (a checkpoint
+    /// that could not be written: a full disk, a folder gone); `report` holds the steps
+    /// done, as an interrupted run's does.
+    #[error("the run stopped before step {step}: {source}")]
+    Stopped {
+        /// The step before which every node stopped.
+        step: usize,
+        /// What stopped it.
+        #[source]
+        source: Box<GymError>,
+        /// The report of the steps done.
+        report: Box<crate::metrics::RunReport>,
+    },
     /// Writing logs or reading files failed.
     #[error("I/O error on {path}: {source}")]
     Io {

@@ -134,3 +134,30 @@ pub(crate) fn cast_params<M: Module>(model: &M, dtype: FloatDType) -> M {
     }
     model.clone().map(&mut Cast(dtype))
 }
+
+/// Writes `model`'s weights to `path` as safetensors in PyTorch's names and layout (Burn's
+/// [`BurnToPyTorchAdapter`](burn::store::BurnToPyTorchAdapter): Linear weights as
+/// `[out, in]`, a norm's `gamma`/`beta` as `weight`/`bias`), so
+/// `torch_module.load_state_dict(safetensors.torch.load_file(path))` reads them into a
+/// PyTorch module with the same structure. Written atomically (a temporary file, fsync,
+/// rename).
+pub fn save_for_pytorch<M: Module>(model: &M, path: &std::path::Path) -> crate::Result<()> {
+    use crate::error::GymError;
+    use burn::store::{BurnToPyTorchAdapter, ModuleSnapshot, SafetensorsStore};
+    use std::io::Write;
+    let mut store = SafetensorsStore::from_bytes(None).with_to_adapter(BurnToPyTorchAdapter);
+    model
+        .save_into(&mut store)
+        .map_err(|e| GymError::InvalidConfig(format!("cannot export the model: {e}")))?;
+    let bytes = store
+        .get_bytes()
+        .map_err(|e| GymError::InvalidConfig(format!("cannot export the model: {e}")))?;
+    let tmp = path.with_extension("safetensors.tmp");
+    let written = std::fs::File::create(&tmp)
+        .and_then(|mut f| f.write_all(&bytes).and_then(|_| f.sync_all()))
+        .and_then(|_| std::fs::rename(&tmp, path));
+    written.map_err(|e| {
+        std::fs::remove_file(&tmp).ok();
+        GymError::io(path, e)
+    })
+}

@@ -294,7 +294,7 @@ fn resume_refuses_a_damaged_checkpoint_or_one_from_another_model_or_strategy() {
     };
     // Truncated by one byte.
     let bytes = std::fs::read(&file).unwrap();
-    let cut = dir.join("cut.gym");
+    let cut = dir.join("cut.safetensors");
     std::fs::write(&cut, &bytes[..bytes.len() - 1]).unwrap();
     let err = fit(resume(&cut), &diloco).map(|_| ()).unwrap_err();
     assert!(
@@ -380,5 +380,77 @@ fn resume_after_an_interruption_ends_where_the_run_left_alone_does() {
     .unwrap();
     let long_alone = fit(config().with_max_steps(Some(2000)), &diloco).unwrap();
     assert_same_run("interrupted", &long_alone, &resumed);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn resume_with_a_larger_max_steps_extends_the_run_and_its_schedule_holds_its_last_rate() {
+    let dir = temp("extend");
+    let diloco = |cosine: bool| {
+        DiLoCoConfig::new()
+            .with_inner(
+                inner().with_schedule(
+                    gym_core::LrScheduleConfig::new()
+                        .with_warmup_steps(2)
+                        .with_cosine(cosine),
+                ),
+            )
+            .with_communicator(DiLoCoCommunicatorConfig::new().with_sync_interval(4))
+    };
+    let first = |cosine: bool, run: &str| {
+        fit(
+            config()
+                .with_max_steps(Some(12))
+                .with_log_dir(Some(dir.to_string_lossy().into_owned()))
+                .with_run_name(Some(run.into()))
+                .with_checkpoint_interval(Some(6)),
+            &diloco(cosine),
+        )
+        .unwrap()
+    };
+    let extend = |cosine: bool, run: &str, steps: usize| {
+        fit(
+            config().with_max_steps(Some(steps)).with_resume_from(Some(
+                checkpoint(&dir, run, 12).to_string_lossy().into_owned(),
+            )),
+            &diloco(cosine),
+        )
+    };
+    // A constant rate: 12 steps extended to 20 are the 20-step run, bit for bit.
+    first(false, "flat");
+    let extended = extend(false, "flat", STEPS).unwrap();
+    let straight = fit(config(), &diloco(false)).unwrap();
+    assert_eq!(extended.report.schedule_steps, Some(12));
+    assert_eq!(straight.report.schedule_steps, None);
+    assert_eq!(flat_params(&extended.model), flat_params(&straight.model));
+    let rows = |o: &FitOutput<Mlp>| o.report.train.iter().map(deterministic).collect::<Vec<_>>();
+    assert_eq!(rows(&extended), rows(&straight));
+    assert_eq!(extended.report.comm, straight.report.comm);
+    assert_eq!(extended.report.simulated, straight.report.simulated);
+    // Cosine over 12 steps: the rate of step 11 holds for steps 12-19, where Burn's cosine
+    // would climb back.
+    let before = first(true, "cosine");
+    let extended = extend(true, "cosine", STEPS).unwrap();
+    let lr = |o: &FitOutput<Mlp>, step: usize| o.report.train[step].lr;
+    assert!(lr(&before, 11) < lr(&before, 2));
+    for step in 0..12 {
+        assert_eq!(lr(&extended, step).to_bits(), lr(&before, step).to_bits());
+    }
+    for step in 12..STEPS {
+        assert_eq!(
+            lr(&extended, step).to_bits(),
+            lr(&before, 11).to_bits(),
+            "{step}"
+        );
+    }
+    // Its own checkpoints extend again; a shorter run is refused.
+    let err = extend(true, "cosine", 8)
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("not shortened") && err.contains("12 steps"),
+        "{err}"
+    );
     std::fs::remove_dir_all(&dir).ok();
 }

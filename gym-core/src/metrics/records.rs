@@ -157,6 +157,10 @@ pub struct RunReport {
     /// The step this call's training began at: 0, or where a resumed run continued.
     #[serde(default)]
     pub start_step: usize,
+    /// For a run extended past its first length (resumed with a larger `max_steps`), that
+    /// first length: the steps its schedules span, holding their last value after.
+    #[serde(default)]
+    pub schedule_steps: Option<usize>,
     /// Per-step records.
     pub train: Vec<TrainRecord>,
     /// Evaluations, the last over the whole validation set.

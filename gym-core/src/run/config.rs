@@ -226,6 +226,7 @@ impl TrainerConfig {
         Ok(RunPlan {
             num_nodes: self.num_nodes,
             max_steps,
+            schedule_steps: max_steps,
             minibatch,
             accumulation: self.batch_size / minibatch,
             autocast: self.autocast,

@@ -115,11 +115,18 @@ where
     let interrupted = loop {
         // Between two steps: stop here if interrupted, checkpoint if one is due.
         let stopping = step < plan.max_steps && shared.stop.stops_before(step);
+        let failed = shared.stop.failed();
         if let Some(writer) = shared.checkpoints
-            && (plan.checkpoints_before(step) || (stopping && step > plan.start_step))
+            && (plan.checkpoints_before(step) || (stopping && step > plan.start_step && !failed))
         {
             let node = snapshot(&mut replica, &*strategy, &loader, &comm, ledger)?;
-            writer.deposit(rank, step, node, || shared.recorder.snapshot(step))?;
+            match writer.deposit(rank, step, node, || shared.recorder.snapshot(step)) {
+                // A checkpoint that cannot be written stops every node at the next step
+                // boundary; the previous checkpoint stays, and the report holds the steps
+                // done. Spread over processes, the others could not agree: it fails.
+                Err(e) if !shared.spans_processes => shared.stop.fail(e),
+                other => other?,
+            }
         }
         if stopping || step == plan.max_steps {
             break stopping;
@@ -273,7 +280,13 @@ fn snapshot<M: TrainModel, I>(
     ledger: NodeLedger,
 ) -> Result<NodeCheckpoint> {
     let model = replica.model();
-    let model_values = ParamLayout::all_float(model)
+    let layout = ParamLayout::all_float(model);
+    let model_tensors = layout
+        .entries()
+        .iter()
+        .map(|e| (e.path.clone(), e.shape.clone()))
+        .collect();
+    let model_values = layout
         .flatten(model)
         .into_data()
         .try_into_vec::<f32>()
@@ -283,6 +296,7 @@ fn snapshot<M: TrainModel, I>(
         .map_err(|e| GymError::Checkpoint(format!("strategy state: {e}")))?;
     Ok(NodeCheckpoint {
         model: model_values,
+        model_tensors,
         param_ids: replica
             .layout()
             .entries()

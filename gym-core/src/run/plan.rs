@@ -12,6 +12,10 @@ pub(crate) struct RunPlan {
     pub num_nodes: usize,
     /// Optimizer steps.
     pub max_steps: usize,
+    /// The steps the schedules (learning rate, SPARTA's ramp) span: `max_steps`, or for a
+    /// run extended past its first length, that first length (they hold their last value
+    /// after it).
+    pub schedule_steps: usize,
     /// Examples per forward/backward pass.
     pub minibatch: usize,
     /// Passes accumulated per step (`batch_size / minibatch`).

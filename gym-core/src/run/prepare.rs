@@ -160,13 +160,22 @@ impl Trainer {
 
         let mut plan = cfg.plan(steps_per_epoch, replicas[0].flops_per_example())?;
         plan.final_evaluation = self.final_evaluation;
+        let mut extended_from = None;
+        if let Some(saved) = &resume {
+            extended_from = extension(&mut plan, &saved.identity, cfg.faults.is_some())?;
+        }
 
         // A resumed run: the same configuration, then every replica as it was saved, its
         // parameters under their saved ids (which key the optimizers' saved states).
         let identity = identity::<M>(cfg, &plan, strategy, &ParamLayout::trainable(&replicas[0]));
         let mut replicas = replicas;
         if let Some(saved) = &resume {
-            identity.check(&saved.identity)?;
+            // An extension agrees with the checkpoint on everything but the length.
+            let mut same_length = identity.clone();
+            if let Some(from) = extended_from {
+                same_length.trainer = with_length(&identity.trainer, from, plan.schedule_steps);
+            }
+            same_length.check(&saved.identity)?;
             if saved.nodes.len() != k {
                 return Err(GymError::Checkpoint(format!(
                     "it holds {} nodes where this run has {k}",
@@ -179,6 +188,14 @@ impl Trainer {
                 .map(|(model, &rank)| {
                     let node = &saved.nodes[rank];
                     let state = ParamLayout::all_float(&model);
+                    let here = state.entries().iter().map(|e| (&e.path, &e.shape));
+                    let saved = node.model_tensors.iter().map(|(p, s)| (p, s));
+                    if let Some((saved, here)) = saved.zip(here).find(|(a, b)| a != b) {
+                        return Err(GymError::Checkpoint(format!(
+                            "the checkpoint's model tensor `{}` {:?} is `{}` {:?} in this run",
+                            saved.0, saved.1, here.0, here.1
+                        )));
+                    }
                     if node.model.len() != state.num_elements() {
                         return Err(GymError::Checkpoint(format!(
                             "a node's model holds {} values where this run's has {}",
@@ -215,7 +232,7 @@ impl Trainer {
             let mut node_strategy = strategy.init(&NodeInfo {
                 rank,
                 world_size: k,
-                max_steps: plan.max_steps,
+                max_steps: plan.schedule_steps,
                 seed: cfg.seed,
                 device: &devices[rank],
                 layout: &layout,
@@ -277,6 +294,7 @@ impl Trainer {
             init_fingerprint,
             steps: plan.max_steps,
             start_step: plan.start_step,
+            schedule_steps: (plan.schedule_steps != plan.max_steps).then_some(plan.schedule_steps),
             setup_s: fit_start.elapsed().as_secs_f64(),
             fit_start,
         };
@@ -312,6 +330,7 @@ pub(super) struct RunFacts {
     init_fingerprint: u64,
     steps: usize,
     start_step: usize,
+    schedule_steps: Option<usize>,
     setup_s: f64,
     fit_start: Instant,
 }
@@ -338,6 +357,7 @@ impl RunFacts {
             num_nodes: ends.len(),
             steps: self.steps,
             start_step: self.start_step,
+            schedule_steps: self.schedule_steps,
             train: records.train,
             validation: records.validation,
             correlation: records.correlation,
@@ -382,6 +402,9 @@ fn identity<M: TrainModel>(
             fields.remove(volatile);
         }
         fields.insert("max_steps".into(), plan.max_steps.into());
+        if plan.schedule_steps != plan.max_steps {
+            fields.insert("schedule_steps".into(), plan.schedule_steps.into());
+        }
     }
     Identity {
         strategy: strategy.name(),
@@ -394,6 +417,53 @@ fn identity<M: TrainModel>(
             .collect(),
         trainer: trainer.to_string(),
     }
+}
+
+/// A resumed run longer than the checkpoint's run: an extension, whose schedules keep the
+/// length they were built for (`plan.schedule_steps`). Returns the checkpoint's length when
+/// this run extends it. A shorter run, or an extension under a fault schedule (its faults
+/// are drawn for the run's length), is refused.
+fn extension(plan: &mut RunPlan, saved: &Identity, faults: bool) -> Result<Option<usize>> {
+    let trainer: serde_json::Value = serde_json::from_str(&saved.trainer).unwrap_or_default();
+    let Some(saved_steps) = trainer["max_steps"].as_u64().map(|s| s as usize) else {
+        return Ok(None);
+    };
+    let saved_schedule = trainer["schedule_steps"]
+        .as_u64()
+        .map_or(saved_steps, |s| s as usize);
+    if plan.max_steps < saved_steps {
+        return Err(GymError::Checkpoint(format!(
+            "it was written by a run of {saved_steps} steps and this run has {}: a run can \
+             be extended (a larger `max_steps`), not shortened",
+            plan.max_steps
+        )));
+    }
+    plan.schedule_steps = saved_schedule;
+    if plan.max_steps == saved_steps {
+        return Ok(None);
+    }
+    if faults {
+        return Err(GymError::Checkpoint(format!(
+            "a run with a fault schedule cannot be extended from {saved_steps} to {} steps: \
+             its faults are drawn for its length",
+            plan.max_steps
+        )));
+    }
+    Ok(Some(saved_steps))
+}
+
+/// The trainer settings `json` of a run of `max_steps` whose schedules span
+/// `schedule_steps`, as [`identity`] writes them.
+fn with_length(json: &str, max_steps: usize, schedule_steps: usize) -> String {
+    let mut v: serde_json::Value = serde_json::from_str(json).unwrap_or_default();
+    if let Some(fields) = v.as_object_mut() {
+        fields.insert("max_steps".into(), max_steps.into());
+        fields.remove("schedule_steps");
+        if schedule_steps != max_steps {
+            fields.insert("schedule_steps".into(), schedule_steps.into());
+        }
+    }
+    v.to_string()
 }
 
 /// Refuses autocast to `precision` on a device without its arithmetic, or for a model

@@ -360,6 +360,13 @@ impl Trainer {
             stop.stopped_at(),
             checkpoint,
         );
+        if let Some(cause) = stop.take_failure() {
+            return Err(GymError::Stopped {
+                step: report.steps_done(),
+                source: Box::new(cause),
+                report: Box::new(report),
+            });
+        }
         Ok(FitOutput {
             model: model.fork(&devices[0]),
             master: master.map(|m| m.fork(&devices[0])),

@@ -121,6 +121,28 @@ impl StateDict {
 }
 
 impl StateDict {
+    /// The values, byte buffers and counters, by key: what a checkpoint file writes.
+    pub(crate) fn parts(&self) -> StateParts<'_> {
+        (&self.tensors, &self.bytes, &self.numbers)
+    }
+
+    /// A state from what [`parts`](Self::parts) gave.
+    pub(crate) fn from_parts(
+        tensors: BTreeMap<String, Vec<f32>>,
+        bytes: BTreeMap<String, Vec<u8>>,
+        numbers: BTreeMap<String, u64>,
+    ) -> Self {
+        StateDict {
+            tensors,
+            bytes: bytes
+                .into_iter()
+                .map(|(k, v)| (k, serde_bytes::ByteBuf::from(v)))
+                .collect(),
+            numbers,
+            prefix: String::new(),
+        }
+    }
+
     /// Whether anything is stored under `prefix/`.
     pub fn has_child(&self, prefix: &str) -> bool {
         let start = format!("{prefix}/");
@@ -163,6 +185,13 @@ impl StateDict {
         ))
     }
 }
+
+/// A state's values, byte buffers and counters, by key.
+pub(crate) type StateParts<'a> = (
+    &'a BTreeMap<String, Vec<f32>>,
+    &'a BTreeMap<String, serde_bytes::ByteBuf>,
+    &'a BTreeMap<String, u64>,
+);
 
 /// Burn writes an optimizer's record in the order of a `HashMap` of parameters, and the
 /// alignment padding between tensors follows that order: the same state would encode to

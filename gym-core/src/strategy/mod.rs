@@ -28,7 +28,9 @@ pub struct NodeInfo<'a> {
     pub rank: usize,
     /// Number of nodes.
     pub world_size: usize,
-    /// Steps the run will take.
+    /// Steps the run's schedules span (learning rate, ramps): the steps it will take, or
+    /// for a run extended past its first length (`--resume` with a larger `max_steps`),
+    /// that first length. A schedule holds its last value past it.
     pub max_steps: usize,
     /// The run seed (shared by every node).
     pub seed: u64,

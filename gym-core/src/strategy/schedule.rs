@@ -87,7 +87,7 @@ impl LrScheduleConfig {
         } else {
             LrSchedulerConfig::Constant(base_lr)
         };
-        Ok(LrSchedulerConfig::Sequential(match self.warmup_steps {
+        let schedule = LrSchedulerConfig::Sequential(match self.warmup_steps {
             0 => SequentialLrSchedulerConfig::new(vec![main], vec![]),
             // One warmup step runs at the full rate (η·1/1).
             1 => SequentialLrSchedulerConfig::new(
@@ -98,7 +98,19 @@ impl LrScheduleConfig {
                 let warmup = LinearLrSchedulerConfig::new(base_lr / w as f64, base_lr, w - 1);
                 SequentialLrSchedulerConfig::new(vec![warmup.into(), main], vec![w])
             }
-        }))
+        });
+        // Past its end (a run extended with `--resume --max-steps LARGER`) the schedule
+        // holds its last rate: Burn's cosine would rise again.
+        let mut probe = ModuleLrSchedulerConfig::new(schedule.clone())
+            .init()
+            .map_err(|why| GymError::InvalidConfig(format!("learning-rate schedule: {why}")))?;
+        let last = (0..total_steps.max(1)).fold(base_lr, |_, _| probe.step().base());
+        Ok(LrSchedulerConfig::Sequential(
+            SequentialLrSchedulerConfig::new(
+                vec![schedule, LrSchedulerConfig::Constant(last)],
+                vec![total_steps.max(1)],
+            ),
+        ))
     }
 
     /// Burn's scheduler for `base_lr` over `total_steps` steps.
@@ -245,7 +257,9 @@ struct FactorScheduler {
 
 impl LrScheduler for FactorScheduler {
     fn step(&mut self) -> f64 {
-        let lr = self.base_lr * self.schedule.factor(self.step, self.total_steps);
+        // Past the end (an extended run) the last factor holds.
+        let at = self.step.min(self.total_steps.saturating_sub(1));
+        let lr = self.base_lr * self.schedule.factor(at, self.total_steps);
         self.step += 1;
         lr
     }
@@ -301,7 +315,24 @@ mod tests {
                     "warmup {warmup} cosine {cosine} t {t}: {got} vs {want}"
                 );
             }
+            // An extended run: past the end the last rate holds (Burn's cosine would rise).
+            let last = reference(3e-4, warmup, total, cosine, total - 1);
+            for t in total..total + 3 * total {
+                let got = s.step().base();
+                assert!((got - last).abs() < 1e-12, "t {t}: {got} vs {last}");
+            }
         }
+        let mut halves = LrScheduleConfig::new()
+            .with_custom(Some(CustomSchedule::new("halves", |t, n| {
+                if t < n / 2 { 1.0 } else { 0.5 }
+            })))
+            .init(1.0, 10)
+            .unwrap();
+        let rates: Vec<f64> = (0..14).map(|_| halves.step().base()).collect();
+        assert_eq!(
+            rates[4..].to_vec(),
+            [1.0].into_iter().chain([0.5; 9]).collect::<Vec<_>>()
+        );
     }
 
     #[test]

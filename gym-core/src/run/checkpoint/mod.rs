@@ -10,11 +10,12 @@
 //!
 //! # File format
 //!
-//! `GYMCKPT1` (8 bytes), the payload's length (u64, little-endian), its CRC-32 (u32,
-//! little-endian), then the payload: a [`Checkpoint`] in MessagePack. A file that is
-//! truncated, padded or altered by one byte is refused with [`GymError::Checkpoint`] before
-//! anything is decoded, and nothing is allocated from a length the file claims: the whole
-//! file is read at its real size first.
+//! A [safetensors](https://huggingface.co/docs/safetensors) file: every node's parameters and
+//! state as typed tensors named `node{rank}/…`, the run's identity, step and seeds in its
+//! `__metadata__` ([`safetensors`] lists the names). A file that is truncated, padded or
+//! altered by one byte is refused with [`GymError::Checkpoint`] before anything is decoded
+//! (the metadata holds the data section's CRC-32), and nothing is allocated from a length
+//! the file claims: the whole file is read at its real size first.
 
 use crate::comm::{CommStats, SimulatedTime};
 use crate::error::{GymError, Result};
@@ -25,10 +26,14 @@ use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-const MAGIC: &[u8; 8] = b"GYMCKPT1";
-const HEADER: usize = 8 + 8 + 4;
+pub mod safetensors;
+mod writer;
 
 pub use super::identity::Identity;
+pub(crate) use writer::{CheckpointWriter, StopAgreement};
+
+/// The checkpoint files' extension.
+const EXTENSION: &str = ".safetensors";
 
 /// Fails unless `dir` can be created and written to: checked before the first step, so a
 /// run never trains to find at its first checkpoint that it cannot save one.
@@ -50,6 +55,8 @@ pub(crate) fn check_writable(dir: &Path) -> Result<()> {
 pub struct NodeCheckpoint {
     /// Every float tensor of the model (parameters and running statistics), flat.
     pub model: Vec<f32>,
+    /// The path and shape of each tensor in `model`, in order.
+    pub model_tensors: Vec<(String, Vec<usize>)>,
     /// The ids of the trainable parameters, which key the optimizers' states.
     pub param_ids: Vec<u64>,
     /// What the strategy saved.
@@ -102,12 +109,12 @@ pub struct Shard {
 impl Checkpoint {
     /// The file name of the whole checkpoint taken before `next_step`.
     pub fn file_name(next_step: usize) -> String {
-        format!("checkpoint-{next_step:09}.gym")
+        format!("checkpoint-{next_step:09}{EXTENSION}")
     }
 
     /// The file name of the shard of ranks `first..=last` taken before `next_step`.
     pub fn shard_file_name(next_step: usize, first: usize, last: usize) -> String {
-        format!("checkpoint-{next_step:09}.ranks-{first}-{last}.gym")
+        format!("checkpoint-{next_step:09}.ranks-{first}-{last}{EXTENSION}")
     }
 
     /// This checkpoint's file name.
@@ -127,23 +134,19 @@ impl Checkpoint {
     /// ranks: a process never deletes another's). Returns the file's path.
     pub fn save(&self, dir: &Path, keep: usize) -> Result<PathBuf> {
         std::fs::create_dir_all(dir).map_err(|e| GymError::io(dir, e))?;
-        let payload = rmp_serde::to_vec(self)
-            .map_err(|e| GymError::Checkpoint(format!("cannot encode: {e}")))?;
+        let bytes = safetensors::encode(self)?;
         let name = self.own_file_name();
         let path = dir.join(&name);
         let tmp = dir.join(format!(".{name}.tmp"));
-        {
-            let mut f = std::fs::File::create(&tmp).map_err(|e| GymError::io(&tmp, e))?;
-            let mut header = Vec::with_capacity(HEADER);
-            header.extend_from_slice(MAGIC);
-            header.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-            header.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
-            f.write_all(&header)
-                .and_then(|_| f.write_all(&payload))
-                .and_then(|_| f.sync_all())
-                .map_err(|e| GymError::io(&tmp, e))?;
+        // The previous checkpoint stays until this one is whole on disk: a crash or a full
+        // disk leaves a temporary file (removed here, or by the next save), never a torn one.
+        let written = std::fs::File::create(&tmp)
+            .and_then(|mut f| f.write_all(&bytes).and_then(|_| f.sync_all()))
+            .and_then(|_| std::fs::rename(&tmp, &path));
+        if let Err(e) = written {
+            std::fs::remove_file(&tmp).ok();
+            return Err(GymError::io(&path, e));
         }
-        std::fs::rename(&tmp, &path).map_err(|e| GymError::io(&path, e))?;
         if let Ok(d) = std::fs::File::open(dir) {
             let _ = d.sync_all();
         }
@@ -155,6 +158,22 @@ impl Checkpoint {
         while own.len() > keep.max(1) {
             let old = own.remove(0).path;
             std::fs::remove_file(&old).map_err(|e| GymError::io(&old, e))?;
+        }
+        // Temporary files of this kind and an earlier step, left by a process killed while
+        // writing (a later step's is overwritten when that step is saved).
+        for leftover in std::fs::read_dir(dir)
+            .map_err(|e| GymError::io(dir, e))?
+            .flatten()
+        {
+            let file = leftover.file_name();
+            let stale = file
+                .to_str()
+                .and_then(|n| n.strip_prefix('.')?.strip_suffix(".tmp"))
+                .and_then(FileName::parse)
+                .is_some_and(|(step, ranks)| Some(ranks) == kind && step < self.next_step);
+            if stale {
+                std::fs::remove_file(leftover.path()).ok();
+            }
         }
         Ok(path)
     }
@@ -201,29 +220,7 @@ impl Checkpoint {
 
     /// Decodes a checkpoint file's bytes; `file` names it in errors.
     pub fn decode(bytes: &[u8], file: &Path) -> Result<Checkpoint> {
-        let bad = |why: String| {
-            Err(GymError::Checkpoint(format!(
-                "{} is not a usable checkpoint: {why}",
-                file.display()
-            )))
-        };
-        if bytes.len() < HEADER || &bytes[..8] != MAGIC {
-            return bad("it does not start with a checkpoint header".into());
-        }
-        let len = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
-        let crc = u32::from_le_bytes(bytes[16..20].try_into().expect("4 bytes"));
-        let payload = &bytes[HEADER..];
-        if payload.len() as u64 != len {
-            return bad(format!(
-                "its header announces {len} bytes of payload and the file holds {} (truncated \
-                 or padded)",
-                payload.len()
-            ));
-        }
-        if crc32fast::hash(payload) != crc {
-            return bad("its checksum does not match (the file was altered)".into());
-        }
-        rmp_serde::from_slice(payload).or_else(|e| bad(format!("cannot decode: {e}")))
+        safetensors::decode(bytes, file)
     }
 }
 
@@ -238,7 +235,7 @@ struct FileName {
 
 impl FileName {
     fn parse(name: &str) -> Option<(usize, Option<(usize, usize)>)> {
-        let rest = name.strip_prefix("checkpoint-")?.strip_suffix(".gym")?;
+        let rest = name.strip_prefix("checkpoint-")?.strip_suffix(EXTENSION)?;
         let (step, ranks) = match rest.split_once(".ranks-") {
             None => (rest, None),
             Some((step, ranks)) => {
@@ -345,134 +342,6 @@ fn ranges(ranks: &[usize]) -> String {
     out.join(", ")
 }
 
-/// Collects the state of this process's nodes at a step boundary; the last node to arrive
-/// writes the file (the whole checkpoint, or this process's shard).
-pub(crate) struct CheckpointWriter {
-    pub dir: PathBuf,
-    pub keep: usize,
-    pub identity: Identity,
-    pub run_name: String,
-    /// The ranks this process runs, of `world_size`.
-    ranks: std::ops::Range<usize>,
-    world_size: usize,
-    slots: std::sync::Mutex<std::collections::BTreeMap<usize, Vec<Option<NodeCheckpoint>>>>,
-    written: std::sync::Mutex<Option<PathBuf>>,
-}
-
-impl CheckpointWriter {
-    pub fn new(
-        dir: PathBuf,
-        keep: usize,
-        identity: Identity,
-        run_name: String,
-        ranks: std::ops::Range<usize>,
-        world_size: usize,
-    ) -> Self {
-        CheckpointWriter {
-            dir,
-            keep,
-            identity,
-            run_name,
-            ranks,
-            world_size,
-            slots: Default::default(),
-            written: Default::default(),
-        }
-    }
-
-    /// Node `rank`'s state before `next_step`. Once all of this process's nodes have
-    /// deposited theirs, the checkpoint (with `records`, taken then) is written.
-    pub fn deposit(
-        &self,
-        rank: usize,
-        next_step: usize,
-        node: NodeCheckpoint,
-        records: impl FnOnce() -> crate::metrics::Records,
-    ) -> Result<()> {
-        let complete = {
-            let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-            let slot = slots
-                .entry(next_step)
-                .or_insert_with(|| vec![None; self.ranks.len()]);
-            slot[rank - self.ranks.start] = Some(node);
-            if slot.iter().all(Option::is_some) {
-                slots.remove(&next_step)
-            } else {
-                None
-            }
-        };
-        let Some(nodes) = complete else {
-            return Ok(());
-        };
-        let records = records();
-        let checkpoint = Checkpoint {
-            next_step,
-            identity: self.identity.clone(),
-            run_name: self.run_name.clone(),
-            nodes: nodes.into_iter().map(|n| n.expect("complete")).collect(),
-            train: records.train,
-            validation: records.validation,
-            correlation: records.correlation,
-            shard: (self.ranks.len() < self.world_size).then_some(Shard {
-                first_rank: self.ranks.start,
-                world_size: self.world_size,
-            }),
-        };
-        let path = checkpoint.save(&self.dir, self.keep)?;
-        *self.written.lock().unwrap_or_else(|p| p.into_inner()) = Some(path);
-        Ok(())
-    }
-
-    /// The last checkpoint written.
-    pub fn last_written(&self) -> Option<PathBuf> {
-        self.written
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-}
-
-/// When the nodes of an interrupted run stop: all at the same step boundary, the first one
-/// that no node has started when the interruption is seen.
-pub(crate) struct StopAgreement {
-    flag: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
-    state: std::sync::Mutex<(Option<usize>, Option<usize>)>,
-}
-
-impl StopAgreement {
-    pub fn new(flag: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>) -> Self {
-        StopAgreement {
-            flag,
-            state: std::sync::Mutex::new((None, None)),
-        }
-    }
-
-    /// Whether a node about to start `step` stops instead. Every node gets the same answer
-    /// for the same step: the stop step is fixed once, past every step any node started.
-    pub fn stops_before(&self, step: usize) -> bool {
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let (stop_at, furthest) = &mut *st;
-        if stop_at.is_none()
-            && self
-                .flag
-                .as_ref()
-                .is_some_and(|f| f.load(std::sync::atomic::Ordering::SeqCst))
-        {
-            *stop_at = Some(furthest.map_or(step, |f| (f + 1).max(step)));
-        }
-        if stop_at.is_some_and(|s| step >= s) {
-            return true;
-        }
-        *furthest = Some(furthest.map_or(step, |f| f.max(step)));
-        false
-    }
-
-    /// The step at which the nodes stopped, if they did.
-    pub fn stopped_at(&self) -> Option<usize> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).0
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -492,6 +361,7 @@ mod tests {
             run_name: "run".into(),
             nodes: vec![NodeCheckpoint {
                 model: vec![0.25; 6],
+                model_tensors: vec![("fc.weight".into(), vec![2, 3])],
                 param_ids: vec![7],
                 strategy,
                 loader: (1, 8, 99),
