@@ -17,7 +17,8 @@ use std::path::PathBuf;
 use std::str::FromStr;
 
 pub use crate::config_file::{
-    ConfigError, ConfigFile, parse, parse_command, parse_with, save_run_config, try_parse_from,
+    ConfigError, ConfigFile, parse, parse_command, parse_with, run_config_text, save_run_config,
+    try_parse_from,
 };
 
 /// A strategy of the registry, as `--strategy` names it.

@@ -12,12 +12,19 @@
 //! - `metrics.jsonl` (every record, tagged with its strategy and kind), `train.csv`,
 //!   `validation.csv`, `correlation.csv` and `summary.csv`;
 //! - `run_config.toml`, the resolved configuration (readable by `--config`), and
-//!   `runs/<strategy>/` with each run's own logs, summary and configuration.
+//!   `runs/<strategy>/` with each run's own logs, summary, configuration, `report.json` and,
+//!   after Ctrl-C, checkpoint.
+//!
+//! Ctrl-C stops the running strategy with a checkpoint, writes all of the above with the
+//! runs done so far (the stopped one marked `interrupted at step N` in the table and in
+//! `summary.csv`'s `status`), and prints the command that continues: the same with
+//! `--resume DIR` (see [`crate::series`]).
 
 use crate::cli::{self, CommonArgs, ConfigFile, StrategyName};
 pub use crate::plot::XAxis;
 use crate::plot::{Chart, Series};
 use crate::runner::{BoxError, Runner, TrainTask};
+use crate::series::{self, SeriesDir, Status, Stopped};
 use crate::summary::{RunSummary, human_bytes, percent, seconds};
 use crate::tasks::{self, TaskArgs};
 use clap::{CommandFactory, Parser};
@@ -26,6 +33,8 @@ use serde::Serialize;
 use std::ffi::OsString;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 /// Run several strategies on one task under identical conditions and write a table,
@@ -52,7 +61,8 @@ pub struct CompareArgs {
         default_value = "allreduce,diloco,sparta,fedavg,demo"
     )]
     pub strategies: Vec<CompareEntry>,
-    /// Output folder.
+    /// Output folder; each strategy's run goes in `runs/<label>/`, with its checkpoint after
+    /// Ctrl-C (see `--resume`).
     #[arg(long, default_value = "compare")]
     pub out_dir: PathBuf,
 }
@@ -121,6 +131,10 @@ pub struct Outcome {
     pub report: RunReport,
     /// Its summary (also in `runs/<strategy>/summary.json`).
     pub summary: RunSummary,
+    /// Whether it finished or Ctrl-C stopped it.
+    pub status: Status,
+    /// Whether an earlier call ran it (`--resume`; read back, not trained).
+    pub skipped: bool,
 }
 
 /// What a comparison produced.
@@ -132,6 +146,8 @@ pub struct Comparison {
     pub files: Vec<PathBuf>,
     /// Whether every run started from the same parameters and read the same samples.
     pub identical_conditions: bool,
+    /// Where Ctrl-C stopped the comparison (the runs after it did not start).
+    pub stopped: Option<Stopped>,
 }
 
 /// One strategy of a comparison: its value, and the flags it runs with.
@@ -141,11 +157,22 @@ struct Planned {
     strategy: Box<dyn StrategyConfig>,
 }
 
-/// Parses `argv` (program name first, `--config` honoured) and runs the comparison.
+/// Parses `argv` (program name first, `--config` honoured) and runs the comparison,
+/// without a Ctrl-C flag ([`run_with`] for one).
 pub fn run(argv: &[OsString]) -> Result<Comparison, BoxError> {
+    run_with(argv, None)
+}
+
+/// [`run`], stopping at a step boundary when `interrupt` turns true (Ctrl-C): the running
+/// strategy writes its checkpoint, no further one starts, and the outputs hold the runs
+/// done so far ([`Comparison::stopped`]).
+pub fn run_with(
+    argv: &[OsString],
+    interrupt: Option<Arc<AtomicBool>>,
+) -> Result<Comparison, BoxError> {
     let process_start = Instant::now();
-    let command = tasks::with_small_gpt(CompareArgs::command());
-    let (args, file): (CompareArgs, ConfigFile) = cli::try_parse_from(&command, argv)?;
+    let command = series::resumable(tasks::with_small_gpt(CompareArgs::command()));
+    let (mut args, file): (CompareArgs, ConfigFile) = cli::try_parse_from(&command, argv)?;
     if args.strategies.is_empty() {
         return Err("--strategies names no strategy".into());
     }
@@ -154,23 +181,17 @@ pub fn run(argv: &[OsString]) -> Result<Comparison, BoxError> {
     if seen.windows(2).any(|w| w[0] == w[1]) {
         return Err("--strategies names a strategy twice (label variants `LABEL=STRATEGY`)".into());
     }
+    let series = SeriesDir::open(&mut args.out_dir, &args.common)?;
     // Every strategy as a value, with its overrides and the fixed places of its logs,
     // before anything is loaded or trained.
-    let runs_dir = args.out_dir.join("runs");
     let plan = args
         .strategies
         .iter()
         .map(|entry| {
             let (label, name) = (entry.label.as_str(), entry.strategy);
             let mut extra = file.overrides_for(label).to_vec();
-            extra.extend([
-                "--strategy".into(),
-                name.as_str().into(),
-                "--run-name".into(),
-                label.into(),
-                "--log-dir".into(),
-                runs_dir.to_string_lossy().into_owned(),
-            ]);
+            extra.extend(["--strategy".into(), name.as_str().into()]);
+            extra.extend(series.run_flags(label, &args.common));
             let mut args: CompareArgs = cli::parse_with(&command, argv, &file, &extra)?;
             args.common.retain_strategy_flags();
             // Every run's flags are checked (faults against the nodes, say) before the first
@@ -190,22 +211,41 @@ pub fn run(argv: &[OsString]) -> Result<Comparison, BoxError> {
         })
         .collect::<Result<Vec<_>, BoxError>>()?;
 
-    let runner = Runner::new(process_start);
+    series.start(plan.iter().map(|p| &p.args.common))?;
+    let runner = match interrupt {
+        Some(flag) => Runner::new(process_start).with_interrupt(flag),
+        None => Runner::new(process_start),
+    };
     let task = args.task.build(args.common.data_dir.as_deref())?;
     let mut outcomes = Vec::new();
-    for run in plan {
-        eprintln!("── {} ──", run.entry.label);
+    let mut stopped = None;
+    for mut run in plan {
         let config = serde_json::to_value(&run.args)?;
-        let result = task.train(&runner, &run.args.common, run.strategy.as_ref(), &config)?;
+        let strategy = run.strategy.as_ref();
+        let done = series.run(
+            &runner,
+            task.as_ref(),
+            &mut run.args.common,
+            strategy,
+            &config,
+        )?;
+        stopped = series.stopped(&run.entry.label, &done);
         outcomes.push(Outcome {
             label: run.entry.label,
             strategy: run.entry.strategy,
             args: run.args,
-            report: result.report,
-            summary: result.summary,
+            status: done.status(),
+            skipped: done.skipped,
+            report: done.report,
+            summary: done.summary,
         });
+        if stopped.is_some() {
+            break;
+        }
     }
-    write_outputs(&args, task.as_ref(), outcomes, runner.is_rank_zero())
+    let mut comparison = write_outputs(&args, task.as_ref(), outcomes, runner.is_rank_zero())?;
+    comparison.stopped = stopped;
+    Ok(comparison)
 }
 
 /// Writes the table, plots and metrics of `outcomes` into `args.out_dir`, and prints the
@@ -217,9 +257,11 @@ fn write_outputs(
     writes: bool,
 ) -> Result<Comparison, BoxError> {
     let first = &outcomes[0].report;
+    // An interrupted run (the last) drew a prefix of the samples: its data fingerprint
+    // differs until it finishes.
     let identical_conditions = outcomes.iter().all(|o| {
         o.report.init_fingerprint == first.init_fingerprint
-            && o.report.data_fingerprint == first.data_fingerprint
+            && (o.status != Status::Finished || o.report.data_fingerprint == first.data_fingerprint)
     });
     let mut files = Vec::new();
     if !writes {
@@ -227,6 +269,7 @@ fn write_outputs(
             outcomes,
             files,
             identical_conditions,
+            stopped: None,
         });
     }
     let dir = &args.out_dir;
@@ -332,6 +375,7 @@ fn write_outputs(
         outcomes,
         files,
         identical_conditions,
+        stopped: None,
     })
 }
 
@@ -391,9 +435,14 @@ pub fn results_table(
             Some(_) => "∞".into(),
             None => "-".into(),
         };
+        // An interrupted run's figures are those of the steps it took.
+        let status = match o.status {
+            Status::Finished => String::new(),
+            interrupted => format!(" ({interrupted})"),
+        };
         let _ = write!(
             t,
-            "| **{}** | {} | {} | {} | {} | {:.2} | {:.6} | {} | {} | {} | {} |",
+            "| **{}**{status} | {} | {} | {} | {} | {:.2} | {:.6} | {} | {} | {} | {} |",
             o.label,
             opt(s.final_train_loss),
             opt(s.final_val_loss),
@@ -444,6 +493,13 @@ pub fn results_table(
             None => String::new(),
         }
     );
+    if outcomes.iter().any(|o| o.status != Status::Finished) {
+        let _ = writeln!(
+            t,
+            "\nInterrupted (Ctrl-C): a run's figures are those of the steps it took, and the strategies after it did not run; `--resume {}` continues.",
+            args.out_dir.display()
+        );
+    }
     t
 }
 
@@ -460,7 +516,7 @@ fn write_metrics(dir: &Path, outcomes: &[Outcome]) -> Result<Vec<PathBuf>, BoxEr
     let mut val = format!("strategy,bytes_sent,{}\n", ValRecord::CSV_HEADER);
     let mut corr = format!("strategy,{}\n", CorrelationRecord::CSV_HEADER);
     let mut summary = String::from(
-        "strategy,final_train_loss,final_val_loss,val_accuracy,fit_time_s,loop_its_per_s,bytes_sent_per_node,bytes_received_per_node,simulated_time_s,compute_utilisation,time_to_target_s,goodput,node_steps_lost\n",
+        "strategy,final_train_loss,final_val_loss,val_accuracy,fit_time_s,loop_its_per_s,bytes_sent_per_node,bytes_received_per_node,simulated_time_s,compute_utilisation,time_to_target_s,goodput,node_steps_lost,status\n",
     );
     let opt = |x: Option<f64>| x.map_or(String::new(), |v| v.to_string());
     for o in outcomes {
@@ -494,7 +550,7 @@ fn write_metrics(dir: &Path, outcomes: &[Outcome]) -> Result<Vec<PathBuf>, BoxEr
         line("summary", serde_json::to_value(s)?);
         let _ = writeln!(
             summary,
-            "{name},{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{name},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             opt(s.final_train_loss),
             opt(s.final_val_loss),
             opt(s.val_accuracy),
@@ -506,7 +562,8 @@ fn write_metrics(dir: &Path, outcomes: &[Outcome]) -> Result<Vec<PathBuf>, BoxEr
             opt(s.compute_utilisation),
             opt(s.time_to_target_s),
             opt(s.goodput),
-            s.node_steps_lost
+            s.node_steps_lost,
+            o.status,
         );
     }
     let mut files = vec![

@@ -289,16 +289,22 @@ fn config_path(argv: &[OsString]) -> Option<PathBuf> {
 /// Writes `args` as `run_config.toml` into `dir`: the resolved configuration of a run,
 /// which `--config` reads back.
 pub fn save_run_config<A: Serialize>(args: &A, dir: &Path) -> std::io::Result<PathBuf> {
+    let text = run_config_text(args)?;
+    std::fs::create_dir_all(dir)?;
+    let path = dir.join("run_config.toml");
+    std::fs::write(&path, text)?;
+    Ok(path)
+}
+
+/// The text [`save_run_config`] writes for `args` (to tell whether a saved run had the
+/// same flags).
+pub fn run_config_text<A: Serialize>(args: &A) -> std::io::Result<String> {
     // Through JSON, to drop unset options (TOML has no null).
     let mut value = serde_json::to_value(args).map_err(std::io::Error::other)?;
     if let serde_json::Value::Object(map) = &mut value {
         map.retain(|_, v| !v.is_null());
     }
-    let text = toml::to_string(&value).map_err(std::io::Error::other)?;
-    std::fs::create_dir_all(dir)?;
-    let path = dir.join("run_config.toml");
-    std::fs::write(&path, text)?;
-    Ok(path)
+    toml::to_string(&value).map_err(std::io::Error::other)
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! Shared pieces of the example binaries: one flag vocabulary ([`cli`]), the tasks they
 //! train ([`tasks`]), one runner that fits a task and reports it ([`runner`], [`summary`]),
 //! backend selection, the comparison of strategies ([`compare`], [`plot`]) and grids of runs
-//! on a simulated cluster ([`sweep`]).
+//! on a simulated cluster ([`sweep`]), both stopped by Ctrl-C and continued by `--resume`
+//! ([`series`]).
 
 #![warn(missing_docs)]
 
@@ -12,6 +13,7 @@ pub mod compare;
 pub mod config_file;
 pub mod plot;
 pub mod runner;
+pub mod series;
 pub mod summary;
 pub mod sweep;
 pub mod tasks;

@@ -334,7 +334,7 @@ fn describe_probe(choice: &MinibatchChoice, nodes: usize) -> String {
 /// the strategy `common` names, and returns the exit status (printing the error, if any).
 /// `cli` is every flag of the binary, saved as the run's `run_config.toml`.
 ///
-/// Ctrl-C (SIGINT) stops the run at the next step boundary of every node, writes a
+/// Ctrl-C (SIGINT, or SIGTERM) stops the run at the next step boundary of every node, writes a
 /// checkpoint, the logs and `summary.json` (with `interrupted_at_step`), prints the command
 /// that resumes it, and exits with status 130; a second Ctrl-C exits at once. Flags the
 /// strategy does not take (a quorum without DiLoCo) exit with status 2, as clap's errors.
@@ -347,17 +347,7 @@ pub fn train_main<A: serde::Serialize>(
     // A flag the strategy does not take is a bad command line, refused before any data
     // is loaded.
     cli::exit_on_strategy_flag_error(common);
-    let interrupt = Arc::new(AtomicBool::new(false));
-    // Registered in this order, a second SIGINT finds the flag set and exits at once.
-    let handled = signal_hook::flag::register_conditional_shutdown(
-        signal_hook::consts::SIGINT,
-        130,
-        interrupt.clone(),
-    )
-    .and_then(|_| signal_hook::flag::register(signal_hook::consts::SIGINT, interrupt.clone()));
-    if let Err(e) = handled {
-        eprintln!("warning: Ctrl-C will end the run without a checkpoint ({e})");
-    }
+    let interrupt = ctrl_c_flag();
     let run = || -> Result<RunResult, BoxError> {
         let runner = Runner::new(process_start).with_interrupt(interrupt.clone());
         let task = task()?;
@@ -387,6 +377,22 @@ pub fn train_main<A: serde::Serialize>(
         },
         Err(e) => exit_code(Err(e)),
     }
+}
+
+/// A flag that Ctrl-C (SIGINT) or SIGTERM sets, for [`Runner::with_interrupt`]: the run
+/// stops at the next step boundary with a checkpoint. A second signal, finding the flag
+/// set, exits at once with status 130.
+pub fn ctrl_c_flag() -> Arc<AtomicBool> {
+    let flag = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        // Registered in this order, a second signal finds the flag set and exits.
+        let handled = signal_hook::flag::register_conditional_shutdown(signal, 130, flag.clone())
+            .and_then(|_| signal_hook::flag::register(signal, flag.clone()));
+        if let Err(e) = handled {
+            eprintln!("warning: signal {signal} will end the run without a checkpoint ({e})");
+        }
+    }
+    flag
 }
 
 /// The command line `argv` with `--resume checkpoint` in place of any `--resume` it had,

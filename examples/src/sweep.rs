@@ -15,10 +15,16 @@
 //!
 //! With `--global-batch B`, each node trains on `B / K` examples per step, so every cell sees
 //! the same examples per step and in total (equal total tokens).
+//!
+//! Ctrl-C stops the running cell with a checkpoint (in `runs/<cell>/`), writes the table,
+//! CSV and plots of the cells done so far (the stopped one marked `interrupted at step N`,
+//! and in `results.csv`'s `status`), and prints the command that continues: the same with
+//! `--resume DIR` (see [`crate::series`]).
 
 use crate::cli::{self, CollectiveKind, CommonArgs, StrategyName};
 use crate::plot::{Chart, Series};
 use crate::runner::{BoxError, Runner};
+use crate::series::{self, SeriesDir, Status, Stopped};
 use crate::summary::{RunSummary, percent, seconds};
 use crate::tasks::{self, TaskArgs};
 use clap::{CommandFactory, Parser};
@@ -28,6 +34,8 @@ use serde::Serialize;
 use std::ffi::OsString;
 use std::fmt::Write as _;
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 /// Run a grid of strategies × node counts × synchronisation intervals × networks on one
@@ -69,7 +77,8 @@ pub struct SweepArgs {
     /// tokens across node counts). Default: --batch-size per node.
     #[arg(long)]
     pub global_batch: Option<usize>,
-    /// Output folder.
+    /// Output folder; each cell's run goes in `runs/<cell>/`, with its checkpoint after
+    /// Ctrl-C (see `--resume`).
     #[arg(long, default_value = "sweep")]
     pub out_dir: PathBuf,
 }
@@ -89,6 +98,10 @@ pub struct Cell {
     pub report: RunReport,
     /// Its summary.
     pub summary: RunSummary,
+    /// Whether it finished or Ctrl-C stopped it.
+    pub status: Status,
+    /// Whether an earlier call ran it (`--resume`; read back, not trained).
+    pub skipped: bool,
 }
 
 impl Cell {
@@ -125,13 +138,23 @@ pub struct Sweep {
     pub cells: Vec<Cell>,
     /// The files written.
     pub files: Vec<PathBuf>,
+    /// Where Ctrl-C stopped the sweep (the cells after it did not start).
+    pub stopped: Option<Stopped>,
 }
 
-/// Parses `argv` (program name first, `--config` honoured) and runs the sweep.
+/// Parses `argv` (program name first, `--config` honoured) and runs the sweep, without a
+/// Ctrl-C flag ([`run_with`] for one).
 pub fn run(argv: &[OsString]) -> Result<Sweep, BoxError> {
+    run_with(argv, None)
+}
+
+/// [`run`], stopping at a step boundary when `interrupt` turns true (Ctrl-C): the running
+/// cell writes its checkpoint, no further one starts, and the outputs hold the cells done
+/// so far ([`Sweep::stopped`]).
+pub fn run_with(argv: &[OsString], interrupt: Option<Arc<AtomicBool>>) -> Result<Sweep, BoxError> {
     let process_start = Instant::now();
-    let command = tasks::with_small_gpt(SweepArgs::command());
-    let (args, file) = cli::try_parse_from::<SweepArgs>(&command, argv)?;
+    let command = series::resumable(tasks::with_small_gpt(SweepArgs::command()));
+    let (mut args, file) = cli::try_parse_from::<SweepArgs>(&command, argv)?;
     if args.strategies.is_empty() || args.nodes.is_empty() || args.networks.is_empty() {
         return Err("--strategies, --nodes and --networks each need a value".into());
     }
@@ -151,8 +174,8 @@ pub fn run(argv: &[OsString]) -> Result<Sweep, BoxError> {
     {
         return Err(format!("--global-batch {b} does not split over {k} nodes").into());
     }
+    let series = SeriesDir::open(&mut args.out_dir, &args.common)?;
     // Every cell's flags, checked before anything is trained.
-    let runs_dir = args.out_dir.join("runs");
     let mut plan = Vec::new();
     for &strategy in &args.strategies {
         // The axis, or the one interval the shared flags give (`-H`, else the default).
@@ -186,12 +209,11 @@ pub fn run(argv: &[OsString]) -> Result<Sweep, BoxError> {
                             ["--strategy", strategy.as_str()],
                             ["--num-nodes", &k.to_string()],
                             ["--network", network],
-                            ["--run-name", &name],
-                            ["--log-dir", &runs_dir.to_string_lossy()],
                         ]
                         .iter()
                         .flat_map(|pair| pair.iter().map(|w| w.to_string())),
                     );
+                    extra.extend(series.run_flags(&name, &args.common));
                     if let (true, Some(h)) = (from_axis, h) {
                         extra.extend(["-H".into(), h.to_string()]);
                     }
@@ -210,30 +232,43 @@ pub fn run(argv: &[OsString]) -> Result<Sweep, BoxError> {
         }
     }
 
-    let runner = Runner::new(process_start);
+    series.start(plan.iter().map(|(.., cell_args)| &cell_args.common))?;
+    let runner = match interrupt {
+        Some(flag) => Runner::new(process_start).with_interrupt(flag),
+        None => Runner::new(process_start),
+    };
     let task = args.task.build(args.common.data_dir.as_deref())?;
     let mut cells = Vec::new();
-    for (strategy, h, network, k, cell_args) in plan {
-        eprintln!("── {} ──", cell_name(strategy, h, k, &network));
+    let mut stopped = None;
+    for (strategy, h, network, k, mut cell_args) in plan {
         let config = serde_json::to_value(&cell_args)?;
         let strategy_config = cell_args.common.strategy_config()?;
-        let result = task.train(
+        let done = series.run(
             &runner,
-            &cell_args.common,
+            task.as_ref(),
+            &mut cell_args.common,
             strategy_config.as_ref(),
             &config,
         )?;
+        stopped = series.stopped(&cell_name(strategy, h, k, &network), &done);
         cells.push(Cell {
             strategy,
             nodes: k,
             sync_interval: h,
             network,
-            report: result.report,
-            summary: result.summary,
+            status: done.status(),
+            skipped: done.skipped,
+            report: done.report,
+            summary: done.summary,
         });
+        if stopped.is_some() {
+            break;
+        }
     }
     let label = format!("{}, {}", task.dataset(), task.model_name());
-    write_outputs(&args, &label, cells)
+    let mut sweep = write_outputs(&args, &label, cells)?;
+    sweep.stopped = stopped;
+    Ok(sweep)
 }
 
 /// Writes the table, the CSV and the plots of `cells` into `args.out_dir`.
@@ -264,14 +299,19 @@ fn write_outputs(args: &SweepArgs, label: &str, cells: Vec<Cell>) -> Result<Swee
         if target.is_some() { " ---: |" } else { "" }
     );
     let mut csv = String::from(
-        "strategy,sync_interval,nodes,network,final_val_loss,simulated_time_s,compute_utilisation,bytes_sent_per_node,time_to_target_s,goodput,node_steps_lost\n",
+        "strategy,sync_interval,nodes,network,final_val_loss,simulated_time_s,compute_utilisation,bytes_sent_per_node,time_to_target_s,goodput,node_steps_lost,status\n",
     );
     let opt = |x: Option<f64>| x.map_or(String::new(), |v| v.to_string());
     for c in &cells {
         let s = &c.summary;
+        // An interrupted cell's figures are those of the steps it took.
+        let status = match c.status {
+            Status::Finished => String::new(),
+            interrupted => format!(" ({interrupted})"),
+        };
         let _ = write!(
             table,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {}{status} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             c.strategy.as_str(),
             c.sync_interval.map_or("-".into(), |h| h.to_string()),
             c.nodes,
@@ -293,7 +333,7 @@ fn write_outputs(args: &SweepArgs, label: &str, cells: Vec<Cell>) -> Result<Swee
         table.push('\n');
         let _ = writeln!(
             csv,
-            "{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{}",
             c.strategy.as_str(),
             c.sync_interval.map_or(String::new(), |h| h.to_string()),
             c.nodes,
@@ -304,7 +344,15 @@ fn write_outputs(args: &SweepArgs, label: &str, cells: Vec<Cell>) -> Result<Swee
             s.bytes_sent_per_node,
             opt(s.time_to_target_s),
             opt(s.goodput),
-            s.node_steps_lost
+            s.node_steps_lost,
+            c.status,
+        );
+    }
+    if cells.iter().any(|c| c.status != Status::Finished) {
+        let _ = writeln!(
+            table,
+            "\nInterrupted (Ctrl-C): a cell's figures are those of the steps it took, and the cells after it did not run; `--resume {}` continues.",
+            dir.display()
         );
     }
     for (name, text) in [("results.md", &table), ("results.csv", &csv)] {
@@ -429,5 +477,9 @@ fn write_outputs(args: &SweepArgs, label: &str, cells: Vec<Cell>) -> Result<Swee
         files.push(path);
     }
     println!("{table}");
-    Ok(Sweep { cells, files })
+    Ok(Sweep {
+        cells,
+        files,
+        stopped: None,
+    })
 }

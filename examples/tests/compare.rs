@@ -6,6 +6,9 @@ use examples::compare;
 use gym_strategies::registry::{OptimizerArgs, QuorumArgs};
 use std::ffi::OsString;
 use std::path::PathBuf;
+use std::process::Command;
+
+mod series;
 
 fn mnist_dir() -> PathBuf {
     tests::shared_data("mnist")
@@ -441,4 +444,144 @@ fn the_command_line_replaces_lists_and_unread_values_of_the_file() {
     // last synchronisation was dropped), where a run without faults loses nothing.
     assert!(result.outcomes[0].report.node_steps_lost() >= 1);
     std::fs::remove_dir_all(&out).ok();
+}
+
+/// Ctrl-C during the second of three strategies: status 130, the outputs hold the first run
+/// finished and the second marked interrupted (with its checkpoint), and the third did not
+/// start. The printed `--resume` command skips the first (its logs untouched), continues
+/// the second from its checkpoint and runs the third: every figure that does not measure
+/// wall time equals, bit for bit, that of the comparison left alone.
+#[test]
+fn ctrl_c_stops_a_comparison_and_resume_ends_it_as_the_comparison_left_alone() {
+    let root = series::temp_dir("compare");
+    let data = mnist_dir();
+    let flags = |out: &str| -> Vec<String> {
+        [
+            "--strategies",
+            "allreduce,diloco,fedavg",
+            "--num-nodes",
+            "2",
+            "--batch-size",
+            "16",
+            "--max-steps",
+            "300",
+            "-H",
+            "10",
+            "--val-size",
+            "64",
+            "--val-interval",
+            "100",
+            "--no-progress",
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--out-dir",
+            root.join(out).to_str().unwrap(),
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let bin = env!("CARGO_BIN_EXE_compare");
+    let stopped_dir = root.join("stopped");
+    let runs = stopped_dir.join("runs");
+    let stopped = series::interrupted(bin, &flags("stopped"), &runs.join("diloco/train.csv"), 5);
+    assert_eq!(
+        stopped.status.code(),
+        Some(130),
+        "{}",
+        series::stderr(&stopped)
+    );
+    // The stopped run drew fewer samples, and is no sign of unequal conditions.
+    assert!(!series::stderr(&stopped).contains("did not start from the same"));
+
+    let rows = series::csv_rows(&stopped_dir.join("summary.csv"));
+    let statuses: Vec<(&str, &str)> = rows
+        .iter()
+        .map(|r| (r["strategy"].as_str(), r["status"].as_str()))
+        .collect();
+    assert_eq!(statuses.len(), 2, "fedavg did not start: {statuses:?}");
+    assert_eq!(statuses[0], ("allreduce", "finished"));
+    let at: usize = statuses[1]
+        .1
+        .strip_prefix("interrupted at step ")
+        .unwrap_or_else(|| panic!("{statuses:?}"))
+        .parse()
+        .unwrap();
+    assert!((5..300).contains(&at), "{at}");
+    assert_eq!(statuses[1].0, "diloco");
+    let table = std::fs::read_to_string(stopped_dir.join("results.md")).unwrap();
+    assert!(
+        table.contains(&format!("| **diloco** (interrupted at step {at}) |")),
+        "{table}"
+    );
+    assert!(!table.contains("fedavg"), "{table}");
+    let diloco: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(runs.join("diloco/summary.json")).unwrap())
+            .unwrap();
+    assert_eq!(diloco["interrupted_at_step"], at);
+    assert_eq!(series::checkpoints(&runs.join("diloco")).len(), 1);
+    assert!(!runs.join("fedavg").exists());
+
+    let first_log = runs.join("allreduce/train.csv");
+    let (log_before, mtime_before) = (
+        std::fs::read_to_string(&first_log).unwrap(),
+        std::fs::metadata(&first_log).unwrap().modified().unwrap(),
+    );
+    let resumed = series::resume(&stopped);
+    let said = series::stderr(&resumed);
+    assert!(resumed.status.success(), "{said}");
+    assert!(
+        said.contains("allreduce: finished in an earlier call, skipped"),
+        "{said}"
+    );
+    assert!(said.contains("diloco: resumed from"), "{said}");
+    assert_eq!(std::fs::read_to_string(&first_log).unwrap(), log_before);
+    assert_eq!(
+        std::fs::metadata(&first_log).unwrap().modified().unwrap(),
+        mtime_before,
+        "the first run was not rerun"
+    );
+
+    let alone = Command::new(bin).args(flags("alone")).output().unwrap();
+    assert!(alone.status.success(), "{}", series::stderr(&alone));
+    let summary = |dir: &str| series::csv_rows(&root.join(dir).join("summary.csv"));
+    let (resumed_rows, alone_rows) = (summary("stopped"), summary("alone"));
+    assert_eq!(resumed_rows.len(), 3);
+    for (a, b) in resumed_rows.iter().zip(&alone_rows) {
+        for key in [
+            "strategy",
+            "final_train_loss",
+            "final_val_loss",
+            "val_accuracy",
+            "bytes_sent_per_node",
+            "status",
+        ] {
+            assert_eq!(a[key], b[key], "{}: {key}", a["strategy"]);
+        }
+        assert_eq!(a["status"], "finished");
+    }
+    // The continued run's every step, and its evaluations, as the run left alone.
+    for column in ["step", "train_loss", "lr", "bytes_sent"] {
+        assert_eq!(
+            series::train_column(&runs.join("diloco"), column),
+            series::train_column(&root.join("alone/runs/diloco"), column),
+            "{column}"
+        );
+    }
+    std::fs::remove_dir_all(&root).ok();
+}
+
+/// `--resume` where no comparison ran is refused, naming the folder, before any data loads.
+#[test]
+fn resume_without_an_earlier_comparison_names_the_folder() {
+    let missing = series::temp_dir("compare-nothing");
+    let e = compare::run(&argv(&["--resume", missing.to_str().unwrap()]))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(&format!(
+            "--resume {}: nothing to resume",
+            missing.display()
+        )),
+        "{e}"
+    );
 }

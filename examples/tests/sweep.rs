@@ -3,6 +3,9 @@
 
 use examples::cli::StrategyName;
 use std::ffi::OsString;
+use std::process::Command;
+
+mod series;
 
 #[test]
 fn a_sweep_times_every_cell_of_its_grid() {
@@ -174,4 +177,94 @@ warmup_steps = 4
     let plot = std::fs::read_to_string(out.join("val_loss.svg")).unwrap();
     assert!(plot.contains("examples seen (all nodes)"));
     std::fs::remove_dir_all(&out).ok();
+}
+
+/// Ctrl-C during the second cell: status 130, `results.csv` holds the first cell finished and
+/// the second interrupted; the printed `--resume` command skips the first and continues the
+/// second from its checkpoint, and the table then equals the sweep left alone's, simulated
+/// clocks included (the same code as `compare`'s, in `examples::series`).
+#[test]
+fn ctrl_c_stops_a_sweep_and_resume_ends_it_as_the_sweep_left_alone() {
+    let root = series::temp_dir("sweep");
+    let data = tests::shared_data("mnist");
+    let flags = |out: &str| -> Vec<String> {
+        [
+            "--strategies",
+            "allreduce,diloco",
+            "--nodes",
+            "2",
+            "--sync-intervals",
+            "10",
+            "--networks",
+            "datacenter",
+            "--global-batch",
+            "32",
+            "--max-steps",
+            "300",
+            "--val-interval",
+            "100",
+            "--val-size",
+            "64",
+            "--no-progress",
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--out-dir",
+            root.join(out).to_str().unwrap(),
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let bin = env!("CARGO_BIN_EXE_sweep");
+    let (first, second) = ("allreduce-k2-datacenter", "diloco-H10-k2-datacenter");
+    let runs = root.join("stopped/runs");
+    let stopped = series::interrupted(
+        bin,
+        &flags("stopped"),
+        &runs.join(second).join("train.csv"),
+        5,
+    );
+    assert_eq!(
+        stopped.status.code(),
+        Some(130),
+        "{}",
+        series::stderr(&stopped)
+    );
+    let rows = series::csv_rows(&root.join("stopped/results.csv"));
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[0]["status"], "finished");
+    assert!(
+        rows[1]["status"].starts_with("interrupted at step "),
+        "{rows:?}"
+    );
+    assert_eq!(series::checkpoints(&runs.join(second)).len(), 1);
+    let table = std::fs::read_to_string(root.join("stopped/results.md")).unwrap();
+    assert!(table.contains("| diloco (interrupted at step "), "{table}");
+
+    let first_log = std::fs::read_to_string(runs.join(first).join("train.csv")).unwrap();
+    let resumed = series::resume(&stopped);
+    let said = series::stderr(&resumed);
+    assert!(resumed.status.success(), "{said}");
+    assert!(
+        said.contains(&format!("{first}: finished in an earlier call, skipped")),
+        "{said}"
+    );
+    assert!(said.contains(&format!("{second}: resumed from")), "{said}");
+    assert_eq!(
+        std::fs::read_to_string(runs.join(first).join("train.csv")).unwrap(),
+        first_log
+    );
+
+    let alone = Command::new(bin).args(flags("alone")).output().unwrap();
+    assert!(alone.status.success(), "{}", series::stderr(&alone));
+    let resumed_rows = series::csv_rows(&root.join("stopped/results.csv"));
+    assert_eq!(
+        resumed_rows,
+        series::csv_rows(&root.join("alone/results.csv"))
+    );
+    assert!(resumed_rows.iter().all(|r| r["status"] == "finished"));
+    assert_eq!(
+        series::train_column(&runs.join(second), "sim_time_s"),
+        series::train_column(&root.join("alone/runs").join(second), "sim_time_s")
+    );
+    std::fs::remove_dir_all(&root).ok();
 }

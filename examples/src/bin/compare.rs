@@ -7,7 +7,9 @@
 //! ```
 //!
 //! See [`examples::compare`] for what the folder holds, and `--config` for run
-//! configurations in TOML or JSON.
+//! configurations in TOML or JSON. Ctrl-C stops the running strategy with a checkpoint,
+//! writes the outputs so far and exits with status 130; the same command with
+//! `--resume compare-mnist` continues ([`examples::series`]).
 
 use std::ffi::OsString;
 use std::process::ExitCode;
@@ -16,5 +18,8 @@ fn main() -> ExitCode {
     // Node threads free and allocate the same large buffers every step: keep them mapped.
     gym_core::allocator::retain_freed_memory();
     let argv: Vec<OsString> = std::env::args_os().collect();
-    examples::runner::files_exit_code(examples::compare::run(&argv).map(|c| c.files))
+    let interrupt = examples::runner::ctrl_c_flag();
+    examples::series::exit_code(
+        examples::compare::run_with(&argv, Some(interrupt)).map(|c| (c.files, c.stopped)),
+    )
 }

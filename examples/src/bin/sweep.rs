@@ -8,7 +8,9 @@
 //!     --global-batch 16 --max-steps 300 --target-loss 2.6 --data-dir ../shared/data/shakespeare
 //! ```
 //!
-//! See [`examples::sweep`] for what the folder holds.
+//! See [`examples::sweep`] for what the folder holds. Ctrl-C stops the running cell with a
+//! checkpoint, writes the outputs so far and exits with status 130; the same command with
+//! `--resume sweep` continues ([`examples::series`]).
 
 use std::ffi::OsString;
 use std::process::ExitCode;
@@ -17,5 +19,8 @@ fn main() -> ExitCode {
     // Node threads free and allocate the same large buffers every step: keep them mapped.
     gym_core::allocator::retain_freed_memory();
     let argv: Vec<OsString> = std::env::args_os().collect();
-    examples::runner::files_exit_code(examples::sweep::run(&argv).map(|s| s.files))
+    let interrupt = examples::runner::ctrl_c_flag();
+    examples::series::exit_code(
+        examples::sweep::run_with(&argv, Some(interrupt)).map(|s| (s.files, s.stopped)),
+    )
 }
