@@ -12,7 +12,7 @@
 //! - `metrics.jsonl` (every record, tagged with its strategy and kind), `train.csv`,
 //!   `validation.csv`, `correlation.csv` and `summary.csv`;
 //! - `run_config.toml`, the resolved configuration (readable by `--config`), and
-//!   `runs/<strategy>/` with each run's own logs, summary, configuration, `report.json` and,
+//!   `runs/<strategy>/` with each run's own logs, summary, configuration, `result.msgpack` and,
 //!   after Ctrl-C, checkpoint.
 //!
 //! Ctrl-C stops the running strategy with a checkpoint, writes all of the above with the

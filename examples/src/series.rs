@@ -2,8 +2,8 @@
 //! stops and `--resume DIR` continues.
 //!
 //! Each run of a series in `DIR` (the `--out-dir`) has its own folder, `DIR/runs/<name>/`:
-//! its logs, `summary.json`, `run_config.toml`, `report.json` (everything it measured, read
-//! back when a later call skips it) and its checkpoints (in `<--checkpoint-dir>/<name>/`
+//! its logs, `summary.json`, `run_config.toml`, `result.msgpack` (its summary and everything
+//! it measured, read back bit for bit when a later call skips it) and its checkpoints (in `<--checkpoint-dir>/<name>/`
 //! when that flag is given, so that runs never share a checkpoint folder).
 //!
 //! Ctrl-C (SIGINT or SIGTERM) stops the running run at a step boundary with a checkpoint,
@@ -18,6 +18,9 @@ use crate::cli::{self, CommonArgs};
 use crate::runner::{BoxError, Runner, TrainTask, resume_command};
 use crate::summary::RunSummary;
 use gym_core::{RunReport, StrategyConfig};
+
+/// A finished run's summary and report, as a later `--resume` reads them back.
+const RESULT: &str = "result.msgpack";
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -156,7 +159,7 @@ impl SeriesDir {
         }
         for common in runs {
             let dir = run_dir(common);
-            for file in ["summary.json", "report.json"] {
+            for file in ["summary.json", RESULT] {
                 remove_if_present(&dir.join(file))?;
             }
             let checkpoints = checkpoint_folder(common);
@@ -200,8 +203,8 @@ impl SeriesDir {
         }
         let result = task.train(runner, common, strategy, config)?;
         if runner.is_rank_zero() {
-            let json = serde_json::to_string(&result.report)?;
-            std::fs::write(dir.join("report.json"), json)?;
+            let bytes = rmp_serde::to_vec_named(&(&result.summary, &result.report))?;
+            std::fs::write(dir.join(RESULT), bytes)?;
         }
         Ok(Done {
             report: result.report,
@@ -239,20 +242,7 @@ fn checkpoint_folder(common: &CommonArgs) -> PathBuf {
 
 /// The checkpoint files (whole or shards) in `dir`; none if it does not exist.
 fn checkpoint_files(dir: &Path) -> Result<Vec<PathBuf>, BoxError> {
-    let entries = match std::fs::read_dir(dir) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(format!("{}: {e}", dir.display()).into()),
-    };
-    let mut files = Vec::new();
-    for entry in entries {
-        let path = entry?.path();
-        let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
-        if name.is_some_and(|n| n.starts_with("checkpoint-") && n.ends_with(".gym")) {
-            files.push(path);
-        }
-    }
-    Ok(files)
+    Ok(gym_core::checkpoint::Checkpoint::files(dir)?)
 }
 
 fn remove_if_present(path: &Path) -> Result<(), BoxError> {
@@ -267,23 +257,24 @@ fn remove_if_present(path: &Path) -> Result<(), BoxError> {
 /// The run in `dir` if it finished in an earlier call with the flags `config`; `None` if
 /// it did not finish (or never started). A finished run with other flags is an error.
 fn read_finished(dir: &Path, config: &serde_json::Value) -> Result<Option<Done>, BoxError> {
-    let read = |name: &str| -> Result<Option<String>, BoxError> {
-        match std::fs::read_to_string(dir.join(name)) {
-            Ok(text) => Ok(Some(text)),
+    let read = |name: &str| -> Result<Option<Vec<u8>>, BoxError> {
+        match std::fs::read(dir.join(name)) {
+            Ok(bytes) => Ok(Some(bytes)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(format!("{}: {e}", dir.join(name).display()).into()),
         }
     };
-    let (Some(summary), Some(report)) = (read("summary.json")?, read("report.json")?) else {
+    let Some(result) = read(RESULT)? else {
         return Ok(None);
     };
-    let bad = |what: &str, e: serde_json::Error| format!("{}: {e}", dir.join(what).display());
-    let summary: RunSummary = serde_json::from_str(&summary).map_err(|e| bad("summary.json", e))?;
-    let report: RunReport = serde_json::from_str(&report).map_err(|e| bad("report.json", e))?;
+    // MessagePack: floats come back bit for bit (JSON's text would round some).
+    let (summary, report): (RunSummary, RunReport) = rmp_serde::from_slice(&result)
+        .map_err(|e| format!("{}: {e}", dir.join(RESULT).display()))?;
     if Status::of(&report) != Status::Finished {
         return Ok(None);
     }
-    if read("run_config.toml")? != Some(cli::run_config_text(config)?) {
+    let flags = read("run_config.toml")?.map(|b| String::from_utf8_lossy(&b).into_owned());
+    if flags != Some(cli::run_config_text(config)?) {
         return Err(format!(
             "{}: this run finished with other flags (its run_config.toml differs): run the \
              command without --resume to start afresh, or with another --out-dir",

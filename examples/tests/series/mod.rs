@@ -87,7 +87,10 @@ pub fn checkpoints(dir: &Path) -> Vec<PathBuf> {
         .map(|entries| {
             entries
                 .filter_map(|e| Some(e.ok()?.path()))
-                .filter(|p| p.extension().is_some_and(|x| x == "gym"))
+                .filter(|p| {
+                    p.file_name()
+                        .is_some_and(|n| n.to_string_lossy().starts_with("checkpoint-"))
+                })
                 .collect()
         })
         .unwrap_or_default()

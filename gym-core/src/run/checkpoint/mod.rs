@@ -117,6 +117,15 @@ impl Checkpoint {
         format!("checkpoint-{next_step:09}.ranks-{first}-{last}{EXTENSION}")
     }
 
+    /// The checkpoint files in `dir` (whole checkpoints and shards), oldest first; none if
+    /// `dir` does not exist.
+    pub fn files(dir: &Path) -> Result<Vec<PathBuf>> {
+        if !dir.exists() {
+            return Ok(Vec::new());
+        }
+        Ok(list(dir)?.into_iter().map(|f| f.path).collect())
+    }
+
     /// This checkpoint's file name.
     fn own_file_name(&self) -> String {
         match self.shard {
