@@ -57,18 +57,19 @@ impl Identity {
                 ),
             });
         }
-        if !same_settings(&saved.strategy_config, &self.strategy_config) {
+        // Every differing setting, of the strategy and of the trainer, in one message.
+        let differences: Vec<String> = [
+            ("strategy", &saved.strategy_config, &self.strategy_config),
+            ("trainer", &saved.trainer, &self.trainer),
+        ]
+        .into_iter()
+        .filter(|(_, saved, here)| !same_settings(saved, here))
+        .map(|(what, saved, here)| format!("{what} settings {}", differing(saved, here)))
+        .collect();
+        if !differences.is_empty() {
             return refuse(format!(
-                "strategy settings {} where this run has {}",
-                differing(&saved.strategy_config, &self.strategy_config),
-                differing(&self.strategy_config, &saved.strategy_config)
-            ));
-        }
-        if !same_settings(&saved.trainer, &self.trainer) {
-            return refuse(format!(
-                "trainer settings {} where this run has {}",
-                differing(&saved.trainer, &self.trainer),
-                differing(&self.trainer, &saved.trainer)
+                "the checkpoint was written with {}",
+                differences.join("; ")
             ));
         }
         Ok(())
@@ -96,17 +97,42 @@ fn same_settings(a: &str, b: &str) -> bool {
     }
 }
 
-/// The fields of JSON object `a` that differ from `b`'s, as `key = value` pairs.
-fn differing(a: &str, b: &str) -> String {
-    let parse = |s: &str| serde_json::from_str::<serde_json::Value>(s).unwrap_or_default();
-    let (a, b) = (parse(a), parse(b));
-    match (a.as_object(), b.as_object()) {
-        (Some(a), Some(b)) => a
-            .iter()
-            .filter(|(k, v)| b.get(*k) != Some(v))
-            .map(|(k, v)| format!("`{k}` = {v}"))
-            .collect::<Vec<_>>()
-            .join(", "),
-        _ => a.to_string(),
+/// Every field where settings `saved` and `here` (JSON) differ, by dotted path, as
+/// "`sync_interval` = 20, this run has 50"; a field one lacks is `absent`.
+fn differing(saved: &str, here: &str) -> String {
+    use serde_json::Value;
+    fn walk(path: &str, a: &Value, b: &Value, out: &mut Vec<String>) {
+        match (a, b) {
+            (Value::Object(x), Value::Object(y)) => {
+                let keys: std::collections::BTreeSet<&String> = x.keys().chain(y.keys()).collect();
+                for k in keys {
+                    let (u, v) = (
+                        x.get(k).unwrap_or(&Value::Null),
+                        y.get(k).unwrap_or(&Value::Null),
+                    );
+                    let at = if path.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{path}.{k}")
+                    };
+                    walk(&at, u, v, out);
+                }
+            }
+            _ if a != b => {
+                let show = |v: &Value| {
+                    if v.is_null() {
+                        "absent".to_string()
+                    } else {
+                        v.to_string()
+                    }
+                };
+                out.push(format!("`{path}` = {}, this run has {}", show(a), show(b)));
+            }
+            _ => {}
+        }
     }
+    let parse = |s: &str| serde_json::from_str::<Value>(s).unwrap_or(Value::String(s.into()));
+    let mut out = Vec::new();
+    walk("", &parse(saved), &parse(here), &mut out);
+    out.join("; ")
 }

@@ -489,8 +489,17 @@ mod tests {
         let mut other = here.clone();
         other.strategy_config = r#"{"h":30,"lr":0.7}"#.into();
         let err = here.check(&other).unwrap_err().to_string();
+        assert!(err.contains("`h` = 30, this run has 20"), "{err}");
+        assert!(!err.contains("lr"), "only the differing field: {err}");
+        // A nested field is named by its path, and only it.
+        let mut nested = here.clone();
+        nested.trainer = r#"{"seed":1,"simulation":{"network":"wan","jitter":0.1}}"#.into();
+        let mut other = nested.clone();
+        other.trainer = r#"{"seed":1,"simulation":{"network":"lan","jitter":0.1}}"#.into();
+        let err = other.check(&nested).unwrap_err().to_string();
         assert!(
-            err.contains("`h` = 30") && err.contains("`h` = 20"),
+            err.contains(r#"`simulation.network` = "wan", this run has "lan""#)
+                && !err.contains("jitter"),
             "{err}"
         );
         assert!(here.check(&here.clone()).is_ok());
