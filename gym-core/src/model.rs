@@ -149,9 +149,11 @@ pub fn save_for_pytorch<M: Module>(model: &M, path: &std::path::Path) -> crate::
     model
         .save_into(&mut store)
         .map_err(|e| GymError::InvalidConfig(format!("cannot export the model: {e}")))?;
-    let bytes = store
+    let mut bytes = store
         .get_bytes()
         .map_err(|e| GymError::InvalidConfig(format!("cannot export the model: {e}")))?;
+    // The same model is the same bytes in every run.
+    crate::run::checkpoint::safetensors::canonical_header(&mut bytes);
     let tmp = path.with_extension("safetensors.tmp");
     let written = std::fs::File::create(&tmp)
         .and_then(|mut f| f.write_all(&bytes).and_then(|_| f.sync_all()))

@@ -404,6 +404,11 @@ mod tests {
         );
         let (loaded, file) = Checkpoint::load(&dir).unwrap();
         assert_eq!(loaded, sample(15));
+        // The same state is the same bytes (the metadata's keys sorted).
+        assert_eq!(
+            safetensors::encode(&sample(15)).unwrap(),
+            safetensors::encode(&sample(15)).unwrap()
+        );
         let bytes = std::fs::read(&file).unwrap();
         let truncated = Checkpoint::decode(&bytes[..bytes.len() - 1], &file).unwrap_err();
         assert!(truncated.to_string().contains("truncated"), "{truncated}");

@@ -179,6 +179,7 @@ pub(super) fn encode(checkpoint: &Checkpoint) -> Result<Vec<u8>> {
         ("crc32".into(), CRC_PLACEHOLDER.into()),
     ]);
     let mut bytes = ::safetensors::serialize(tensors, Some(metadata)).map_err(|e| fail(&e))?;
+    canonical_header(&mut bytes);
     let header_end = 8 + header_len(&bytes).ok_or_else(|| fail(&"no header"))?;
     let crc = format!("crc32:{:08x}", crc32fast::hash(&bytes[header_end..]));
     let at = find(&bytes[..header_end], CRC_PLACEHOLDER.as_bytes())
@@ -604,6 +605,28 @@ fn decode_node(
         clock,
         ledger,
     })
+}
+
+/// Rewrites a safetensors file's header with its keys sorted. The format keeps
+/// `__metadata__` in a `HashMap`, whose order changes from process to process: sorted, the
+/// same tensors and metadata are the same bytes in every run. The header keeps its length
+/// (the same JSON in another order), so the data offsets hold; left as it is otherwise.
+pub(crate) fn canonical_header(bytes: &mut [u8]) {
+    let Some(n) = header_len(bytes) else { return };
+    let Some(header) = bytes.get(8..8 + n) else {
+        return;
+    };
+    let Ok(value) = serde_json::from_slice::<serde_json::Value>(header) else {
+        return;
+    };
+    let Ok(sorted) = serde_json::to_string(&value) else {
+        return;
+    };
+    // The format pads the header with spaces to a multiple of 8 bytes.
+    let unpadded = header.iter().rposition(|&b| b != b' ').map_or(0, |i| i + 1);
+    if sorted.len() == unpadded {
+        bytes[8..8 + unpadded].copy_from_slice(sorted.as_bytes());
+    }
 }
 
 /// The header's length, from a safetensors file's first 8 bytes.
