@@ -45,7 +45,11 @@ pub(crate) fn check_writable(dir: &Path) -> Result<()> {
         ))
     };
     std::fs::create_dir_all(dir).map_err(refuse)?;
-    let probe = dir.join(format!(".write-test-{}", std::process::id()));
+    // Unique per call: the processes of a spread run check the same folder, and in tests
+    // they share one OS process.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let probe = dir.join(format!(".write-test-{}-{call}", std::process::id()));
     std::fs::write(&probe, b"ok").map_err(refuse)?;
     std::fs::remove_file(&probe).map_err(refuse)
 }
