@@ -163,3 +163,59 @@ fn bench_shows_the_peer_results_it_is_given_and_no_other() {
     );
     std::fs::remove_dir_all(&scratch).ok();
 }
+
+/// The soak at a few nodes and steps: faults are drawn and nodes rejoin (taking a peer's
+/// state through a counted broadcast), the traffic summed over nodes balances, the memory
+/// figures are the samples the growth is computed from, and the JSON names them.
+#[test]
+fn bench_soak_balances_its_traffic_and_reports_its_memory() {
+    let mut config = bench_suite::SoakConfig::new();
+    config.nodes = 4;
+    config.steps = 60;
+    config.down_steps = 5;
+    // Enough leaves that some come back before the end, with these seed and sizes.
+    config.faults_per_node = 3.0;
+    config.samples = 20;
+    let report = bench_suite::run_soak(&config).expect("the soak runs");
+
+    assert!(report.faults > 0 && report.rejoins > 0, "{report:?}");
+    assert!(report.absent_node_steps > 0);
+    let t = report.traffic;
+    assert!(t.sent > 0 && t.all_reduce_calls > 0, "{t:?}");
+    // Each rejoin is one state transfer, counted by the source and every node coming back.
+    assert!(t.broadcast_calls >= 2, "{t:?}");
+    assert!(t.balanced(), "{t:?}");
+    assert_eq!(t.sent, t.received);
+
+    // Ticks at every twentieth of the node-steps (nodes away draw none), then the end.
+    assert!(
+        (10..=config.samples + 1).contains(&report.samples.len()),
+        "{:?}",
+        report.samples
+    );
+    assert!(
+        report.warm.step >= 6,
+        "warm-up is 10% of 60 steps: {:?}",
+        report.warm
+    );
+    assert_eq!(report.end, *report.samples.last().unwrap());
+    assert_eq!(report.end.step, config.steps - 1);
+    assert!(report.warm.rss_bytes > 0 && report.peak_rss_bytes >= report.end.rss_bytes);
+    assert_eq!(
+        report.rss_growth_pct(),
+        bench_suite::rss_growth_pct(report.warm.rss_bytes, report.end.rss_bytes)
+    );
+
+    let machine = bench_suite::MachineInfo::now();
+    let result = bench_suite::soak_result(&config, &report, machine, "0.00 0.00 0.00");
+    let json = result.to_json();
+    assert_eq!(json["soak_bytes_balanced"], 1);
+    assert_eq!(json["soak_bytes_sent"], t.sent);
+    assert_eq!(json["soak_steps"], 60);
+    assert!(json["soak_rss_growth_pct"].is_number());
+    assert!(
+        result.markdown().contains("| 60 | 4 |"),
+        "{}",
+        result.markdown()
+    );
+}

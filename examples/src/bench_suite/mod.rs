@@ -27,10 +27,15 @@ mod bandwidth;
 mod children;
 mod conv;
 mod overhead;
+mod soak;
 
 #[cfg(feature = "mpi")]
 pub use bandwidth::mpi_worker;
 pub use conv::conv_passes;
+pub use soak::{
+    RSS_GROWTH_LIMIT_PCT, RssSample, SoakConfig, SoakReport, TrafficBalance, rss_growth_pct,
+    run_soak, soak_result,
+};
 
 use burn::tensor::Device;
 use serde_json::{Map, Value};
@@ -356,9 +361,14 @@ pub fn run_suite(config: &SuiteConfig) -> Result<SuiteResult, BoxError> {
 
 /// The caption every table starts with.
 fn caption(title: &str, config: &SuiteConfig, m: &MachineInfo, note: &str) -> String {
+    caption_for(title, &config.command, m, note)
+}
+
+/// The caption of a table of `command` (the suite's or the soak's).
+fn caption_for(title: &str, command: &str, m: &MachineInfo, note: &str) -> String {
     format!(
-        "**{title}.** Machine: {}; date: {}; load average at the start: {}; command: `{}`. {note}",
-        m.machine, m.date, m.load_average, config.command
+        "**{title}.** Machine: {}; date: {}; load average at the start: {}; command: `{command}`. {note}",
+        m.machine, m.date, m.load_average
     )
 }
 

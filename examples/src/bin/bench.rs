@@ -20,9 +20,18 @@
 //! ```text
 //! target/release/bench --suite --json logs/bench/suite.json
 //! ```
+//!
+//! `--soak` runs the soak instead ([`examples::bench_suite::run_soak`]): 1,024 nodes of a
+//! tiny MLP for 10,000 steps (`--soak-steps`) under random faults, its resident memory
+//! sampled throughout; it fails (exit status 1) if the memory grows 5% or more after
+//! warm-up or if the bytes sent and received, summed over nodes, differ.
+//!
+//! ```text
+//! target/release/bench --soak --json logs/bench/soak.json
+//! ```
 
 use clap::{Parser, ValueEnum};
-use examples::bench_suite::{self, SuiteConfig, SuiteModel};
+use examples::bench_suite::{self, SoakConfig, SuiteConfig, SuiteModel};
 use examples::summary::RunSummary;
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
@@ -42,6 +51,8 @@ enum Task {
 /// Time the MNIST or nanoGPT set-up per strategy.
 #[derive(Debug, Parser)]
 #[command(version, about)]
+// --json needs one of the modes that write figures.
+#[command(group = clap::ArgGroup::new("figures").args(["suite", "soak"]).multiple(true))]
 struct Cli {
     /// Which set-up to time.
     #[arg(long, value_enum, default_value = "mnist")]
@@ -82,11 +93,41 @@ struct Cli {
     /// forward and backward pass with each, and print the table; everything else is ignored.
     #[arg(long)]
     conv_passes: bool,
-    /// With --suite: also write every figure to FILE as one flat JSON object.
-    #[arg(long, value_name = "FILE", requires = "suite")]
+    /// With --suite or --soak: also write every figure to FILE as one flat JSON object.
+    #[arg(long, value_name = "FILE", requires = "figures")]
     json: Option<PathBuf>,
+    /// Run the soak (many nodes of a tiny model for many steps under random faults) instead:
+    /// fails if the resident memory grows 5% or more after warm-up or the traffic does not
+    /// balance; every flag but the --soak-* ones and --json is ignored.
+    #[arg(long, conflicts_with = "suite")]
+    soak: bool,
     #[command(flatten)]
     suite_args: SuiteArgs,
+    #[command(flatten)]
+    soak_args: SoakArgs,
+}
+
+/// The sizes of the soak (`--soak`); the defaults are issue 30's.
+#[derive(Debug, clap::Args)]
+struct SoakArgs {
+    /// Soak: steps to run.
+    #[arg(long, default_value_t = 10_000)]
+    soak_steps: usize,
+    /// Soak: nodes.
+    #[arg(long, default_value_t = 1024)]
+    soak_nodes: usize,
+    /// Soak: DiLoCo's H (steps between the nodes' all-reduces).
+    #[arg(long, default_value_t = 10)]
+    soak_sync_interval: usize,
+    /// Soak: expected random leaves per node over the run.
+    #[arg(long, default_value_t = 2.0)]
+    soak_faults_per_node: f64,
+    /// Soak: steps a node that left stays away.
+    #[arg(long, default_value_t = 20)]
+    soak_down_steps: usize,
+    /// Soak: seed of the model, the data orders and the faults.
+    #[arg(long, default_value_t = 42)]
+    soak_seed: u64,
 }
 
 /// The sizes of the benchmark suite (`--suite`); the defaults take about 5 minutes on a
@@ -229,6 +270,52 @@ fn suite_main(cli: &Cli, mnist: Option<PathBuf>) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// `bench --soak`: runs the soak, prints its table, writes `--json`; fails if the soak does.
+fn soak_main(cli: &Cli) -> ExitCode {
+    let a = &cli.soak_args;
+    let mut config = SoakConfig::new();
+    config.steps = a.soak_steps;
+    config.nodes = a.soak_nodes;
+    config.sync_interval = a.soak_sync_interval;
+    config.faults_per_node = a.soak_faults_per_node;
+    config.down_steps = a.soak_down_steps;
+    config.seed = a.soak_seed;
+    config.command = command_line();
+    let machine = bench_suite::MachineInfo::now();
+    eprintln!(
+        "soak: {} nodes, {} steps, faults `{}` …",
+        config.nodes,
+        config.steps,
+        config.fault_schedule()
+    );
+    let report = match bench_suite::run_soak(&config) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let load_at_end = bench_suite::MachineInfo::now().load_average;
+    let result = bench_suite::soak_result(&config, &report, machine, &load_at_end);
+    print!("{}", result.markdown());
+    if let Some(path) = &cli.json {
+        if let Err(e) = result.write_json(path) {
+            eprintln!("error: cannot write {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
+        eprintln!("figures written to {}", path.display());
+    }
+    let failures = report.failures();
+    for why in &failures {
+        eprintln!("soak failed: {why}");
+    }
+    if failures.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
 /// Sequences per node per step and their length in the nanoGPT set-up.
 const GPT_BATCH: usize = 16;
 const GPT_BLOCK: usize = 64;
@@ -310,6 +397,9 @@ fn main() -> ExitCode {
     }
     if cli.suite {
         return suite_main(&cli, sibling("mnist"));
+    }
+    if cli.soak {
+        return soak_main(&cli);
     }
     if cli.conv_passes {
         let (device, backend) = examples::backend::select();

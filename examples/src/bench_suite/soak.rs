@@ -1,0 +1,678 @@
+//! `bench --soak`: many nodes of a tiny model for many steps under random faults, to show
+//! that a long run holds its memory and that its traffic accounting balances.
+//!
+//! The run: [`SoakConfig::nodes`] nodes of a 16-32-4 MLP on a synthetic task, DiLoCo
+//! synchronising every [`SoakConfig::sync_interval`] steps, and a random fault schedule
+//! (`random:RATE/h,down=STEPS`, drawn from the seed): nodes leave at random and come back
+//! [`SoakConfig::down_steps`] later, taking a present peer's model and strategy state.
+//! Time is simulated on a datacenter network with every step modelled at one second, so
+//! the rate is simply the expected leaves per node over the run.
+//!
+//! Two checks, either of which fails the run:
+//!
+//! * **Memory**: the resident set (`VmRSS`) is sampled as the nodes draw their data (at
+//!   fixed counts of node-steps, so the samples fall at the same steps on any machine);
+//!   its growth from the sample after warm-up ([`SoakConfig::warmup_fraction`] of the
+//!   steps) to the last sample must stay under [`RSS_GROWTH_LIMIT_PCT`].
+//! * **Accounting**: summed over nodes, the bytes sent equal the bytes received
+//!   ([`TrafficBalance`] states why this must hold exactly).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use burn::data::dataloader::batcher::Batcher;
+use burn::data::dataset::{Dataset, DatasetError};
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use gym_core::faults::{Fault, FaultSchedule, RandomFaults};
+use gym_core::{
+    CommStats, ComputeModel, ImageBatch, NodeData, SharedDataset, SimulationConfig, Split,
+    TrainModel, Trainer, TrainerConfig,
+};
+use gym_models::MlpConfig;
+use gym_strategies::{DiLoCoCommunicatorConfig, DiLoCoConfig};
+
+use super::{MB, MachineInfo, SuiteResult, SuiteTable, caption_for};
+use crate::runner::BoxError;
+
+/// The largest growth of the resident set after warm-up that passes, in percent.
+pub const RSS_GROWTH_LIMIT_PCT: f64 = 5.0;
+
+/// Inputs and classes of the synthetic task (the model is `FEATURES`-32-`CLASSES`).
+const FEATURES: usize = 16;
+const CLASSES: usize = 4;
+const HIDDEN: usize = 32;
+/// Examples in the training set every node reads (each in its own order).
+const TRAIN_EXAMPLES: usize = 512;
+/// Examples of the final evaluation.
+const VAL_EXAMPLES: usize = 16;
+
+/// What the soak runs.
+#[derive(Debug, Clone)]
+pub struct SoakConfig {
+    /// Simulated nodes.
+    pub nodes: usize,
+    /// Optimizer steps.
+    pub steps: usize,
+    /// DiLoCo's H: the nodes all-reduce their models every this many steps.
+    pub sync_interval: usize,
+    /// Expected random leaves per node over the run (the Poisson rate, scaled to the run).
+    pub faults_per_node: f64,
+    /// Steps a node that left stays away before it rejoins.
+    pub down_steps: usize,
+    /// Examples per node per step.
+    pub batch_size: usize,
+    /// The share of the steps after which the memory counts as warmed up (0–1).
+    pub warmup_fraction: f64,
+    /// Resident-memory samples over the run, evenly spaced in node-steps.
+    pub samples: usize,
+    /// Seed of the model, the data orders and the faults.
+    pub seed: u64,
+    /// The command line, as the caption quotes it.
+    pub command: String,
+}
+
+impl SoakConfig {
+    /// The soak of issue 30: 1,024 nodes for 10,000 steps, H = 10, two leaves per node of
+    /// 20 steps each on average, memory sampled 100 times, warmed up after 10% of the steps.
+    pub fn new() -> Self {
+        SoakConfig {
+            nodes: 1024,
+            steps: 10_000,
+            sync_interval: 10,
+            faults_per_node: 2.0,
+            down_steps: 20,
+            batch_size: 8,
+            warmup_fraction: 0.1,
+            samples: 100,
+            seed: 42,
+            command: String::new(),
+        }
+    }
+
+    /// The random entry of the fault schedule: with every step modelled at one simulated
+    /// second, `faults_per_node` leaves over `steps` seconds is this rate per hour.
+    pub fn fault_schedule(&self) -> FaultSchedule {
+        FaultSchedule {
+            faults: Vec::new(),
+            random: Some(RandomFaults {
+                rate_per_hour: self.faults_per_node * 3600.0 / self.steps.max(1) as f64,
+                down_steps: Some(self.down_steps.max(1)),
+            }),
+        }
+    }
+}
+
+impl Default for SoakConfig {
+    fn default() -> Self {
+        SoakConfig::new()
+    }
+}
+
+/// Growth from `warm` to `end` bytes in percent of `warm` (0 when `warm` is 0, so that a
+/// platform without a resident-set figure does not divide by zero).
+pub fn rss_growth_pct(warm: u64, end: u64) -> f64 {
+    if warm == 0 {
+        return 0.0;
+    }
+    (end as f64 - warm as f64) / warm as f64 * 100.0
+}
+
+/// The run's traffic summed over nodes.
+///
+/// Why sent must equal received, exactly: every collective call is counted once by each
+/// member of its group, all members with the same payload size (agreed through the
+/// exchanged headers), and the cost model ([`gym_core::comm::cost`]) conserves bytes within
+/// one call: an all-reduce has each of the k members send and receive ⌊2(k−1)P/k⌋, a chain
+/// broadcast has k−1 members send P and k−1 receive it, an all-gather has each send and
+/// receive (k−1)P. A rejoining node's state transfer is such a broadcast (of bytes, P the
+/// source's length) in the group of its source and the nodes coming back. Absent nodes make
+/// no call, and the uncounted observer traffic (clock exchange on rejoin, evaluation) is
+/// kept in another counter. So any difference means a call was counted by some members
+/// and not others, or with different sizes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TrafficBalance {
+    /// Bytes sent, all nodes.
+    pub sent: u64,
+    /// Bytes received, all nodes.
+    pub received: u64,
+    /// All-reduce calls, counted once per member.
+    pub all_reduce_calls: u64,
+    /// Broadcast calls (the rejoins' state transfers), counted once per member.
+    pub broadcast_calls: u64,
+}
+
+impl TrafficBalance {
+    /// Adds up every node's counters.
+    pub fn of(comm: &[CommStats]) -> Self {
+        comm.iter()
+            .fold(TrafficBalance::default(), |t, c| TrafficBalance {
+                sent: t.sent + c.bytes_sent,
+                received: t.received + c.bytes_received,
+                all_reduce_calls: t.all_reduce_calls + c.all_reduce_calls,
+                broadcast_calls: t.broadcast_calls + c.broadcast_calls,
+            })
+    }
+
+    /// Whether every byte sent was received.
+    pub fn balanced(&self) -> bool {
+        self.sent == self.received
+    }
+}
+
+/// One resident-memory sample.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RssSample {
+    /// The step the nodes had reached (the first step whose node-steps cover those done).
+    pub step: usize,
+    /// `VmRSS` in bytes.
+    pub rss_bytes: u64,
+}
+
+/// What the soak measured.
+#[derive(Debug, Clone)]
+pub struct SoakReport {
+    /// Nodes run.
+    pub nodes: usize,
+    /// Steps run.
+    pub steps: usize,
+    /// Leaves drawn by the fault schedule.
+    pub faults: usize,
+    /// Returns of nodes that had left (each took a peer's state).
+    pub rejoins: u64,
+    /// Node-steps missed by nodes away.
+    pub absent_node_steps: u64,
+    /// Seconds of the whole run (fit), and of its training loop.
+    pub wall_s: f64,
+    /// Seconds of the training loop.
+    pub loop_s: f64,
+    /// Every sample, in order, the end sample last.
+    pub samples: Vec<RssSample>,
+    /// The first sample at or after the warm-up.
+    pub warm: RssSample,
+    /// The last sample: at the final evaluation, after every node's last step.
+    pub end: RssSample,
+    /// The largest sample from the warm-up on.
+    pub max_after_warmup_bytes: u64,
+    /// The process's peak resident memory (`VmHWM`), set-up included.
+    pub peak_rss_bytes: u64,
+    /// The traffic summed over nodes.
+    pub traffic: TrafficBalance,
+}
+
+impl SoakReport {
+    /// [`rss_growth_pct`] from the warm-up sample to the last.
+    pub fn rss_growth_pct(&self) -> f64 {
+        rss_growth_pct(self.warm.rss_bytes, self.end.rss_bytes)
+    }
+
+    /// Why the soak fails, if it does: memory growth of [`RSS_GROWTH_LIMIT_PCT`] or more,
+    /// or traffic that does not balance.
+    pub fn failures(&self) -> Vec<String> {
+        let mut why = Vec::new();
+        let growth = self.rss_growth_pct();
+        if growth >= RSS_GROWTH_LIMIT_PCT {
+            why.push(format!(
+                "resident memory grew {growth:.2}% after warm-up (limit {RSS_GROWTH_LIMIT_PCT}%)"
+            ));
+        }
+        if !self.traffic.balanced() {
+            why.push(format!(
+                "{} bytes sent but {} received",
+                self.traffic.sent, self.traffic.received
+            ));
+        }
+        why
+    }
+}
+
+/// Counts the training examples the nodes draw and samples the resident memory every
+/// `every` of them: the data is read at the start of every node's step, so the count says
+/// how far the run has got without a hook in the trainer. (Nodes away draw nothing, so
+/// the ticks fall short of the last step: the end sample comes from the validation set.)
+struct RssProbe {
+    drawn: AtomicU64,
+    every: u64,
+    /// Print a progress line every this many samples.
+    report_every: usize,
+    /// `(examples drawn, VmRSS bytes)`, preallocated so that sampling does not grow memory.
+    samples: Mutex<Vec<(u64, u64)>>,
+    /// `(examples drawn, VmRSS bytes)` at the first read of the validation set: the final
+    /// evaluation, after every node's last step (DiLoCo's last all-reduce holds them all
+    /// there) and before the node threads end.
+    end: Mutex<Option<(u64, u64)>>,
+    start: Instant,
+    /// Examples per step of all nodes, for the progress line only.
+    examples_per_step: u64,
+}
+
+impl RssProbe {
+    /// The end sample, once.
+    fn end(&self) {
+        let mut end = self.end.lock().unwrap_or_else(|p| p.into_inner());
+        if end.is_none() {
+            let drawn = self.drawn.load(Ordering::Relaxed);
+            *end = Some((drawn, resident_bytes().unwrap_or(0)));
+        }
+    }
+
+    fn tick(&self) {
+        let n = self.drawn.fetch_add(1, Ordering::Relaxed) + 1;
+        if !n.is_multiple_of(self.every) {
+            return;
+        }
+        let rss = resident_bytes().unwrap_or(0);
+        let mut samples = self.samples.lock().unwrap_or_else(|p| p.into_inner());
+        samples.push((n, rss));
+        if samples.len().is_multiple_of(self.report_every) {
+            eprintln!(
+                "soak: about step {}, RSS {:.1} MiB, {:.0} s",
+                n / self.examples_per_step,
+                rss as f64 / MB as f64,
+                self.start.elapsed().as_secs_f64()
+            );
+        }
+    }
+}
+
+/// One synthetic example.
+#[derive(Debug, Clone)]
+pub struct SoakExample {
+    features: [f32; FEATURES],
+    label: usize,
+}
+
+/// The synthetic task: inputs from a hash of the index, class = arg-max of a fixed linear
+/// map, so that the model has something to learn.
+fn synthetic(len: usize, seed: u64) -> Vec<SoakExample> {
+    let value = |i: u64| {
+        let x = gym_core::rng::derive_seed(seed, &[i]);
+        (x >> 11) as f32 / (1u64 << 53) as f32 * 2.0 - 1.0
+    };
+    (0..len)
+        .map(|i| {
+            let features: [f32; FEATURES] =
+                std::array::from_fn(|j| value((i * FEATURES + j) as u64));
+            let score = |c: usize| -> f32 {
+                features
+                    .iter()
+                    .enumerate()
+                    .map(|(j, x)| x * (((c * 7 + j * 3) % 5) as f32 - 2.0))
+                    .sum()
+            };
+            let label = (0..CLASSES)
+                .max_by(|&a, &b| score(a).total_cmp(&score(b)))
+                .unwrap_or(0);
+            SoakExample { features, label }
+        })
+        .collect()
+}
+
+/// A dataset over shared examples that tells the probe of every read: the training set
+/// ticks it, the validation set (read only by the final evaluation) takes the end sample.
+struct SoakDataset {
+    items: Arc<Vec<SoakExample>>,
+    probe: Arc<RssProbe>,
+    validation: bool,
+}
+
+impl Dataset<SoakExample> for SoakDataset {
+    fn get(&self, index: usize) -> Result<SoakExample, DatasetError> {
+        if self.validation {
+            self.probe.end();
+        } else {
+            self.probe.tick();
+        }
+        self.items.get(index).cloned().ok_or_else(|| {
+            DatasetError::new(std::io::Error::other(format!("index {index} out of range")))
+        })
+    }
+
+    fn len(&self) -> usize {
+        self.items.len()
+    }
+}
+
+/// Batches [`SoakExample`]s as `[batch, 1, 1, FEATURES]` images.
+#[derive(Debug, Clone, Copy)]
+struct SoakBatcher;
+
+impl Batcher<SoakExample, ImageBatch> for SoakBatcher {
+    fn batch(&self, items: Vec<SoakExample>, device: &Device) -> ImageBatch {
+        let n = items.len();
+        let x: Vec<f32> = items.iter().flat_map(|e| e.features).collect();
+        let y: Vec<i64> = items.iter().map(|e| e.label as i64).collect();
+        ImageBatch {
+            images: Tensor::from_data(TensorData::new(x, [n, 1, 1, FEATURES]), device),
+            targets: Tensor::<1, Int>::from_data(TensorData::new(y, [n]), device),
+        }
+    }
+}
+
+/// This process's resident memory (`VmRSS`), or `None` where `/proc` has no such figure.
+fn resident_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// The step each count of node-steps done falls in: node-steps accumulate step by step,
+/// `nodes` per step less those away (`absent[s]`). A count past the run is its last step.
+fn step_of(node_steps: u64, nodes: usize, absent: &[u32]) -> usize {
+    let mut done = 0u64;
+    for (step, &away) in absent.iter().enumerate() {
+        done += (nodes as u64).saturating_sub(away as u64);
+        if done >= node_steps {
+            return step;
+        }
+    }
+    absent.len().saturating_sub(1)
+}
+
+/// Nodes away at each of `steps` steps, from the run's faults (leaves and crashes).
+fn absent_per_step(faults: &[Fault], steps: usize) -> Vec<u32> {
+    // Differences, then a running sum: a leave is +1 at its start and −1 at its end.
+    let mut delta = vec![0i64; steps + 1];
+    for fault in faults {
+        let (at, end) = match *fault {
+            Fault::Leave { at, steps: n, .. } => (at, at.saturating_add(n)),
+            Fault::Crash { at, .. } => (at, usize::MAX),
+            _ => continue,
+        };
+        delta[at.min(steps)] += 1;
+        delta[end.min(steps)] -= 1;
+    }
+    let mut level = 0i64;
+    delta[..steps]
+        .iter()
+        .map(|d| {
+            level += d;
+            level as u32
+        })
+        .collect()
+}
+
+/// Runs the soak and measures it.
+pub fn run_soak(config: &SoakConfig) -> Result<SoakReport, BoxError> {
+    if config.nodes == 0 || config.steps == 0 || config.samples == 0 {
+        return Err("the soak needs at least one node, one step and one sample".into());
+    }
+    if !(0.0..1.0).contains(&config.warmup_fraction) {
+        return Err(format!(
+            "the warm-up share must be in [0, 1), not {}",
+            config.warmup_fraction
+        )
+        .into());
+    }
+    let mlp = MlpConfig::new()
+        .with_input(FEATURES)
+        .with_hidden(HIDDEN)
+        .with_classes(CLASSES);
+    // One simulated second per step: the fault rate then reads in steps (fault_schedule).
+    let flops_per_step =
+        mlp.init(&Device::default()).flops_per_example() * config.batch_size as f64;
+    let simulation = SimulationConfig::new(
+        "datacenter"
+            .parse::<gym_core::Network>()
+            .map_err(|e| format!("the datacenter network: {e}"))?,
+    )
+    .with_compute(ComputeModel::Modelled {
+        flops_per_s: flops_per_step,
+    });
+    let node_steps_per_sample =
+        (config.nodes as u64 * config.steps as u64 / config.samples as u64).max(1);
+    let probe = Arc::new(RssProbe {
+        drawn: AtomicU64::new(0),
+        every: node_steps_per_sample * config.batch_size as u64,
+        report_every: config.samples.div_ceil(10),
+        samples: Mutex::new(Vec::with_capacity(config.samples + 1)),
+        end: Mutex::new(None),
+        start: Instant::now(),
+        examples_per_step: (config.nodes * config.batch_size) as u64,
+    });
+    let train: SharedDataset<SoakExample> = Arc::new(SoakDataset {
+        items: Arc::new(synthetic(TRAIN_EXAMPLES, config.seed)),
+        probe: probe.clone(),
+        validation: false,
+    });
+    let val: SharedDataset<SoakExample> = Arc::new(SoakDataset {
+        items: Arc::new(synthetic(VAL_EXAMPLES, config.seed + 1)),
+        probe: probe.clone(),
+        validation: true,
+    });
+    // Every node reads the same examples in its own order: with one dataset sharded over
+    // K nodes, each node would shuffle all K shards every epoch (K × batch indices per
+    // node-step), which at K = 1,024 would cost more than the model.
+    let data = NodeData::per_node(move |_, _, split| match split {
+        Split::Train => train.clone(),
+        _ => val.clone(),
+    });
+    let strategy = DiLoCoConfig::new().with_communicator(
+        DiLoCoCommunicatorConfig::new().with_sync_interval(config.sync_interval.max(1)),
+    );
+    let trainer = TrainerConfig::new(config.nodes)
+        .with_max_steps(Some(config.steps))
+        .with_batch_size(config.batch_size)
+        .with_val_size(Some(0))
+        .with_seed(config.seed)
+        .with_simulation(Some(simulation))
+        .with_faults(Some(config.fault_schedule()));
+    let start = Instant::now();
+    let out = Trainer::new(trainer).fit(|d| mlp.init(d), &strategy, &data, &SoakBatcher)?;
+    let wall_s = start.elapsed().as_secs_f64();
+    let report = out.report;
+
+    let absent = absent_per_step(&report.elastic.faults, config.steps);
+    let end = *probe.end.lock().unwrap_or_else(|p| p.into_inner());
+    let end = end.ok_or("the final evaluation read no validation example")?;
+    let samples: Vec<RssSample> = probe
+        .samples
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        // The end sample last (it may repeat a count when the last tick fell on the end).
+        .chain(std::iter::once(&end))
+        .map(|&(drawn, rss)| RssSample {
+            step: step_of(drawn / config.batch_size as u64, config.nodes, &absent),
+            rss_bytes: rss,
+        })
+        .collect();
+    let warm_step = (config.steps as f64 * config.warmup_fraction) as usize;
+    let warm_index = samples
+        .iter()
+        .position(|s| s.step >= warm_step)
+        .ok_or("no memory sample after the warm-up")?;
+    let warm = samples[warm_index];
+    let end = *samples.last().expect("the end sample");
+    let max_after_warmup_bytes = samples[warm_index..]
+        .iter()
+        .map(|s| s.rss_bytes)
+        .max()
+        .unwrap_or(0);
+    let total = report.elastic.total();
+    Ok(SoakReport {
+        nodes: config.nodes,
+        steps: config.steps,
+        faults: report
+            .elastic
+            .faults
+            .iter()
+            .filter(|f| matches!(f, Fault::Leave { .. } | Fault::Crash { .. }))
+            .count(),
+        rejoins: total.rejoins,
+        absent_node_steps: total.absent_steps,
+        wall_s,
+        loop_s: report.loop_s,
+        samples,
+        warm,
+        end,
+        max_after_warmup_bytes,
+        peak_rss_bytes: crate::summary::peak_rss_bytes().unwrap_or(0),
+        traffic: TrafficBalance::of(&report.comm),
+    })
+}
+
+/// The soak's table and figures, in the suite's shape (`bench --soak --json` writes its
+/// figures as `bench --suite --json` does). `load_at_end`: `/proc/loadavg` at the end.
+pub fn soak_result(
+    config: &SoakConfig,
+    report: &SoakReport,
+    machine: MachineInfo,
+    load_at_end: &str,
+) -> SuiteResult {
+    let mib = |b: u64| b as f64 / MB as f64;
+    let mut out = SuiteResult {
+        figures: Default::default(),
+        machine,
+        tables: Vec::new(),
+    };
+    let t = &report.traffic;
+    let figures = [
+        ("soak_nodes", report.nodes as f64),
+        ("soak_steps", report.steps as f64),
+        ("soak_faults", report.faults as f64),
+        ("soak_rejoins", report.rejoins as f64),
+        ("soak_absent_node_steps", report.absent_node_steps as f64),
+        ("soak_wall_s", report.wall_s),
+        ("soak_loop_s", report.loop_s),
+        ("soak_rss_warm_step", report.warm.step as f64),
+        ("soak_rss_warm_bytes", report.warm.rss_bytes as f64),
+        ("soak_rss_end_bytes", report.end.rss_bytes as f64),
+        (
+            "soak_rss_max_after_warmup_bytes",
+            report.max_after_warmup_bytes as f64,
+        ),
+        ("soak_rss_growth_pct", report.rss_growth_pct()),
+        ("soak_peak_rss_bytes", report.peak_rss_bytes as f64),
+        ("soak_bytes_sent", t.sent as f64),
+        ("soak_bytes_received", t.received as f64),
+        ("soak_bytes_balanced", f64::from(u8::from(t.balanced()))),
+        ("soak_allreduce_calls", t.all_reduce_calls as f64),
+        ("soak_broadcast_calls", t.broadcast_calls as f64),
+    ];
+    for (name, v) in figures {
+        out.figures.insert(name.to_string(), v);
+    }
+    let rows = vec![
+        "| steps | nodes | faults | rejoins | wall (s) | RSS after warm-up (MiB) | RSS at end (MiB) | growth | max after warm-up (MiB) | peak RSS (MiB) | bytes sent | bytes received | balanced |".to_string(),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|".to_string(),
+        format!(
+            "| {} | {} | {} | {} | {:.0} | {:.1} (step {}) | {:.1} (step {}) | {:+.2}% | {:.1} | {:.1} | {} | {} | {} |",
+            report.steps,
+            report.nodes,
+            report.faults,
+            report.rejoins,
+            report.wall_s,
+            mib(report.warm.rss_bytes),
+            report.warm.step,
+            mib(report.end.rss_bytes),
+            report.end.step,
+            report.rss_growth_pct(),
+            mib(report.max_after_warmup_bytes),
+            mib(report.peak_rss_bytes),
+            t.sent,
+            t.received,
+            if t.balanced() { "yes" } else { "no" },
+        ),
+    ];
+    let note = format!(
+        "Load average at the end: {load_at_end}. {} nodes of a {FEATURES}-{HIDDEN}-{CLASSES} \
+         MLP on a synthetic task, batch {} per node, DiLoCo with H = {}, for {} steps, time \
+         simulated on a datacenter network (one simulated second per step), random faults \
+         `{}` (about {} leaves per node of {} steps; faults = leaves drawn, each node back \
+         takes a peer's model and state), seed {}. RSS = `VmRSS`, sampled every 1/{} of the \
+         node-steps and at the final evaluation (after every node's last step); warm-up = \
+         the first {:.0}% of the steps; growth = (RSS at end − RSS after warm-up) ÷ RSS \
+         after warm-up, which must stay under {RSS_GROWTH_LIMIT_PCT}%. Bytes are the run's counted traffic summed over nodes \
+         ({} all-reduce and {} broadcast calls, counted per member): balanced when every byte \
+         sent is received.",
+        config.nodes,
+        config.batch_size,
+        config.sync_interval,
+        config.steps,
+        config.fault_schedule(),
+        config.faults_per_node,
+        config.down_steps,
+        config.seed,
+        config.samples,
+        config.warmup_fraction * 100.0,
+        t.all_reduce_calls,
+        t.broadcast_calls,
+    );
+    out.tables.push(SuiteTable {
+        caption: caption_for("Soak", &config.command, &out.machine, &note),
+        rows,
+    });
+    // The trajectory, so that a reader can tell a warm-up still settling from a steady leak.
+    let mut rows = vec![
+        "| step | RSS (MiB) | vs after warm-up |".to_string(),
+        "|---|---|---|".to_string(),
+    ];
+    let every = report.samples.len().div_ceil(10).max(1);
+    let last = report.samples.len().saturating_sub(1);
+    for (i, s) in report.samples.iter().enumerate() {
+        if i % every == every - 1 || i == last {
+            rows.push(format!(
+                "| {} | {:.1} | {:+.2}% |",
+                s.step,
+                mib(s.rss_bytes),
+                rss_growth_pct(report.warm.rss_bytes, s.rss_bytes)
+            ));
+            out.figures
+                .insert(format!("soak_rss_step{}_bytes", s.step), s.rss_bytes as f64);
+        }
+    }
+    out.tables.push(SuiteTable {
+        caption: "**Soak: resident memory over the run** (every tenth sample and the last).".into(),
+        rows,
+    });
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn growth_is_relative_to_the_warm_sample() {
+        assert_eq!(rss_growth_pct(200, 210), 5.0);
+        assert_eq!(rss_growth_pct(200, 190), -5.0);
+        assert_eq!(rss_growth_pct(0, 10), 0.0);
+    }
+
+    #[test]
+    fn traffic_adds_up_over_nodes_and_balances_only_when_equal() {
+        let node = |sent, received| CommStats {
+            bytes_sent: sent,
+            bytes_received: received,
+            broadcast_calls: 1,
+            ..Default::default()
+        };
+        // A chain broadcast of 100 bytes over three nodes: root sends, the last receives.
+        let t = TrafficBalance::of(&[node(100, 0), node(100, 100), node(0, 100)]);
+        assert_eq!((t.sent, t.received, t.broadcast_calls), (200, 200, 3));
+        assert!(t.balanced());
+        assert!(!TrafficBalance::of(&[node(100, 0), node(0, 99)]).balanced());
+    }
+
+    #[test]
+    fn absent_nodes_slow_the_count_of_node_steps() {
+        let faults = [
+            Fault::Leave {
+                rank: 1,
+                at: 1,
+                steps: 2,
+            },
+            Fault::Crash { rank: 2, at: 3 },
+        ];
+        let absent = absent_per_step(&faults, 5);
+        assert_eq!(absent, vec![0, 1, 1, 1, 1]);
+        // 4 nodes: node-steps done after each step are 4, 7, 10, 13, 16.
+        assert_eq!(step_of(4, 4, &absent), 0);
+        assert_eq!(step_of(5, 4, &absent), 1);
+        assert_eq!(step_of(10, 4, &absent), 2);
+        assert_eq!(step_of(11, 4, &absent), 3);
+        assert_eq!(step_of(99, 4, &absent), 4);
+    }
+}
