@@ -2,7 +2,10 @@
 //! header and contribution, and the last to arrive combines them for all.
 //!
 //! A point is a `Mutex` + `Condvar` with a generation counter, one per group (its members
-//! in rank order). [`Rendezvous::abort`] wakes every waiting thread with an error, and a
+//! in rank order) while a call of that group is under way: the last arrival takes the point
+//! out of the map before it combines, so a run whose groups keep changing (nodes leaving
+//! and rejoining, each rejoin a new group) does not keep a point, and its last result, for
+//! every group it ever formed. [`Rendezvous::abort`] wakes every waiting thread with an error, and a
 //! member that has [left](Rendezvous::leave) turns its peers' wait into an error, so a
 //! failed node never leaves the others blocked.
 
@@ -91,6 +94,10 @@ impl<I, O> Rendezvous<I, O> {
             // Combined without the lock (it may wait for other processes): nobody arrives
             // at this point again before the outcome below is out.
             drop(state);
+            // Every member is here, so none can look the point up until the outcome is
+            // out: the next call of this group meets at a new point, and this one (with
+            // its outcome) goes once its members have read it.
+            self.forget(members, &point);
             let outcome = Arc::new(combine(headers, inputs));
             let mut state = lock(&point.state);
             state.arrived = 0;
@@ -166,6 +173,14 @@ impl<I, O> Rendezvous<I, O> {
         Some(CollectiveError::Aborted { rank, reason })
     }
 
+    /// Takes `point`, the meeting point of `members`, out of the map (if it is still there).
+    fn forget(&self, members: &[usize], point: &Arc<Point<I, O>>) {
+        let mut points = lock(&self.points);
+        if points.get(members).is_some_and(|p| Arc::ptr_eq(p, point)) {
+            points.remove(members);
+        }
+    }
+
     fn point(&self, members: &[usize]) -> Arc<Point<I, O>> {
         lock(&self.points)
             .entry(members.to_vec())
@@ -189,4 +204,43 @@ impl<I, O> Rendezvous<I, O> {
 /// data behind these locks stays consistent (every update is a single assignment).
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poison| poison.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::comm::group::CollectiveOp;
+
+    fn header() -> Header {
+        Header {
+            op: CollectiveOp::AllGather,
+            len: 1,
+            ready_s: 0.0,
+        }
+    }
+
+    /// Calls in ever new groups (as rejoins make) leave no meeting point behind, and a
+    /// group that meets again still gets each call's own result.
+    #[test]
+    fn finished_calls_leave_no_meeting_point() {
+        let r = Rendezvous::<usize, usize>::new(4);
+        let sum = |_: Vec<Header>, inputs: Vec<usize>| inputs.iter().sum::<usize>();
+        std::thread::scope(|s| {
+            for rank in 0..4 {
+                let r = &r;
+                s.spawn(move || {
+                    for call in 0..50 {
+                        // Pairs that change with every call, then the whole group.
+                        let peer = rank ^ (1 + call % 3);
+                        let pair = [rank.min(peer), rank.max(peer)];
+                        let got = r.meet(rank, &pair, header(), rank + call, sum).unwrap();
+                        assert_eq!(*got, pair[0] + pair[1] + 2 * call);
+                        let all = r.meet(rank, &[0, 1, 2, 3], header(), call, sum).unwrap();
+                        assert_eq!(*all, 4 * call);
+                    }
+                });
+            }
+        });
+        assert!(lock(&r.points).is_empty(), "a finished call kept its point");
+    }
 }
