@@ -213,6 +213,15 @@ fn bench_soak_balances_its_traffic_and_reports_its_memory() {
     assert_eq!(json["soak_bytes_sent"], t.sent);
     assert_eq!(json["soak_steps"], 60);
     assert!(json["soak_rss_growth_pct"].is_number());
+    // The check is net of the train records written after warm-up.
+    assert_eq!(
+        json["soak_records_after_warmup_bytes"],
+        report.records_bytes_between(&report.end)
+    );
+    assert!(report.records_bytes_between(&report.end) > 0);
+    assert!(json["soak_rss_net_growth_pct"].is_number());
+    // This test binary counts no live heap: the figures say 0 rather than failing.
+    assert_eq!(report.warm.live_bytes, 0);
     assert!(
         result.markdown().contains("| 60 | 4 |"),
         "{}",

@@ -26,16 +26,19 @@
 mod bandwidth;
 mod children;
 mod conv;
+pub mod live_heap;
 mod overhead;
 mod soak;
+mod soak_table;
 
 #[cfg(feature = "mpi")]
 pub use bandwidth::mpi_worker;
 pub use conv::conv_passes;
 pub use soak::{
     RSS_GROWTH_LIMIT_PCT, RssSample, SoakConfig, SoakReport, TrafficBalance, rss_growth_pct,
-    run_soak, soak_result,
+    run_soak,
 };
+pub use soak_table::soak_result;
 
 use burn::tensor::Device;
 use serde_json::{Map, Value};

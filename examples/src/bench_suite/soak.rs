@@ -32,16 +32,16 @@ use gym_core::{
 use gym_models::MlpConfig;
 use gym_strategies::{DiLoCoCommunicatorConfig, DiLoCoConfig};
 
-use super::{MB, MachineInfo, SuiteResult, SuiteTable, caption_for};
+use super::{MB, live_heap};
 use crate::runner::BoxError;
 
 /// The largest growth of the resident set after warm-up that passes, in percent.
 pub const RSS_GROWTH_LIMIT_PCT: f64 = 5.0;
 
 /// Inputs and classes of the synthetic task (the model is `FEATURES`-32-`CLASSES`).
-const FEATURES: usize = 16;
-const CLASSES: usize = 4;
-const HIDDEN: usize = 32;
+pub(super) const FEATURES: usize = 16;
+pub(super) const CLASSES: usize = 4;
+pub(super) const HIDDEN: usize = 32;
 /// Examples in the training set every node reads (each in its own order).
 const TRAIN_EXAMPLES: usize = 512;
 /// Examples of the final evaluation.
@@ -167,6 +167,8 @@ pub struct RssSample {
     pub step: usize,
     /// `VmRSS` in bytes.
     pub rss_bytes: u64,
+    /// The live heap ([`live_heap::live_bytes`]; 0 where the binary does not count it).
+    pub live_bytes: u64,
 }
 
 /// What the soak measured.
@@ -196,6 +198,12 @@ pub struct SoakReport {
     pub max_after_warmup_bytes: u64,
     /// The process's peak resident memory (`VmHWM`), set-up included.
     pub peak_rss_bytes: u64,
+    /// The last sample taken in the training loop (the live heap's end: once the loop is
+    /// over, node threads end and free their thread-local buffers).
+    pub last_in_loop: RssSample,
+    /// Bytes of one step's train record (`RunReport::train` keeps one per step: memory a
+    /// run must hold to return its report, and which grows with the steps).
+    pub record_bytes: u64,
     /// The traffic summed over nodes.
     pub traffic: TrafficBalance,
 }
@@ -206,14 +214,39 @@ impl SoakReport {
         rss_growth_pct(self.warm.rss_bytes, self.end.rss_bytes)
     }
 
-    /// Why the soak fails, if it does: memory growth of [`RSS_GROWTH_LIMIT_PCT`] or more,
-    /// or traffic that does not balance.
+    /// Bytes of the train records written from the warm-up sample to `to` (the records of
+    /// the steps after the warm-up sample's, up to `to`'s).
+    pub fn records_bytes_between(&self, to: &RssSample) -> u64 {
+        to.step.saturating_sub(self.warm.step) as u64 * self.record_bytes
+    }
+
+    /// [`rss_growth_pct`] from the warm-up sample to the last, net of the train records
+    /// written in between: the measure the memory check applies.
+    pub fn rss_net_growth_pct(&self) -> f64 {
+        let records = self.records_bytes_between(&self.end);
+        rss_growth_pct(
+            self.warm.rss_bytes,
+            self.end.rss_bytes.saturating_sub(records),
+        )
+    }
+
+    /// Growth of the live heap from the warm-up sample to the last in the loop, in bytes
+    /// (negative if it shrank). The recorder sets room for every step's train record before
+    /// the first step, so the live heap counts the records from the start and this growth
+    /// holds none of them (the resident set takes their pages only as they are written).
+    pub fn live_growth_bytes(&self) -> i64 {
+        self.last_in_loop.live_bytes as i64 - self.warm.live_bytes as i64
+    }
+
+    /// Why the soak fails, if it does: resident memory grown, net of the train records,
+    /// [`RSS_GROWTH_LIMIT_PCT`] or more, or traffic that does not balance.
     pub fn failures(&self) -> Vec<String> {
         let mut why = Vec::new();
-        let growth = self.rss_growth_pct();
+        let growth = self.rss_net_growth_pct();
         if growth >= RSS_GROWTH_LIMIT_PCT {
             why.push(format!(
-                "resident memory grew {growth:.2}% after warm-up (limit {RSS_GROWTH_LIMIT_PCT}%)"
+                "resident memory grew {growth:.2}% after warm-up net of the train records \
+                 (limit {RSS_GROWTH_LIMIT_PCT}%)"
             ));
         }
         if !self.traffic.balanced() {
@@ -235,12 +268,13 @@ struct RssProbe {
     every: u64,
     /// Print a progress line every this many samples.
     report_every: usize,
-    /// `(examples drawn, VmRSS bytes)`, preallocated so that sampling does not grow memory.
-    samples: Mutex<Vec<(u64, u64)>>,
-    /// `(examples drawn, VmRSS bytes)` at the first read of the validation set: the final
+    /// `(examples drawn, VmRSS bytes, heap bytes)`, preallocated so that sampling does not
+    /// grow memory.
+    samples: Mutex<Vec<(u64, u64, u64)>>,
+    /// `(examples drawn, VmRSS bytes, heap bytes)` at the first read of the validation set: the final
     /// evaluation, after every node's last step (DiLoCo's last all-reduce holds them all
     /// there) and before the node threads end.
-    end: Mutex<Option<(u64, u64)>>,
+    end: Mutex<Option<(u64, u64, u64)>>,
     start: Instant,
     /// Examples per step of all nodes, for the progress line only.
     examples_per_step: u64,
@@ -252,7 +286,7 @@ impl RssProbe {
         let mut end = self.end.lock().unwrap_or_else(|p| p.into_inner());
         if end.is_none() {
             let drawn = self.drawn.load(Ordering::Relaxed);
-            *end = Some((drawn, resident_bytes().unwrap_or(0)));
+            *end = Some((drawn, resident_bytes().unwrap_or(0), heap_bytes()));
         }
     }
 
@@ -262,13 +296,15 @@ impl RssProbe {
             return;
         }
         let rss = resident_bytes().unwrap_or(0);
+        let heap = heap_bytes();
         let mut samples = self.samples.lock().unwrap_or_else(|p| p.into_inner());
-        samples.push((n, rss));
+        samples.push((n, rss, heap));
         if samples.len().is_multiple_of(self.report_every) {
             eprintln!(
-                "soak: about step {}, RSS {:.1} MiB, {:.0} s",
+                "soak: about step {}, RSS {:.1} MiB, live heap {:.1} MiB, {:.0} s",
                 n / self.examples_per_step,
                 rss as f64 / MB as f64,
+                heap as f64 / MB as f64,
                 self.start.elapsed().as_secs_f64()
             );
         }
@@ -355,6 +391,11 @@ fn resident_bytes() -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
+}
+
+/// The live heap, or 0 where the binary does not count it.
+fn heap_bytes() -> u64 {
+    live_heap::live_bytes().unwrap_or(0)
 }
 
 /// The step each count of node-steps done falls in: node-steps accumulate step by step,
@@ -473,9 +514,10 @@ pub fn run_soak(config: &SoakConfig) -> Result<SoakReport, BoxError> {
         .iter()
         // The end sample last (it may repeat a count when the last tick fell on the end).
         .chain(std::iter::once(&end))
-        .map(|&(drawn, rss)| RssSample {
+        .map(|&(drawn, rss, heap)| RssSample {
             step: step_of(drawn / config.batch_size as u64, config.nodes, &absent),
             rss_bytes: rss,
+            live_bytes: heap,
         })
         .collect();
     let warm_step = (config.steps as f64 * config.warmup_fraction) as usize;
@@ -490,6 +532,8 @@ pub fn run_soak(config: &SoakConfig) -> Result<SoakReport, BoxError> {
         .map(|s| s.rss_bytes)
         .max()
         .unwrap_or(0);
+    // The end sample is last; the one before it, the loop's last.
+    let last_in_loop = samples[samples.len().saturating_sub(2).max(warm_index)];
     let total = report.elastic.total();
     Ok(SoakReport {
         nodes: config.nodes,
@@ -509,125 +553,10 @@ pub fn run_soak(config: &SoakConfig) -> Result<SoakReport, BoxError> {
         end,
         max_after_warmup_bytes,
         peak_rss_bytes: crate::summary::peak_rss_bytes().unwrap_or(0),
+        last_in_loop,
+        record_bytes: std::mem::size_of::<gym_core::TrainRecord>() as u64,
         traffic: TrafficBalance::of(&report.comm),
     })
-}
-
-/// The soak's table and figures, in the suite's shape (`bench --soak --json` writes its
-/// figures as `bench --suite --json` does). `load_at_end`: `/proc/loadavg` at the end.
-pub fn soak_result(
-    config: &SoakConfig,
-    report: &SoakReport,
-    machine: MachineInfo,
-    load_at_end: &str,
-) -> SuiteResult {
-    let mib = |b: u64| b as f64 / MB as f64;
-    let mut out = SuiteResult {
-        figures: Default::default(),
-        machine,
-        tables: Vec::new(),
-    };
-    let t = &report.traffic;
-    let figures = [
-        ("soak_nodes", report.nodes as f64),
-        ("soak_steps", report.steps as f64),
-        ("soak_faults", report.faults as f64),
-        ("soak_rejoins", report.rejoins as f64),
-        ("soak_absent_node_steps", report.absent_node_steps as f64),
-        ("soak_wall_s", report.wall_s),
-        ("soak_loop_s", report.loop_s),
-        ("soak_rss_warm_step", report.warm.step as f64),
-        ("soak_rss_warm_bytes", report.warm.rss_bytes as f64),
-        ("soak_rss_end_bytes", report.end.rss_bytes as f64),
-        (
-            "soak_rss_max_after_warmup_bytes",
-            report.max_after_warmup_bytes as f64,
-        ),
-        ("soak_rss_growth_pct", report.rss_growth_pct()),
-        ("soak_peak_rss_bytes", report.peak_rss_bytes as f64),
-        ("soak_bytes_sent", t.sent as f64),
-        ("soak_bytes_received", t.received as f64),
-        ("soak_bytes_balanced", f64::from(u8::from(t.balanced()))),
-        ("soak_allreduce_calls", t.all_reduce_calls as f64),
-        ("soak_broadcast_calls", t.broadcast_calls as f64),
-    ];
-    for (name, v) in figures {
-        out.figures.insert(name.to_string(), v);
-    }
-    let rows = vec![
-        "| steps | nodes | faults | rejoins | wall (s) | RSS after warm-up (MiB) | RSS at end (MiB) | growth | max after warm-up (MiB) | peak RSS (MiB) | bytes sent | bytes received | balanced |".to_string(),
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|".to_string(),
-        format!(
-            "| {} | {} | {} | {} | {:.0} | {:.1} (step {}) | {:.1} (step {}) | {:+.2}% | {:.1} | {:.1} | {} | {} | {} |",
-            report.steps,
-            report.nodes,
-            report.faults,
-            report.rejoins,
-            report.wall_s,
-            mib(report.warm.rss_bytes),
-            report.warm.step,
-            mib(report.end.rss_bytes),
-            report.end.step,
-            report.rss_growth_pct(),
-            mib(report.max_after_warmup_bytes),
-            mib(report.peak_rss_bytes),
-            t.sent,
-            t.received,
-            if t.balanced() { "yes" } else { "no" },
-        ),
-    ];
-    let note = format!(
-        "Load average at the end: {load_at_end}. {} nodes of a {FEATURES}-{HIDDEN}-{CLASSES} \
-         MLP on a synthetic task, batch {} per node, DiLoCo with H = {}, for {} steps, time \
-         simulated on a datacenter network (one simulated second per step), random faults \
-         `{}` (about {} leaves per node of {} steps; faults = leaves drawn, each node back \
-         takes a peer's model and state), seed {}. RSS = `VmRSS`, sampled every 1/{} of the \
-         node-steps and at the final evaluation (after every node's last step); warm-up = \
-         the first {:.0}% of the steps; growth = (RSS at end − RSS after warm-up) ÷ RSS \
-         after warm-up, which must stay under {RSS_GROWTH_LIMIT_PCT}%. Bytes are the run's counted traffic summed over nodes \
-         ({} all-reduce and {} broadcast calls, counted per member): balanced when every byte \
-         sent is received.",
-        config.nodes,
-        config.batch_size,
-        config.sync_interval,
-        config.steps,
-        config.fault_schedule(),
-        config.faults_per_node,
-        config.down_steps,
-        config.seed,
-        config.samples,
-        config.warmup_fraction * 100.0,
-        t.all_reduce_calls,
-        t.broadcast_calls,
-    );
-    out.tables.push(SuiteTable {
-        caption: caption_for("Soak", &config.command, &out.machine, &note),
-        rows,
-    });
-    // The trajectory, so that a reader can tell a warm-up still settling from a steady leak.
-    let mut rows = vec![
-        "| step | RSS (MiB) | vs after warm-up |".to_string(),
-        "|---|---|---|".to_string(),
-    ];
-    let every = report.samples.len().div_ceil(10).max(1);
-    let last = report.samples.len().saturating_sub(1);
-    for (i, s) in report.samples.iter().enumerate() {
-        if i % every == every - 1 || i == last {
-            rows.push(format!(
-                "| {} | {:.1} | {:+.2}% |",
-                s.step,
-                mib(s.rss_bytes),
-                rss_growth_pct(report.warm.rss_bytes, s.rss_bytes)
-            ));
-            out.figures
-                .insert(format!("soak_rss_step{}_bytes", s.step), s.rss_bytes as f64);
-        }
-    }
-    out.tables.push(SuiteTable {
-        caption: "**Soak: resident memory over the run** (every tenth sample and the last).".into(),
-        rows,
-    });
-    out
 }
 
 #[cfg(test)]
@@ -639,6 +568,40 @@ mod tests {
         assert_eq!(rss_growth_pct(200, 210), 5.0);
         assert_eq!(rss_growth_pct(200, 190), -5.0);
         assert_eq!(rss_growth_pct(0, 10), 0.0);
+    }
+
+    #[test]
+    fn the_memory_check_is_net_of_the_records_written_after_warm_up() {
+        let sample = |step, rss_bytes, live_bytes| RssSample {
+            step,
+            rss_bytes,
+            live_bytes,
+        };
+        let mut report = SoakReport {
+            nodes: 1,
+            steps: 1001,
+            faults: 0,
+            rejoins: 0,
+            absent_node_steps: 0,
+            wall_s: 0.0,
+            loop_s: 0.0,
+            samples: Vec::new(),
+            // 1,000 records of 100 bytes written after warm-up: 100,000 bytes.
+            warm: sample(0, 1_000_000, 500),
+            end: sample(1000, 1_140_000, 0),
+            max_after_warmup_bytes: 0,
+            peak_rss_bytes: 0,
+            last_in_loop: sample(990, 0, 800),
+            record_bytes: 100,
+            traffic: TrafficBalance::default(),
+        };
+        assert_eq!(report.records_bytes_between(&report.end), 100_000);
+        assert!((report.rss_growth_pct() - 14.0).abs() < 1e-9);
+        assert!((report.rss_net_growth_pct() - 4.0).abs() < 1e-9);
+        assert!(report.failures().is_empty());
+        assert_eq!(report.live_growth_bytes(), 300);
+        report.end.rss_bytes = 1_150_000;
+        assert_eq!(report.failures().len(), 1, "5% net of the records fails");
     }
 
     #[test]

@@ -366,7 +366,17 @@ fn read_peer_results(path: &std::path::Path) -> Result<Vec<PeerResult>, String> 
         .collect()
 }
 
+/// The system allocator, counting the live heap for the soak (a relaxed load per call
+/// otherwise).
+#[global_allocator]
+static ALLOCATOR: bench_suite::live_heap::CountingAllocator =
+    bench_suite::live_heap::CountingAllocator;
+
 fn main() -> ExitCode {
+    // The soak reports the live heap: count from the start (before parsing, which allocates).
+    if std::env::args_os().any(|a| a == "--soak") {
+        bench_suite::live_heap::start_counting();
+    }
     // Node threads free and allocate the same large buffers every step: keep them mapped.
     gym_core::allocator::retain_freed_memory();
     let cli = Cli::parse();

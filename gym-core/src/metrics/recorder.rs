@@ -11,6 +11,10 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Instant;
 
+/// The most train records the recorder sets room for up front (about 150 MiB of address
+/// space, which the pages only take as records are written); a longer run grows past it.
+const RECORDS_RESERVED: usize = 1 << 20;
+
 /// Which replica an evaluation measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum EvalKind {
@@ -21,6 +25,8 @@ pub(crate) enum EvalKind {
 /// Collects what the nodes report, in step order, into records, CSV rows and the bar.
 pub(crate) struct Recorder {
     num_nodes: usize,
+    /// The steps planned: the train records the run will hold.
+    max_steps: usize,
     simulates: bool,
     examples_per_step: u64,
     start: Instant,
@@ -136,6 +142,7 @@ impl Recorder {
         let now = Instant::now();
         Recorder {
             num_nodes,
+            max_steps,
             examples_per_step,
             simulates,
             start: now,
@@ -145,7 +152,10 @@ impl Recorder {
                 next_step: 0,
                 last_emit: now,
                 last_step_done: now,
-                train: Vec::new(),
+                // Room for every step's record from the start: the records then take memory
+                // one record at a time, as written (no doubling, no copy, no freed old
+                // buffer), which is what a long run's memory measure can account for.
+                train: Vec::with_capacity(max_steps.min(RECORDS_RESERVED)),
                 pending_val: BTreeMap::new(),
                 validation: Vec::new(),
                 correlation: Vec::new(),
@@ -363,6 +373,9 @@ impl Recorder {
         }
         st.next_step = next_step;
         st.train = records.train;
+        let room = self.max_steps.min(RECORDS_RESERVED);
+        let more = room.saturating_sub(st.train.len());
+        st.train.reserve_exact(more);
         st.validation = records.validation;
         st.correlation = records.correlation;
         if clocks.len() == st.last_simulated.len() {
