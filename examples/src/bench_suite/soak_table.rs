@@ -31,6 +31,8 @@ pub fn soak_result(
         ("soak_rss_warm_step", report.warm.step as f64),
         ("soak_rss_warm_bytes", report.warm.rss_bytes as f64),
         ("soak_rss_end_bytes", report.end.rss_bytes as f64),
+        ("soak_rss_last_step", report.last_in_loop.step as f64),
+        ("soak_rss_last_bytes", report.last_in_loop.rss_bytes as f64),
         (
             "soak_rss_max_after_warmup_bytes",
             report.max_after_warmup_bytes as f64,
@@ -38,7 +40,7 @@ pub fn soak_result(
         ("soak_rss_growth_pct", report.rss_growth_pct()),
         (
             "soak_records_after_warmup_bytes",
-            report.records_bytes_between(&report.end) as f64,
+            report.records_bytes_between(&report.last_in_loop) as f64,
         ),
         ("soak_rss_net_growth_pct", report.rss_net_growth_pct()),
         ("soak_live_warm_bytes", report.warm.live_bytes as f64),
@@ -59,7 +61,7 @@ pub fn soak_result(
         out.figures.insert(name.to_string(), v);
     }
     let rows = vec![
-        "| steps | nodes | faults | rejoins | wall (s) | RSS after warm-up (MiB) | RSS at end (MiB) | growth | records after warm-up (MiB) | growth net of records | live heap after warm-up → last in loop (MiB) | live heap growth (MiB) | peak RSS (MiB) | bytes sent | bytes received | balanced |".to_string(),
+        "| steps | nodes | faults | rejoins | wall (s) | RSS after warm-up (MiB) | RSS at loop's end (MiB) | growth | records after warm-up (MiB) | growth net of records | live heap after warm-up → last in loop (MiB) | live heap growth (MiB) | peak RSS (MiB) | bytes sent | bytes received | balanced |".to_string(),
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|".to_string(),
         format!(
             "| {} | {} | {} | {} | {:.0} | {:.1} (step {}) | {:.1} (step {}) | {:+.2}% | {:.2} | {:+.2}% | {:.1} → {:.1} (step {}) | {:+.2} | {:.1} | {} | {} | {} |",
@@ -70,10 +72,10 @@ pub fn soak_result(
             report.wall_s,
             mib(report.warm.rss_bytes),
             report.warm.step,
-            mib(report.end.rss_bytes),
-            report.end.step,
+            mib(report.last_in_loop.rss_bytes),
+            report.last_in_loop.step,
             report.rss_growth_pct(),
-            mib(report.records_bytes_between(&report.end)),
+            mib(report.records_bytes_between(&report.last_in_loop)),
             report.rss_net_growth_pct(),
             mib(report.warm.live_bytes),
             mib(report.last_in_loop.live_bytes),
@@ -91,11 +93,12 @@ pub fn soak_result(
          simulated on a datacenter network (one simulated second per step), random faults \
          `{}` (about {} leaves per node of {} steps; faults = leaves drawn, each node back \
          takes a peer's model and state), seed {}. RSS = `VmRSS`, sampled every 1/{} of the \
-         node-steps and at the final evaluation (after every node's last step); warm-up = \
-         the first {:.0}% of the steps; growth = (RSS at end − RSS after warm-up) ÷ RSS \
-         after warm-up; records = the train records written after warm-up ({} bytes a \
+         node-steps and at the final evaluation; warm-up = the first {:.0}% of the steps; \
+         growth = (RSS at the loop's end − RSS after warm-up) ÷ RSS after warm-up, the \
+         loop's end being its last sample while every node thread runs (by the final \
+         evaluation most have ended, freeing their stacks and caches); records = the train records written after warm-up ({} bytes a \
          step, held for the run's report); growth net of records, which must stay under \
-         {RSS_GROWTH_LIMIT_PCT}%, subtracts them from the RSS at end. Live heap = bytes \
+         {RSS_GROWTH_LIMIT_PCT}%, subtracts them from the RSS at the loop's end. Live heap = bytes \
          allocated and not freed (a counting allocator), which allocator caches and \
          fragmentation do not inflate. Bytes are the run's counted traffic summed over nodes \
          ({} all-reduce and {} broadcast calls, counted per member): balanced when every byte \

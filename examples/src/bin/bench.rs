@@ -23,8 +23,10 @@
 //!
 //! `--soak` runs the soak instead ([`examples::bench_suite::run_soak`]): 1,024 nodes of a
 //! tiny MLP for 10,000 steps (`--soak-steps`) under random faults, its resident memory
-//! sampled throughout; it fails (exit status 1) if the memory grows 5% or more after
-//! warm-up or if the bytes sent and received, summed over nodes, differ.
+//! sampled throughout (with the live heap, which this binary counts); it fails (exit
+//! status 1) if the resident memory grows 5% or more after warm-up, net of the per-step
+//! train records written meanwhile, or if the bytes sent and received, summed over nodes,
+//! differ.
 //!
 //! ```text
 //! target/release/bench --soak --json logs/bench/soak.json
@@ -97,8 +99,9 @@ struct Cli {
     #[arg(long, value_name = "FILE", requires = "figures")]
     json: Option<PathBuf>,
     /// Run the soak (many nodes of a tiny model for many steps under random faults) instead:
-    /// fails if the resident memory grows 5% or more after warm-up or the traffic does not
-    /// balance; every flag but the --soak-* ones and --json is ignored.
+    /// fails if the resident memory grows 5% or more after warm-up (net of the train records
+    /// written meanwhile) or the traffic does not balance; every flag but the --soak-* ones
+    /// and --json is ignored.
     #[arg(long, conflicts_with = "suite")]
     soak: bool,
     #[command(flatten)]
