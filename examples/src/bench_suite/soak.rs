@@ -125,7 +125,7 @@ pub fn rss_growth_pct(warm: u64, end: u64) -> f64 {
 ///
 /// Why sent must equal received, exactly: every collective call is counted once by each
 /// member of its group, all members with the same payload size (agreed through the
-/// exchanged headers), and the cost model ([`gym_core::comm::cost`]) conserves bytes within
+/// exchanged headers), and the cost model ([`mod@gym_core::comm::cost`]) conserves bytes within
 /// one call: an all-reduce has each of the k members send and receive ⌊2(k−1)P/k⌋, a chain
 /// broadcast has k−1 members send P and k−1 receive it, an all-gather has each send and
 /// receive (k−1)P. A rejoining node's state transfer is such a broadcast (of bytes, P the

@@ -262,15 +262,23 @@ fn suite_main(cli: &Cli, mnist: Option<PathBuf>) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    match show(&result, cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(code) => code,
+    }
+}
+
+/// Prints `result`'s table and writes its figures to `--json`, if given.
+fn show(result: &bench_suite::SuiteResult, cli: &Cli) -> Result<(), ExitCode> {
     print!("{}", result.markdown());
     if let Some(path) = &cli.json {
         if let Err(e) = result.write_json(path) {
             eprintln!("error: cannot write {}: {e}", path.display());
-            return ExitCode::FAILURE;
+            return Err(ExitCode::FAILURE);
         }
         eprintln!("figures written to {}", path.display());
     }
-    ExitCode::SUCCESS
+    Ok(())
 }
 
 /// `bench --soak`: runs the soak, prints its table, writes `--json`; fails if the soak does.
@@ -300,13 +308,8 @@ fn soak_main(cli: &Cli) -> ExitCode {
     };
     let load_at_end = bench_suite::MachineInfo::now().load_average;
     let result = bench_suite::soak_result(&config, &report, machine, &load_at_end);
-    print!("{}", result.markdown());
-    if let Some(path) = &cli.json {
-        if let Err(e) = result.write_json(path) {
-            eprintln!("error: cannot write {}: {e}", path.display());
-            return ExitCode::FAILURE;
-        }
-        eprintln!("figures written to {}", path.display());
+    if let Err(code) = show(&result, cli) {
+        return code;
     }
     let failures = report.failures();
     for why in &failures {

@@ -63,31 +63,30 @@ impl View for Owned {
     }
 }
 
-fn f32s(values: &[f32], shape: Vec<usize>) -> Owned {
-    let data = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+/// `values` little-endian, as a tensor of `dtype` and `shape`.
+fn tensor<T: Copy, const N: usize>(
+    dtype: Dtype,
+    values: &[T],
+    shape: Vec<usize>,
+    le_bytes: fn(T) -> [u8; N],
+) -> Owned {
     Owned {
-        dtype: Dtype::F32,
+        dtype,
         shape,
-        data,
+        data: values.iter().flat_map(|&v| le_bytes(v)).collect(),
     }
+}
+
+fn f32s(values: &[f32], shape: Vec<usize>) -> Owned {
+    tensor(Dtype::F32, values, shape, f32::to_le_bytes)
 }
 
 fn u64s(values: &[u64]) -> Owned {
-    let data = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-    Owned {
-        dtype: Dtype::U64,
-        shape: vec![values.len()],
-        data,
-    }
+    tensor(Dtype::U64, values, vec![values.len()], u64::to_le_bytes)
 }
 
 fn f64s(values: &[f64]) -> Owned {
-    let data = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-    Owned {
-        dtype: Dtype::F64,
-        shape: vec![values.len()],
-        data,
-    }
+    tensor(Dtype::F64, values, vec![values.len()], f64::to_le_bytes)
 }
 
 fn u8s(data: Vec<u8>) -> Owned {
