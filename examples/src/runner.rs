@@ -240,10 +240,7 @@ impl Runner {
                     summary.stopped_by = Some(source.to_string());
                     let dir = args.run_dir(&report.run_name);
                     if self.is_rank_zero() {
-                        summary.write(&dir)?;
-                        cli::save_run_config(run_config, &dir)?;
-                        print_summary(&summary);
-                        println!("logs              {}", dir.display());
+                        write_and_print(&summary, &dir, run_config)?;
                     }
                 }
                 return Err(e);
@@ -260,12 +257,9 @@ impl Runner {
         let dir = args.run_dir(&out.report.run_name);
         // Under MPI, rank 0 writes the summary and prints it; the others only trained.
         if self.is_rank_zero() {
-            summary.write(&dir)?;
             loss_chart(&out.report, args.x_axis, &summary).write_svg(&dir.join("loss.svg"))?;
-            cli::save_run_config(run_config, &dir)?;
             gym_core::model::save_for_pytorch(&out.model, &dir.join("model.safetensors"))?;
-            print_summary(&summary);
-            println!("logs              {}", dir.display());
+            write_and_print(&summary, &dir, run_config)?;
         }
         Ok(Finished {
             model: out.model,
@@ -276,6 +270,20 @@ impl Runner {
             },
         })
     }
+}
+
+/// Writes a run's `summary.json` and `run_config.toml` into `dir` and prints the summary:
+/// what every run leaves, finished, interrupted or stopped by a failure.
+fn write_and_print(
+    summary: &RunSummary,
+    dir: &std::path::Path,
+    run_config: &serde_json::Value,
+) -> Result<(), BoxError> {
+    summary.write(dir)?;
+    cli::save_run_config(run_config, dir)?;
+    print_summary(summary);
+    println!("logs              {}", dir.display());
+    Ok(())
 }
 
 /// A run's train loss (mean over nodes) and validation loss (the averaged model) against
