@@ -12,6 +12,7 @@
 //! | [`strategy`] | [`Strategy`] / [`StrategyConfig`] (algorithms as values), [`Replica`], each node's optimizer ([`optim`]) | `comm`, `state` |
 //! | [`comm`] | [`Collective`] (counted, timed, cut to the nodes present) over a [`Transport`] (threads; MPI), the cost of a call in bytes and time, the network, the clock, quorums, the simulated cluster, faults | `state::rng` |
 //! | [`state`] | parameters as one flat buffer, strategy state as named values, random streams | Burn |
+//! | [`planner`] | a run's simulated time and traffic from a strategy's [`Traffic`](planner::Traffic) schedule, at any size, without tensors | `comm` (the same clock and costs), `strategy` |
 //! | [`metrics`] | records, the recorder and progress bar, CSV logs, what faults cost | `comm` (counters, clocks), `strategy` (whether work is merged) |
 //!
 //! A run reads top-down: [`Trainer::fit`] (`run/trainer.rs`) prepares the nodes
@@ -30,6 +31,7 @@ pub mod comm;
 pub mod error;
 pub mod metrics;
 pub mod model;
+pub mod planner;
 pub mod run;
 pub mod state;
 pub mod strategy;

@@ -5,6 +5,7 @@ use crate::compress::{CompressionConfig, Compressor};
 use burn::config::Config;
 use burn::tensor::Tensor;
 use gym_core::InnerOptimizerRecord;
+use gym_core::planner::{PlanInfo, PlannedEvent, Traffic};
 use gym_core::state::fields::Record;
 use gym_core::{
     InnerOptimizer, InnerOptimizerConfig, NodeInfo, Replica, Result, StateDict, StepContext,
@@ -57,6 +58,17 @@ impl StrategyConfig for AllReduceConfig {
             optim: self.inner.init(node.layout, node.max_steps)?,
             compressor: self.compression.init(node, 0)?,
         }))
+    }
+
+    /// Every step: one mean of the gradient over the world.
+    fn traffic(&self, info: &PlanInfo<'_>) -> Result<Box<dyn Traffic>> {
+        let (op, payload) = self.compression.planned_mean(info.params)?;
+        Ok(Box::new(
+            move |_step: usize, events: &mut Vec<PlannedEvent>| {
+                events.push(PlannedEvent::world(op, payload));
+                Ok(())
+            },
+        ))
     }
 }
 

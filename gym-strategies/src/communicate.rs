@@ -2,6 +2,7 @@
 //! own timing (the original's `CommunicateOptimizeStrategy`).
 
 use burn::tensor::Tensor;
+use gym_core::planner::{PlanInfo, PlannedEvent, Traffic};
 use gym_core::state::fields::Record;
 use gym_core::{
     GymError, InnerOptimizer, InnerOptimizerConfig, NodeInfo, Replica, Result, StateDict,
@@ -109,6 +110,15 @@ pub trait CommunicationModuleConfig: Send + Sync {
     }
     /// The module of one node.
     fn init(&self, node: &NodeInfo<'_>) -> Result<Box<dyn CommunicationModule>>;
+
+    /// The module's communication as sizes ([`StrategyConfig::traffic`]); the default
+    /// refuses.
+    fn traffic(&self, _info: &PlanInfo<'_>) -> Result<Box<dyn Traffic>> {
+        Err(GymError::InvalidConfig(format!(
+            "communication module `{}` cannot be planned: it has no traffic schedule",
+            self.name()
+        )))
+    }
 }
 
 /// A strategy made of: local gradient clipping → inner optimizer step → each communication
@@ -167,6 +177,37 @@ impl StrategyConfig for CommunicateOptimizeConfig {
                 .map(|m| m.init(node))
                 .collect::<Result<_>>()?,
         }))
+    }
+
+    /// Each module's schedule in order, every step; the handles of started transfers are
+    /// told apart by module.
+    fn traffic(&self, info: &PlanInfo<'_>) -> Result<Box<dyn Traffic>> {
+        let mut modules = self
+            .modules
+            .iter()
+            .map(|m| m.traffic(info))
+            .collect::<Result<Vec<_>>>()?;
+        let count = modules.len().max(1) as u64;
+        let mut own = Vec::new();
+        Ok(Box::new(
+            move |step: usize, events: &mut Vec<PlannedEvent>| {
+                for (i, module) in modules.iter_mut().enumerate() {
+                    own.clear();
+                    module.step(step, &mut own)?;
+                    events.extend(own.drain(..).map(|e| match e {
+                        PlannedEvent::Start { id, call } => PlannedEvent::Start {
+                            id: id * count + i as u64,
+                            call,
+                        },
+                        PlannedEvent::Wait { id } => PlannedEvent::Wait {
+                            id: id * count + i as u64,
+                        },
+                        call => call,
+                    }));
+                }
+                Ok(())
+            },
+        ))
     }
 }
 
@@ -273,6 +314,13 @@ macro_rules! composed_strategy {
                 node: &gym_core::NodeInfo<'_>,
             ) -> gym_core::Result<Box<dyn gym_core::Strategy>> {
                 self.compose().init(node)
+            }
+
+            fn traffic(
+                &self,
+                info: &gym_core::planner::PlanInfo<'_>,
+            ) -> gym_core::Result<Box<dyn gym_core::planner::Traffic>> {
+                self.compose().traffic(info)
             }
         }
     };

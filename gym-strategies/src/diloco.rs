@@ -8,6 +8,7 @@ use crate::outer::OuterRecord;
 use crate::outer::{OuterOptimizer, default_outer_optimizer};
 use burn::config::Config;
 use burn::tensor::Tensor;
+use gym_core::planner::{PlanInfo, PlannedEvent, Traffic};
 use gym_core::state::fields::Record;
 use gym_core::{
     Group, GymError, InnerOptimizerConfig, NodeInfo, OptimizerConfig, QuorumRule, Replica, Result,
@@ -107,6 +108,34 @@ impl CommunicationModuleConfig for DiLoCoCommunicatorConfig {
             )?,
             compressor: self.compression.init(node, 0)?,
         }))
+    }
+
+    fn traffic(&self, info: &PlanInfo<'_>) -> Result<Box<dyn Traffic>> {
+        self.planned(info)
+    }
+}
+
+impl DiLoCoCommunicatorConfig {
+    /// Every H-th step, one mean of the pseudo-gradient over the world. A quorum's rounds
+    /// depend on arrival times the schedule cannot see: refused.
+    fn planned(&self, info: &PlanInfo<'_>) -> Result<Box<dyn Traffic>> {
+        if self.quorum.is_some() {
+            return Err(GymError::InvalidConfig(
+                "DiLoCo with a quorum cannot be planned yet: who is left out depends on \
+                 arrival times"
+                    .into(),
+            ));
+        }
+        let (op, payload) = self.compression.planned_mean(info.params)?;
+        let h = self.sync_interval;
+        Ok(Box::new(
+            move |step: usize, events: &mut Vec<PlannedEvent>| {
+                if is_sync_step(step, h) {
+                    events.push(PlannedEvent::world(op, payload));
+                }
+                Ok(())
+            },
+        ))
     }
 }
 

@@ -5,6 +5,7 @@ use crate::communicate::{
 };
 use crate::compress::{CompressionConfig, Compressor};
 use burn::config::Config;
+use gym_core::planner::{PlanInfo, PlannedCall, PlannedEvent, PlannedGroups, Traffic};
 use gym_core::rng::derive_seed;
 use gym_core::state::fields::Record;
 use gym_core::{
@@ -105,6 +106,45 @@ impl CommunicationModuleConfig for AveragingCommunicatorConfig {
             seed: node.seed,
             compressor: self.compression.init(node, 0)?,
         }))
+    }
+
+    fn traffic(&self, info: &PlanInfo<'_>) -> Result<Box<dyn Traffic>> {
+        self.planned(info)
+    }
+}
+
+impl AveragingCommunicatorConfig {
+    /// Every H-th step, one mean of the parameters within each island (the world without
+    /// islands).
+    fn planned(&self, info: &PlanInfo<'_>) -> Result<Box<dyn Traffic>> {
+        let (op, payload) = self.compression.planned_mean(info.params)?;
+        let (h, island_size, seed, k) = (
+            self.sync_interval,
+            self.island_size,
+            info.seed,
+            info.world_size,
+        );
+        Ok(Box::new(
+            move |step: usize, events: &mut Vec<PlannedEvent>| {
+                if !is_sync_step(step, h) || k == 1 {
+                    return Ok(());
+                }
+                let groups = match island_size {
+                    Some(size) if size < k => PlannedGroups::Each(
+                        IslandPartition::draw(k, size, seed, step)
+                            .islands()
+                            .to_vec(),
+                    ),
+                    _ => PlannedGroups::World,
+                };
+                events.push(PlannedEvent::Call(PlannedCall {
+                    op,
+                    groups,
+                    payload,
+                }));
+                Ok(())
+            },
+        ))
     }
 }
 

@@ -55,6 +55,26 @@ impl IndexSelector {
         self.next_with(layout, self.p)
     }
 
+    /// How many values [`next_with`](Self::next_with) would select from a model of `n`
+    /// values in one parameter, for a plan by size (advances the counter the same way):
+    /// the random selection's expected ⌊p·n⌉ (its draws are not made), a cyclic
+    /// selection's exact part.
+    pub fn next_count(&mut self, n: u64, p: f64) -> u64 {
+        let it = self.iteration;
+        self.iteration += 1;
+        if p <= 0.0 {
+            return 0;
+        }
+        match self.kind {
+            IndexSelectorKind::Random => (p * n as f64).round() as u64,
+            IndexSelectorKind::ShuffledSequential | IndexSelectorKind::Partitioned => {
+                let parts = self.parts(n as usize) as u64;
+                let c = it % parts;
+                n / parts + u64::from(c < n % parts)
+            }
+        }
+    }
+
     /// [`next`](Self::next) with fraction `p` for this synchronisation alone (a scheduled
     /// p; the random selector only, whose draws are independent of each other).
     pub fn next_with(&mut self, layout: &ParamLayout, p: f64) -> Vec<usize> {

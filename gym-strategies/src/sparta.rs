@@ -23,6 +23,8 @@ use crate::index_selector::{IndexSelector, IndexSelectorKind, IndexSelectorRecor
 use burn::config::Config;
 use burn::tensor::Device;
 use burn::tensor::{IndexingUpdateOp, Int, Tensor, TensorData};
+use gym_core::comm::CollectiveOp;
+use gym_core::planner::{PlanInfo, PlannedCall, PlannedEvent, PlannedGroups, Traffic};
 use gym_core::state::fields::{Bytes, Record, Values};
 use gym_core::{
     GymError, InnerOptimizerConfig, NodeInfo, ReduceOp, Replica, Result, StateDict, StepContext,
@@ -124,16 +126,9 @@ struct Delayed {
     transfer: Transfer,
 }
 
-impl CommunicationModuleConfig for SparseCommunicatorConfig {
-    fn name(&self) -> String {
-        "sparse".into()
-    }
-
-    fn to_json(&self) -> serde_json::Value {
-        serde_json::to_value(self).expect("serialises")
-    }
-
-    fn init(&self, node: &NodeInfo<'_>) -> Result<Box<dyn CommunicationModule>> {
+impl SparseCommunicatorConfig {
+    /// Refuses settings it cannot run with for a run of `max_steps` steps.
+    fn validate(&self, max_steps: usize) -> Result<()> {
         if !(0.0..=1.0).contains(&self.p) {
             return Err(GymError::InvalidConfig(format!(
                 "SPARTA: `p` must be in [0, 1], got {}",
@@ -145,11 +140,11 @@ impl CommunicationModuleConfig for SparseCommunicatorConfig {
                 "SPARTA: `sync_interval` must be at least 1".into(),
             ));
         }
-        if self.delay > 0 && self.delay >= node.max_steps {
+        if self.delay > 0 && self.delay >= max_steps {
             return Err(GymError::InvalidConfig(format!(
                 "SPARTA: a delay of {} synchronisations is not shorter than the run ({} \
                  steps): no averaged value would be applied",
-                self.delay, node.max_steps
+                self.delay, max_steps
             )));
         }
         if self.schedule != PSchedule::Constant && self.selector != IndexSelectorKind::Random {
@@ -159,6 +154,74 @@ impl CommunicationModuleConfig for SparseCommunicatorConfig {
                 self.selector
             )));
         }
+        Ok(())
+    }
+
+    /// At each synchronisation, one all-reduce of the selected values, started and waited
+    /// for `delay` synchronisations later (at once without a delay). With the model's
+    /// layout the selector draws exactly what training draws; by size alone, a random
+    /// selection counts its expected ⌊p·n⌉ values and a cyclic one its part of one
+    /// parameter of `n` values.
+    fn planned(&self, info: &PlanInfo<'_>) -> Result<Box<dyn Traffic>> {
+        self.validate(info.max_steps)?;
+        let mut selector = IndexSelector::new(self.selector, self.p, info.seed);
+        let layout = info.layout.cloned();
+        let (n, h, p, delay, schedule) = (
+            info.params,
+            self.sync_interval,
+            self.p,
+            self.delay,
+            self.schedule,
+        );
+        let (max_steps, world_size) = (info.max_steps, info.world_size);
+        // The transfers in flight: `Some(id)` for a started one, `None` for an empty turn.
+        let mut in_flight = std::collections::VecDeque::new();
+        Ok(Box::new(
+            move |step: usize, events: &mut Vec<PlannedEvent>| {
+                if !is_sync_step(step, h) || world_size == 1 {
+                    return Ok(());
+                }
+                let p = schedule.p_at(p, step, max_steps);
+                let count = match &layout {
+                    Some(layout) => selector.next_with(layout, p).len() as u64,
+                    None => selector.next_count(n, p),
+                };
+                if count > 0 {
+                    let id = step as u64;
+                    events.push(PlannedEvent::Start {
+                        id,
+                        call: PlannedCall {
+                            op: CollectiveOp::AllReduce(ReduceOp::Mean),
+                            groups: PlannedGroups::World,
+                            payload: 4 * count,
+                        },
+                    });
+                    in_flight.push_back(Some(id));
+                } else if delay > 0 {
+                    in_flight.push_back(None);
+                }
+                while in_flight.len() > delay {
+                    if let Some(id) = in_flight.pop_front().expect("non-empty") {
+                        events.push(PlannedEvent::Wait { id });
+                    }
+                }
+                Ok(())
+            },
+        ))
+    }
+}
+
+impl CommunicationModuleConfig for SparseCommunicatorConfig {
+    fn name(&self) -> String {
+        "sparse".into()
+    }
+
+    fn to_json(&self) -> serde_json::Value {
+        serde_json::to_value(self).expect("serialises")
+    }
+
+    fn init(&self, node: &NodeInfo<'_>) -> Result<Box<dyn CommunicationModule>> {
+        self.validate(node.max_steps)?;
         Ok(Box::new(SparseCommunicator {
             selector: IndexSelector::new(self.selector, self.p, node.seed),
             sync_interval: self.sync_interval,
@@ -169,6 +232,10 @@ impl CommunicationModuleConfig for SparseCommunicatorConfig {
             delayed: Default::default(),
             device: node.initial_params.device(),
         }))
+    }
+
+    fn traffic(&self, info: &PlanInfo<'_>) -> Result<Box<dyn Traffic>> {
+        self.planned(info)
     }
 }
 

@@ -10,6 +10,7 @@ use crate::outer::OuterRecord;
 use crate::outer::{OuterOptimizer, default_outer_optimizer};
 use burn::config::Config;
 use burn::tensor::Tensor;
+use gym_core::planner::{PlanInfo, PlannedCall, PlannedEvent, PlannedGroups, Traffic};
 use gym_core::state::fields::{Record, Values};
 use gym_core::{
     GymError, InnerOptimizerConfig, NodeInfo, OptimizerConfig, ParamLayout, Replica, Result,
@@ -177,6 +178,82 @@ impl CommunicationModuleConfig for StreamingModuleConfig {
 
     fn init(&self, node: &NodeInfo<'_>) -> Result<Box<dyn CommunicationModule>> {
         Ok(Box::new(StreamingDiLoCo::new(&self.0, node)?))
+    }
+
+    /// Each fragment's mean, started τ steps before its sync step and waited for there
+    /// (the schedule of [`StreamingDiLoCo`]). A fragment's size follows the layout's split
+    /// when the model exists; by size alone the parameters are cut into F equal parts.
+    fn traffic(&self, info: &PlanInfo<'_>) -> Result<Box<dyn Traffic>> {
+        let config = &self.0;
+        config.validate()?;
+        let f = config.fragments;
+        let sizes: Vec<u64> = match info.layout {
+            Some(layout) => {
+                let entries = layout.entries();
+                if f > entries.len() {
+                    return Err(GymError::InvalidConfig(format!(
+                        "Streaming DiLoCo: `fragments` (F = {f}) must not exceed the model's {} \
+                         parameters",
+                        entries.len()
+                    )));
+                }
+                config
+                    .pattern
+                    .split(layout, f)
+                    .iter()
+                    .map(|params| params.iter().map(|&i| entries[i].numel as u64).sum())
+                    .collect()
+            }
+            None => {
+                let n = info.params;
+                (0..f as u64)
+                    .map(|p| n / f as u64 + u64::from(p < n % f as u64))
+                    .collect()
+            }
+        };
+        let means = sizes
+            .iter()
+            .map(|&n| config.compression.planned_mean(n))
+            .collect::<Result<Vec<_>>>()?;
+        let (stride, overlap, max_steps) =
+            (config.sync_interval / f, config.overlap, info.max_steps);
+        let syncing_at = move |step: usize| {
+            let events = step + 1;
+            events
+                .is_multiple_of(stride)
+                .then(|| (events / stride - 1) % f)
+        };
+        let mut in_flight: Option<usize> = None;
+        Ok(Box::new(
+            move |step: usize, events: &mut Vec<PlannedEvent>| {
+                // A sync due now goes first, then the prepare τ steps ahead, then (τ = 0) its sync.
+                let sync_if_due =
+                    |in_flight: &mut Option<usize>, events: &mut Vec<PlannedEvent>| {
+                        if *in_flight == Some(step) {
+                            *in_flight = None;
+                            events.push(PlannedEvent::Wait { id: step as u64 });
+                        }
+                    };
+                sync_if_due(&mut in_flight, events);
+                let sync_step = step + overlap;
+                if sync_step < max_steps
+                    && let Some(p) = syncing_at(sync_step)
+                {
+                    let (op, payload) = means[p];
+                    events.push(PlannedEvent::Start {
+                        id: sync_step as u64,
+                        call: PlannedCall {
+                            op,
+                            groups: PlannedGroups::World,
+                            payload,
+                        },
+                    });
+                    in_flight = Some(sync_step);
+                }
+                sync_if_due(&mut in_flight, events);
+                Ok(())
+            },
+        ))
     }
 }
 

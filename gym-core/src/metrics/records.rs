@@ -142,8 +142,9 @@ impl CorrelationRecord {
     }
 }
 
-/// Everything a run measured. Returned by [`Trainer::fit`](crate::Trainer::fit).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// Everything a run measured. Returned by [`Trainer::fit`](crate::Trainer::fit) (and, its
+/// clocks and traffic only, by [`planner::plan`](crate::planner::plan)).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct RunReport {
     /// The run's name (its log folder under the log directory).
     pub run_name: String,

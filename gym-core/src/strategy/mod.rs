@@ -13,10 +13,13 @@
 pub mod optim;
 pub mod replica;
 pub mod schedule;
+pub mod traffic;
 
 pub use replica::{ModelReplica, Replica};
+pub use traffic::{PlanInfo, Traffic};
 
 use crate::comm::{Collective, Group};
+
 use crate::error::{GymError, Result};
 use crate::state::params::ParamLayout;
 use crate::state::record::StateDict;
@@ -239,4 +242,17 @@ pub trait StrategyConfig: Send + Sync {
     /// Builds the strategy of one node; refuses settings it cannot run with
     /// ([`GymError::InvalidConfig`], naming the setting).
     fn init(&self, node: &NodeInfo<'_>) -> Result<Box<dyn Strategy>>;
+
+    /// The strategy's communication as sizes, for [`planner::plan`](crate::planner::plan):
+    /// the calls every node makes at each step, which the planner charges on the same
+    /// clock as training. It must describe exactly what [`init`](Self::init)'s strategy
+    /// calls (a test per strategy compares a plan with a training run). The default refuses:
+    /// a strategy plans once it says what it sends.
+    fn traffic(&self, _info: &PlanInfo<'_>) -> Result<Box<dyn Traffic>> {
+        Err(GymError::InvalidConfig(format!(
+            "strategy `{}` cannot be planned: it has no traffic schedule \
+             (`StrategyConfig::traffic`)",
+            self.name()
+        )))
+    }
 }

@@ -1,0 +1,97 @@
+//! A strategy's communication as sizes ([`Traffic`]): which collectives every node calls at
+//! each step, over which groups, with how many bytes — what the
+//! [`planner`](crate::planner) charges on the simulated clock without tensors.
+
+use crate::comm::{CollectiveOp, Group};
+use crate::error::Result;
+use crate::state::params::ParamLayout;
+
+/// What a strategy's schedule knows when it is built for a plan.
+#[derive(Debug, Clone, Copy)]
+pub struct PlanInfo<'a> {
+    /// Number of nodes.
+    pub world_size: usize,
+    /// Steps the run takes (and its schedules span).
+    pub max_steps: usize,
+    /// The run seed (shared draws, such as SPARTA's random selection, follow it).
+    pub seed: u64,
+    /// Trainable parameters (f32 values in the flat buffer).
+    pub params: u64,
+    /// The trainable parameters' layout when planning a model that exists (a training run's
+    /// twin); `None` when only the size is known. A schedule whose traffic depends on the
+    /// layout (which elements a selector draws) follows it exactly when given, and uses
+    /// the expected size otherwise (documented by the strategy).
+    pub layout: Option<&'a ParamLayout>,
+}
+
+/// Which nodes take part in a planned call: the world (every node), or disjoint groups
+/// that each run the call among themselves (FedAvg's islands); a node in none sits it out.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PlannedGroups {
+    /// Every node.
+    World,
+    /// Disjoint groups, each running the call on its own.
+    Each(Vec<Group>),
+}
+
+/// One collective call in a plan, as every member makes it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlannedCall {
+    /// The operation.
+    pub op: CollectiveOp,
+    /// Who takes part.
+    pub groups: PlannedGroups,
+    /// Bytes in each member's buffer (a tensor's values × 4 for f32, a codec's encoded
+    /// length), as [`Collective`](crate::Collective) counts the real call's payload.
+    pub payload: u64,
+}
+
+/// One event of a strategy's schedule at a step, after the node's compute, in the order the
+/// strategy makes them.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PlannedEvent {
+    /// A call waited for at once (`all_reduce`, `all_gather_bytes`, …).
+    Call(PlannedCall),
+    /// A call started without waiting (`*_start`), known by `id` until waited for; a
+    /// transfer never waited for (a detached broadcast) only occupies the links.
+    Start {
+        /// The handle [`Wait`](PlannedEvent::Wait) names; unique within the plan.
+        id: u64,
+        /// The call.
+        call: PlannedCall,
+    },
+    /// Waits for the started call `id` ([`Pending::wait`](crate::Pending::wait)).
+    Wait {
+        /// The handle the call was started with.
+        id: u64,
+    },
+}
+
+impl PlannedEvent {
+    /// A call over every node, waited for at once.
+    pub fn world(op: CollectiveOp, payload: u64) -> Self {
+        PlannedEvent::Call(PlannedCall {
+            op,
+            groups: PlannedGroups::World,
+            payload,
+        })
+    }
+}
+
+/// A strategy's communication as sizes: what every node calls at each step. Built by
+/// [`StrategyConfig::traffic`](crate::StrategyConfig::traffic) and stepped by [`plan`](crate::planner::plan) once
+/// per step, for all nodes at once (strategies are SPMD: every node makes the same calls).
+pub trait Traffic: Send {
+    /// Appends the events of `step` (after the nodes' compute) to `events`, in order.
+    fn step(&mut self, step: usize, events: &mut Vec<PlannedEvent>) -> Result<()>;
+}
+
+/// A closure is a schedule: `|step, events| { …; Ok(()) }`.
+impl<F> Traffic for F
+where
+    F: FnMut(usize, &mut Vec<PlannedEvent>) -> Result<()> + Send,
+{
+    fn step(&mut self, step: usize, events: &mut Vec<PlannedEvent>) -> Result<()> {
+        self(step, events)
+    }
+}

@@ -1,0 +1,244 @@
+//! The planner gives the simulated seconds and bytes of training, for every strategy that
+//! plans: each one trained on four simulated nodes (stragglers, jitter, islands, started
+//! transfers that overlap compute) and planned from its traffic schedule alone, compared
+//! bit for bit.
+
+use burn::tensor::Device;
+use gym_core::planner::{PlanConfig, plan};
+use gym_core::{
+    ComputeModel, GymError, Link, Network, NodeData, ParamLayout, RunReport, SimulationConfig,
+    StrategyConfig, Topology, TrainModel, Trainer, TrainerConfig,
+};
+use gym_strategies::{
+    AllReduceConfig, AveragingCommunicatorConfig, CompressionConfig, DiLoCoCommunicatorConfig,
+    DiLoCoConfig, FedAvgConfig, IndexSelectorKind, SparseCommunicatorConfig, SpartaConfig,
+    SpartaDiLoCoConfig, StreamingDiLoCoConfig,
+};
+use tests::{Synthetic, SyntheticBatcher, small_mlp};
+
+const NODES: usize = 4;
+const STEPS: usize = 12;
+const BATCH: usize = 8;
+const SEED: u64 = 5;
+
+/// A slow wide-area network on which the MLP's traffic costs about as much as its compute;
+/// two islands of two, one node at half speed, jitter.
+fn cluster() -> SimulationConfig {
+    let wan = Link::symmetric(20e6, 0.02);
+    SimulationConfig::new(
+        Network::switch(Link::symmetric(1e9, 1e-4))
+            .with_topology(Topology::Islands { size: 2, wan }),
+    )
+    .with_compute(ComputeModel::Modelled { flops_per_s: 2e6 })
+    .with_node_speed(vec![1.0, 0.5, 1.0, 0.8])
+    .with_jitter(0.2)
+}
+
+fn train(strategy: &dyn StrategyConfig, sim: &SimulationConfig) -> RunReport {
+    let data = NodeData::shared(Synthetic::new(1024, 16, 4, 1), Synthetic::new(64, 16, 4, 2));
+    let config = TrainerConfig::new(NODES)
+        .with_max_steps(Some(STEPS))
+        .with_batch_size(BATCH)
+        .with_val_size(Some(0))
+        .with_seed(SEED)
+        .with_simulation(Some(sim.clone()));
+    Trainer::new(config)
+        .fit(small_mlp, strategy, &data, &SyntheticBatcher)
+        .expect("trains")
+        .report
+}
+
+fn planned(
+    strategy: &dyn StrategyConfig,
+    sim: &SimulationConfig,
+    exact_layout: bool,
+) -> Result<RunReport, GymError> {
+    let model = small_mlp(&Device::default().autodiff());
+    let layout = ParamLayout::trainable(&model);
+    let config = PlanConfig {
+        num_nodes: NODES,
+        steps: STEPS,
+        seed: SEED,
+        params: layout.num_elements() as u64,
+        step_flops: model.flops_per_example() * BATCH as f64,
+        simulation: sim.clone(),
+    };
+    plan(&config, strategy, exact_layout.then_some(&layout))
+}
+
+fn sparta(p: f64, delay: usize, selector: IndexSelectorKind) -> SpartaConfig {
+    SpartaConfig::new().with_communicator(
+        SparseCommunicatorConfig::new()
+            .with_p(p)
+            .with_delay(delay)
+            .with_selector(selector),
+    )
+}
+
+fn strategies() -> Vec<(&'static str, Box<dyn StrategyConfig>)> {
+    let int8: CompressionConfig = "int8".parse().unwrap();
+    let topk: CompressionConfig = "topk:8/64+int8,ef".parse().unwrap();
+    vec![
+        ("allreduce", Box::new(AllReduceConfig::new())),
+        (
+            "allreduce int8",
+            Box::new(AllReduceConfig::new().with_compression(int8)),
+        ),
+        (
+            "diloco H=3",
+            Box::new(
+                DiLoCoConfig::new()
+                    .with_communicator(DiLoCoCommunicatorConfig::new().with_sync_interval(3)),
+            ),
+        ),
+        (
+            "diloco H=4 top-k",
+            Box::new(
+                DiLoCoConfig::new().with_communicator(
+                    DiLoCoCommunicatorConfig::new()
+                        .with_sync_interval(4)
+                        .with_compression(topk),
+                ),
+            ),
+        ),
+        (
+            "sparta random",
+            Box::new(sparta(0.1, 0, IndexSelectorKind::Random)),
+        ),
+        (
+            "sparta delayed 2, partitioned",
+            Box::new(sparta(0.25, 2, IndexSelectorKind::Partitioned)),
+        ),
+        ("sparta-diloco", Box::new(SpartaDiLoCoConfig::new())),
+        (
+            "streaming diloco F=2 H=4 overlap 1",
+            Box::new(
+                StreamingDiLoCoConfig::new()
+                    .with_sync_interval(4)
+                    .with_fragments(2)
+                    .with_overlap(1),
+            ),
+        ),
+        (
+            "streaming diloco F=3 H=6 int8 no overlap",
+            Box::new(
+                StreamingDiLoCoConfig::new()
+                    .with_sync_interval(6)
+                    .with_fragments(3)
+                    .with_compression(int8),
+            ),
+        ),
+        (
+            "fedavg islands of 2",
+            Box::new(
+                FedAvgConfig::new().with_communicator(
+                    AveragingCommunicatorConfig::new()
+                        .with_sync_interval(2)
+                        .with_island_size(Some(2)),
+                ),
+            ),
+        ),
+    ]
+}
+
+#[test]
+fn planning_gives_the_simulated_time_and_bytes_of_training() {
+    for (name, strategy) in strategies() {
+        let sim = cluster();
+        let trained = train(&*strategy, &sim);
+        let plan = planned(&*strategy, &sim, true).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(plan.simulated, trained.simulated, "{name}: clocks");
+        assert_eq!(plan.comm, trained.comm, "{name}: traffic");
+        assert!(
+            trained.simulated_comm_s().unwrap() > 0.0,
+            "{name}: the case exercises communication"
+        );
+    }
+}
+
+/// Without the model's layout, a cyclic selection still counts exactly, and a random one
+/// its expected size (within a few per cent of what was drawn here).
+#[test]
+fn planning_by_size_alone() {
+    let sim = cluster();
+    let cyclic = sparta(0.25, 1, IndexSelectorKind::ShuffledSequential);
+    let by_layout = planned(&cyclic, &sim, true).unwrap();
+    let by_size = planned(&cyclic, &sim, false).unwrap();
+    // The MLP's parameters are cut one by one, the size-only plan as one: counts agree
+    // within one value per parameter and part.
+    let (a, b) = (
+        by_layout.bytes_sent_per_node(),
+        by_size.bytes_sent_per_node(),
+    );
+    assert!((a - b).abs() / a < 0.01, "{a} vs {b}");
+    let random = sparta(0.1, 0, IndexSelectorKind::Random);
+    let (a, b) = (
+        planned(&random, &sim, true).unwrap().bytes_sent_per_node(),
+        planned(&random, &sim, false).unwrap().bytes_sent_per_node(),
+    );
+    assert!((a - b).abs() / a < 0.05, "{a} vs {b}");
+}
+
+#[test]
+fn a_plan_refuses_what_it_cannot_run() {
+    let sim = cluster();
+    let strategy = AllReduceConfig::new();
+    let model = small_mlp(&Device::default().autodiff());
+    let base = PlanConfig {
+        num_nodes: NODES,
+        steps: STEPS,
+        seed: SEED,
+        params: ParamLayout::trainable(&model).num_elements() as u64,
+        step_flops: 1e6,
+        simulation: sim.clone(),
+    };
+    let refused = |config: PlanConfig, strategy: &dyn StrategyConfig, needle: &str| {
+        let err = plan(&config, strategy, None).unwrap_err().to_string();
+        assert!(err.contains(needle), "{err}");
+    };
+    refused(
+        PlanConfig {
+            num_nodes: 0,
+            ..base.clone()
+        },
+        &strategy,
+        "num_nodes",
+    );
+    refused(
+        PlanConfig {
+            steps: 0,
+            ..base.clone()
+        },
+        &strategy,
+        "steps",
+    );
+    refused(
+        PlanConfig {
+            params: 0,
+            ..base.clone()
+        },
+        &strategy,
+        "params",
+    );
+    refused(
+        PlanConfig {
+            step_flops: f64::NAN,
+            ..base.clone()
+        },
+        &strategy,
+        "FLOPs",
+    );
+    // Four speed factors for five nodes.
+    refused(
+        PlanConfig {
+            num_nodes: 5,
+            ..base.clone()
+        },
+        &strategy,
+        "node_speed",
+    );
+    let powersgd = AllReduceConfig::new().with_compression("powersgd:2".parse().unwrap());
+    refused(base.clone(), &powersgd, "PowerSGD");
+    let demo = gym_strategies::DeMoConfig::new();
+    refused(base, &demo, "cannot be planned");
+}
