@@ -490,6 +490,7 @@ fn index_bits(chunk: usize) -> usize {
 fn dense_bytes(q: Quantizer, n: usize) -> usize {
     match q {
         Quantizer::F32 => 4 * n,
+        Quantizer::Bf16 => 2 * n,
         Quantizer::Int8 { chunk } | Quantizer::Fp8 { chunk } => n + 4 * n.div_ceil(chunk),
         Quantizer::Fp4 { block } => n.div_ceil(2) + 4 * n.div_ceil(block),
         Quantizer::TwoBit { group } => n.div_ceil(4) + 20 * n.div_ceil(group),
@@ -531,6 +532,7 @@ fn every_variant() -> Vec<Codec> {
         Quantizer::Qsgd { levels: 15 },
         Quantizer::Qsgd { levels: 1 },
         Quantizer::Qsgd { levels: 300 },
+        Quantizer::Bf16,
     ];
     let mut codecs: Vec<Codec> = dense.iter().map(|&q| Codec::Dense(q)).collect();
     for values in dense {
@@ -833,6 +835,7 @@ fn zoo_specs_round_trip_through_display_and_parse() {
         ("fp4", Codec::Dense(Quantizer::Fp4 { block: 32 })),
         ("fp4:16", Codec::Dense(Quantizer::Fp4 { block: 16 })),
         ("2bit", Codec::Dense(Quantizer::TwoBit { group: 4096 })),
+        ("bf16", Codec::Dense(Quantizer::Bf16)),
         (
             "topk:64/4096",
             Codec::TopK {
@@ -908,6 +911,7 @@ fn zoo_bad_specs_are_refused_with_a_message() {
         ("randomk:0.1+fp5", "fp4[:BLOCK]"),
         ("int8:abc", "whole number"),
         ("f32:4", "f32"),
+        ("bf16:16", "takes no size"),
     ] {
         let err = spec.parse::<Codec>().unwrap_err();
         assert!(err.contains(says), "`{spec}`: {err}");

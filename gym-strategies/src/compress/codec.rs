@@ -10,6 +10,9 @@
 //!   for int8, FP8 and FP4; μ and the 4-entry table for 2-bit; the norm for QSGD), then the
 //!   codes of the whole vector, packed across chunk boundaries (so `fp4` on an odd block
 //!   still takes ⌈n/2⌉ bytes of codes).
+//! - [`Quantizer::F32`] and [`Quantizer::Bf16`] have no metadata: per value its f32 (4
+//!   bytes), or its bf16 (2 bytes: the top 16 bits of the f32, rounded to nearest with ties
+//!   to even).
 //! - [`Codec::TopK`] writes the kept positions, each local to its chunk at ⌈log₂ chunk⌉ bits
 //!   (at least 1), ascending within a chunk and chunk after chunk, packed across the whole
 //!   index section; then the kept values, in the same order, through its quantizer as one
@@ -19,8 +22,9 @@
 //!
 //! # Non-finite values
 //!
-//! Encoding never panics on a NaN or ±∞. [`Quantizer::F32`] carries them as they are. The
-//! other quantizers give the chunk (block, group) that holds one a NaN scale (or μ), so the
+//! Encoding never panics on a NaN or ±∞. [`Quantizer::F32`] carries them as they are, and
+//! so does [`Quantizer::Bf16`] (a NaN quieted; a finite value beyond bf16's range becomes
+//! ±∞, as the standard conversion does). The other quantizers give the chunk (block, group) that holds one a NaN scale (or μ), so the
 //! whole chunk decodes to NaN: the fault shows up downstream (the trainer stops on a
 //! non-finite loss) instead of being silently turned into finite codes. Top-k ranks NaN
 //! above every number and ∞ above every finite one, so they are kept.
@@ -250,8 +254,8 @@ impl Codec {
     }
 }
 
-/// `f32`, `int8:CHUNK`, `fp8:CHUNK`, `fp4:BLOCK`, `2bit:GROUP`, `topk:K/CHUNK` (f32
-/// values) or `topk:K/CHUNK+Q`, `randomk:DENSITY` or `randomk:DENSITY+Q`; parsed back by
+/// `f32`, `bf16`, `int8:CHUNK`, `fp8:CHUNK`, `fp4:BLOCK`, `2bit:GROUP`, `qsgd:LEVELS`,
+/// `topk:K/CHUNK` (f32 values) or `topk:K/CHUNK+Q`, `randomk:DENSITY` or `randomk:DENSITY+Q`; parsed back by
 /// [`Codec::from_str`].
 impl fmt::Display for Codec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -277,8 +281,8 @@ impl fmt::Display for Codec {
     }
 }
 
-/// A dense spec (`f32`, `int8[:CHUNK]`, `fp8[:CHUNK]`, `fp4[:BLOCK]`, `2bit[:GROUP]`; see
-/// [`Quantizer`]'s `FromStr`), `topk:K/CHUNK[+Q]` or `randomk:DENSITY[+Q]` with Q a dense
+/// A dense spec (`f32`, `bf16`, `int8[:CHUNK]`, `fp8[:CHUNK]`, `fp4[:BLOCK]`,
+/// `2bit[:GROUP]`, `qsgd[:LEVELS]`; see [`Quantizer`]'s `FromStr`), `topk:K/CHUNK[+Q]` or `randomk:DENSITY[+Q]` with Q a dense
 /// spec (f32 when absent); case-insensitive. The result is validated, and an error names
 /// the spec and what was expected.
 impl FromStr for Codec {

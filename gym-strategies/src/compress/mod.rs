@@ -149,7 +149,7 @@ impl CompressionConfig {
     }
 }
 
-/// `none`, a codec spec (`int8`, `fp8`, `fp4`, `2bit`, `topk:64/4096+2bit`,
+/// `none`, a codec spec (`bf16`, `int8`, `fp8`, `fp4`, `2bit`, `topk:64/4096+2bit`,
 /// `randomk:0.01`; see [`Codec`]), optionally followed by `,ef` (error feedback, decay 1) or
 /// `,ef=DECAY`, and by `,senders` ([`Aggregation::MeanOverSenders`]); or `powersgd:RANK`.
 impl FromStr for CompressionConfig {

@@ -1,7 +1,7 @@
 //! Dense quantizers: every value of a vector, a chunk at a time. Each format is a file of
-//! [`formats`](super::formats) implementing [`DenseFormat`], registered by one line in
-//! [`quantizers!`]'s list below; the list generates [`Quantizer`], its spec and its
-//! dispatch.
+//! [`formats`](super::formats) implementing [`DenseFormat`] (or [`PlainFormat`], for a
+//! format without a setting), registered by one line in [`quantizers!`]'s lists below; the
+//! lists generate [`Quantizer`], its spec and its dispatch.
 
 use gym_core::{GymError, Result};
 use serde::{Deserialize, Serialize};
@@ -29,12 +29,34 @@ pub(crate) trait DenseFormat {
     fn decode(bytes: &[u8], n: usize, size: usize) -> Result<Vec<f32>>;
 }
 
-/// Declares the quantizers: one line each, `Variant { setting } => format type`, with the
-/// variant's documentation above it. Generates [`Quantizer`] (its serialised form is the
-/// variant and its setting, as config files and logs have always shown it), the
-/// dispatch to each format, the spec's names and its parsing and display.
+/// One dense format without a setting: each value on its own, with no metadata (bf16).
+pub(crate) trait PlainFormat {
+    /// Its name in a spec (`bf16`), which takes no size.
+    const NAME: &'static str;
+    /// Bytes `n` values take.
+    fn encoded_len(n: usize) -> usize;
+    /// Appends the encoding of `x` to `out`.
+    fn encode(x: &[f32], out: &mut Vec<u8>);
+    /// Decodes `n` values from `bytes`, exactly `encoded_len(n)` of them.
+    fn decode(bytes: &[u8], n: usize) -> Result<Vec<f32>>;
+}
+
+/// Declares the quantizers: one line each, with the variant's documentation above it;
+/// `Variant { setting } => format type` for a [`DenseFormat`] in the `sized` list,
+/// `Variant => format type` for a [`PlainFormat`] in the `plain` list. Generates
+/// [`Quantizer`] (its serialised form is the variant and its setting, as config files and
+/// logs have always shown it; the plain variants come after the sized ones, so that no
+/// variant's index moves), the dispatch to each format, the spec's names and its parsing
+/// and display.
 macro_rules! quantizers {
-    ($( $(#[$doc:meta])* $variant:ident { $setting:ident } => $format:ty, )*) => {
+    (
+        sized {
+            $( $(#[$doc:meta])* $variant:ident { $setting:ident } => $format:ty, )*
+        }
+        plain {
+            $( $(#[$plain_doc:meta])* $plain:ident => $plain_format:ty, )*
+        }
+    ) => {
         /// A dense quantizer of f32 values (each node its own scales, so sums go through
         /// all-gather and decoding, never through a sum of codes).
         #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -48,12 +70,17 @@ macro_rules! quantizers {
                     $setting: usize,
                 },
             )*
+            $(
+                $(#[$plain_doc])*
+                $plain,
+            )*
         }
 
         /// The dense formats' names, as specs spell them.
-        pub(crate) const DENSE_NAMES: &[&str] = &["f32", $(<$format>::NAME,)*];
+        pub(crate) const DENSE_NAMES: &[&str] =
+            &["f32", $(<$format>::NAME,)* $(<$plain_format>::NAME,)*];
 
-        /// The dense formats' specs as a user reads them: `f32, int8[:CHUNK], …`.
+        /// The dense formats' specs as a user reads them: `f32, int8[:CHUNK], …, bf16`.
         pub(crate) fn dense_specs() -> String {
             let specs = [
                 "f32".to_string(),
@@ -62,18 +89,21 @@ macro_rules! quantizers {
                     <$format>::NAME,
                     stringify!($setting).to_ascii_uppercase()
                 ),)*
+                $(<$plain_format>::NAME.to_string(),)*
             ];
             specs.join(", ")
         }
 
         impl Quantizer {
-            /// The format's name and its setting's name and value (`None`: f32).
-            fn setting(&self) -> Option<(&'static str, &'static str, usize)> {
+            /// The format's name, and its setting's name and value (`None`: a format
+            /// without a setting, f32 or a plain one).
+            fn setting(&self) -> (&'static str, Option<(&'static str, usize)>) {
                 match *self {
-                    Quantizer::F32 => None,
+                    Quantizer::F32 => ("f32", None),
                     $(Quantizer::$variant { $setting } => {
-                        Some((<$format>::NAME, stringify!($setting), $setting))
+                        (<$format>::NAME, Some((stringify!($setting), $setting)))
                     })*
+                    $(Quantizer::$plain => (<$plain_format>::NAME, None),)*
                 }
             }
 
@@ -86,6 +116,7 @@ macro_rules! quantizers {
                 match *self {
                     Quantizer::F32 => codes_and_metadata(0, n, 4),
                     $(Quantizer::$variant { $setting } => <$format>::encoded_len(n, $setting),)*
+                    $(Quantizer::$plain => <$plain_format>::encoded_len(n),)*
                 }
             }
 
@@ -97,6 +128,7 @@ macro_rules! quantizers {
                     $(Quantizer::$variant { $setting } => {
                         <$format>::encode(x, $setting, seed, out)
                     })*
+                    $(Quantizer::$plain => <$plain_format>::encode(x, out),)*
                 }
             }
 
@@ -107,16 +139,21 @@ macro_rules! quantizers {
                 match *self {
                     Quantizer::F32 => Ok(bytes.chunks_exact(4).map(read_f32).collect()),
                     $(Quantizer::$variant { $setting } => <$format>::decode(bytes, n, $setting),)*
+                    $(Quantizer::$plain => <$plain_format>::decode(bytes, n),)*
                 }
             }
 
-            /// The quantizer called `name` with `size` (its format's default when `None`).
+            /// The quantizer called `name` with `size` (its format's default when `None`);
+            /// `None` for an unknown name or a size given to a format without a setting.
             fn named(name: &str, size: Option<usize>) -> Option<Quantizer> {
                 match name {
                     "f32" if size.is_none() => Some(Quantizer::F32),
                     $(n if n == <$format>::NAME => Some(Quantizer::$variant {
                         $setting: size.unwrap_or(<$format>::DEFAULT),
                     }),)*
+                    $(n if n == <$plain_format>::NAME && size.is_none() => {
+                        Some(Quantizer::$plain)
+                    })*
                     _ => None,
                 }
             }
@@ -125,25 +162,34 @@ macro_rules! quantizers {
 }
 
 quantizers! {
-    /// Symmetric int8 per chunk of `chunk` values: s = max|x|/127 (1 when max is 0),
-    /// q = round(x/s) ∈ [−127, 127]; |x − x̂| ≤ s/2. Bytes: n + 4·⌈n/chunk⌉.
-    Int8 { chunk } => super::formats::int8::Int8,
-    /// FP8 E4M3 per chunk, with an f32 scale 448/max|x| (torchft's row-wise encoding).
-    /// Bytes: n + 4·⌈n/chunk⌉.
-    Fp8 { chunk } => super::formats::fp8::Fp8,
-    /// FP4 E2M1 ({0, 0.5, 1, 1.5, 2, 3, 4, 6}·sign) per block, with an f32 scale
-    /// 6/max|x|. Bytes: ⌈n/2⌉ + 4·⌈n/block⌉.
-    Fp4 { block } => super::formats::fp4::Fp4,
-    /// SparseLoCo's statistical 2-bit codec per group: μ, σ (unbiased), scale 1.5σ, codes
-    /// clamp(round((x−μ)/scale + 2), 0, 3), decoded through a 4-entry table of bin means.
-    /// Bytes: ⌈n/4⌉ + 20·⌈n/group⌉ (μ and the table).
-    TwoBit { group } => super::formats::two_bit::TwoBit,
-    /// QSGD (Alistarh et al., 2017) with `levels` levels s per bucket of 512 values:
-    /// ‖x‖₂ per bucket, each |xᵢ|/‖x‖·s rounded up or down at random with the probability
-    /// that makes it unbiased, sent with its sign. Bytes: 4·⌈n/512⌉ +
-    /// ⌈n·(1 + ⌈log₂(s+1)⌉)/8⌉. Unbiased, so it needs no error feedback; with few levels
-    /// (s < √512) error feedback's residual grows without bound.
-    Qsgd { levels } => super::formats::qsgd::Qsgd,
+    sized {
+        /// Symmetric int8 per chunk of `chunk` values: s = max|x|/127 (1 when max is 0),
+        /// q = round(x/s) ∈ [−127, 127]; |x − x̂| ≤ s/2. Bytes: n + 4·⌈n/chunk⌉.
+        Int8 { chunk } => super::formats::int8::Int8,
+        /// FP8 E4M3 per chunk, with an f32 scale 448/max|x| (torchft's row-wise encoding).
+        /// Bytes: n + 4·⌈n/chunk⌉.
+        Fp8 { chunk } => super::formats::fp8::Fp8,
+        /// FP4 E2M1 ({0, 0.5, 1, 1.5, 2, 3, 4, 6}·sign) per block, with an f32 scale
+        /// 6/max|x|. Bytes: ⌈n/2⌉ + 4·⌈n/block⌉.
+        Fp4 { block } => super::formats::fp4::Fp4,
+        /// SparseLoCo's statistical 2-bit codec per group: μ, σ (unbiased), scale 1.5σ, codes
+        /// clamp(round((x−μ)/scale + 2), 0, 3), decoded through a 4-entry table of bin means.
+        /// Bytes: ⌈n/4⌉ + 20·⌈n/group⌉ (μ and the table).
+        TwoBit { group } => super::formats::two_bit::TwoBit,
+        /// QSGD (Alistarh et al., 2017) with `levels` levels s per bucket of 512 values:
+        /// ‖x‖₂ per bucket, each |xᵢ|/‖x‖·s rounded up or down at random with the probability
+        /// that makes it unbiased, sent with its sign. Bytes: 4·⌈n/512⌉ +
+        /// ⌈n·(1 + ⌈log₂(s+1)⌉)/8⌉. Unbiased, so it needs no error feedback; with few levels
+        /// (s < √512) error feedback's residual grows without bound.
+        Qsgd { levels } => super::formats::qsgd::Qsgd,
+    }
+    plain {
+        /// bfloat16: the top 16 bits of each f32, rounded to nearest with ties to even (the
+        /// standard f32→bf16 conversion); no metadata. NaN stays NaN (quieted), ±∞ stay ±∞,
+        /// and a finite value that rounds past bf16's largest (≈3.39·10³⁸) becomes ±∞.
+        /// Bytes: 2n.
+        Bf16 => super::formats::bf16::Bf16,
+    }
 }
 
 impl Quantizer {
@@ -151,7 +197,7 @@ impl Quantizer {
     /// it.
     pub fn validate(&self) -> Result<()> {
         match self.setting() {
-            Some((_, setting, 0)) => Err(GymError::InvalidConfig(format!(
+            (_, Some((setting, 0))) => Err(GymError::InvalidConfig(format!(
                 "codec {self}: `{setting}` must be at least 1, got 0"
             ))),
             _ => Ok(()),
@@ -159,20 +205,20 @@ impl Quantizer {
     }
 }
 
-/// `f32`, or `NAME:SIZE` (always with the size, so a log stays right if a default
-/// changes).
+/// `f32`, `bf16`, or `NAME:SIZE` (always with the size, so a log stays right if a
+/// default changes).
 impl fmt::Display for Quantizer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.setting() {
-            None => write!(f, "f32"),
-            Some((name, _, size)) => write!(f, "{name}:{size}"),
+            (name, None) => write!(f, "{name}"),
+            (name, Some((_, size))) => write!(f, "{name}:{size}"),
         }
     }
 }
 
 /// `f32`, `int8[:CHUNK]` (default 4096), `fp8[:CHUNK]` (4096), `fp4[:BLOCK]` (32),
-/// `2bit[:GROUP]` (4096) or `qsgd[:LEVELS]` (15), case-insensitive; the result is
-/// validated.
+/// `2bit[:GROUP]` (4096), `qsgd[:LEVELS]` (15) or `bf16` (no size), case-insensitive; the
+/// result is validated.
 impl FromStr for Quantizer {
     type Err = String;
 

@@ -160,11 +160,12 @@ impl OuterArgs {
 /// How averaged vectors travel ([`Shared::Compression`](super::Shared::Compression)).
 #[derive(Debug, Clone, Args, Serialize)]
 pub struct CompressionArgs {
-    /// How averaged vectors travel: none, int8, fp8, fp4, 2bit (each optionally :CHUNK),
-    /// `qsgd[:LEVELS]` (QSGD: stochastic rounding to LEVELS levels per 512 values, default
-    /// 15, unbiased), topk:K/CHUNK, randomk:DENSITY (each optionally +Q, a dense format for
-    /// the kept values), then ,ef or ,ef=DECAY for error feedback and ,senders to average
-    /// sparse values over their senders; or powersgd:RANK (default: the strategy's).
+    /// How averaged vectors travel: none, bf16 (2 bytes a value, no scale), int8, fp8, fp4,
+    /// 2bit (these four optionally :CHUNK), `qsgd[:LEVELS]` (QSGD: stochastic rounding to
+    /// LEVELS levels per 512 values, default 15, unbiased), topk:K/CHUNK, randomk:DENSITY
+    /// (each optionally +Q, a dense format for the kept values), then ,ef or ,ef=DECAY for
+    /// error feedback and ,senders to average sparse values over their senders; or
+    /// powersgd:RANK (default: the strategy's).
     #[arg(long, value_parser = checked::<CompressionConfig>)]
     pub compression: Option<String>,
 }
