@@ -83,6 +83,16 @@ pub trait TrainModel: Module + 'static {
     fn flops_per_example(&self) -> f64 {
         6.0 * ParamLayout::trainable(self).num_elements() as f64
     }
+
+    /// Tokens in one example, for a clock that charges compute per token: a proxy charged
+    /// as a bigger model ([`SimulationConfig::charge_as`](crate::SimulationConfig::charge_as))
+    /// costs `6 ×` the charged parameters per token. The default, 1, counts a whole example
+    /// as one token, as for a classifier's image (a dense model uses each weight once per
+    /// example); a sequence model returns its positions per example, as `gym-models`' GPT
+    /// does (its context length). Called on the training replica.
+    fn tokens_per_example(&self) -> usize {
+        1
+    }
 }
 
 /// `x` in the float type of `param` (a parameter of the model that reads it): under

@@ -3,7 +3,7 @@
 //! above whatever [`Transport`] moves the data.
 
 use super::clock::{NodeClock, SimulatedTime};
-use super::cost::CommStats;
+use super::cost::{CommStats, PayloadScale};
 use super::group::{CollectiveOp, Group, ReduceOp};
 use super::network::Network;
 use super::pending::{Pending, TransferTiming};
@@ -38,6 +38,8 @@ pub struct Collective {
     observer: bool,
     /// The nodes present that this node can reach, under a fault schedule.
     present: Option<Group>,
+    /// How training payloads are charged, for a proxy of a bigger model.
+    scale: Option<PayloadScale>,
 }
 
 /// A node's simulated network, clock and counters, shared by its handles.
@@ -55,6 +57,7 @@ impl std::fmt::Debug for Collective {
             .field("world_size", &self.world_size())
             .field("observer", &self.observer)
             .field("present", &self.present)
+            .field("scale", &self.scale)
             .finish()
     }
 }
@@ -81,6 +84,7 @@ impl Collective {
             rank,
             observer: false,
             present: None,
+            scale: None,
         }
     }
 
@@ -117,6 +121,25 @@ impl Collective {
             present: Some(present),
             ..self.clone()
         }
+    }
+
+    /// The same node charging every training payload as `scale` says, in its byte counters
+    /// and on its clock alike: a proxy that trains a small model and is charged as a big
+    /// one ([`SimulationConfig::charge_as`](crate::comm::SimulationConfig::charge_as)). The
+    /// scaling is applied once, where a call's payload is measured, so every strategy and
+    /// codec is scaled the same way; the data moved is the real data, and
+    /// [observer](Self::observer) traffic stays unscaled.
+    pub fn with_payload_scale(&self, scale: PayloadScale) -> Self {
+        Collective {
+            scale: Some(scale),
+            ..self.clone()
+        }
+    }
+
+    /// How this handle's training payloads are charged, if scaled
+    /// ([`with_payload_scale`](Self::with_payload_scale)).
+    pub fn payload_scale(&self) -> Option<PayloadScale> {
+        self.scale
     }
 
     /// A handle for the same node whose traffic is counted apart from the training metric
@@ -481,7 +504,8 @@ impl Collective {
     }
 
     /// Checks `group` and the call, hands it to the transport, and counts it. Returns the
-    /// outcome and the byte size of one member's payload.
+    /// outcome and the byte size of one member's payload, as charged (scaled for a proxy's
+    /// training traffic: [`with_payload_scale`](Self::with_payload_scale)).
     fn exchange(
         &self,
         group: &Group,
@@ -517,7 +541,10 @@ impl Collective {
         let exchanged = self
             .transport
             .exchange(self.rank, group, header, contribution)?;
-        let payload = payload_len(op, group, &exchanged.headers) * element_bytes;
+        let mut payload = payload_len(op, group, &exchanged.headers) * element_bytes;
+        if let Some(scale) = self.scale.filter(|_| !self.observer) {
+            payload = scale.apply(payload);
+        }
         lock(&self.node.stats)[usize::from(self.observer)].record(op, group, self.rank, payload);
         Ok((exchanged, payload))
     }

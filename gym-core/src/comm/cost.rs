@@ -52,6 +52,44 @@ impl CommStats {
     }
 }
 
+/// How a proxy's payloads are charged: a run that trains a small model but charges the
+/// clock as a big one ([`SimulationConfig::charge_as`](super::simulation::SimulationConfig::charge_as))
+/// counts and times every training payload as `charged / actual` times its real size, since
+/// every strategy's and codec's payload grows with the parameter count. The data moved stays
+/// the real data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PayloadScale {
+    charged: u64,
+    actual: u64,
+}
+
+impl PayloadScale {
+    /// Payloads scaled by `charged / actual` (parameter counts: the proxy's and the model's);
+    /// `None` if either is zero.
+    pub fn new(charged: u64, actual: u64) -> Option<Self> {
+        (charged > 0 && actual > 0).then_some(PayloadScale { charged, actual })
+    }
+
+    /// The parameter count payloads are charged as.
+    pub fn charged(self) -> u64 {
+        self.charged
+    }
+
+    /// The parameter count of the model that moves the real payloads.
+    pub fn actual(self) -> u64 {
+        self.actual
+    }
+
+    /// `payload` bytes as charged: `payload · charged / actual`, rounded to the nearest
+    /// byte (halves up), in integers so that every node and every run agrees to the byte;
+    /// at most `u64::MAX`.
+    pub fn apply(self, payload: u64) -> u64 {
+        let (c, a) = (u128::from(self.charged), u128::from(self.actual));
+        let scaled = (u128::from(payload) * c + a / 2) / a;
+        u64::try_from(scaled).unwrap_or(u64::MAX)
+    }
+}
+
 /// Bytes `(sent, received)` that `rank` moves for one call of `op` in `group`, where
 /// `payload` is the byte size of one rank's tensor. This is the cost model of the module.
 pub fn cost(op: CollectiveOp, group: &Group, rank: usize, payload: u64) -> (u64, u64) {

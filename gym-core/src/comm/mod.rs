@@ -32,6 +32,8 @@
 //! With `k = 1` nothing is sent. These counters are the project's bytes-communicated metric.
 //! Only payload bytes are counted: no headers, no latency. A tensor's byte size is its
 //! element count times the size of its element type; a byte buffer's is its length.
+//! A proxy charged as a bigger model ([`SimulationConfig::charge_as`]) counts and times
+//! each training payload `n` as `round(n · charged / actual parameters)` ([`PayloadScale`]).
 //!
 //! # Simulated time
 //!
@@ -66,11 +68,11 @@ pub mod transport;
 
 pub use clock::SimulatedTime;
 pub use collective::Collective;
-pub use cost::{CommStats, cost};
+pub use cost::{CommStats, PayloadScale, cost};
 pub use group::{CollectiveOp, Group, ReduceOp};
 pub use in_process::{InProcessGroup, run_on_threads};
 pub use network::{Link, Network, Topology};
 pub use pending::{Pending, TransferTiming};
 pub use quorum::QuorumRule;
-pub use simulation::{ComputeModel, SimulationConfig};
+pub use simulation::{ComputeModel, ParamCount, SimulationConfig};
 pub use transport::Transport;

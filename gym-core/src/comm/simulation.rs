@@ -13,7 +13,19 @@
 //! Only the forward and backward passes are timed; the strategy's own compute (an
 //! optimizer step, DeMo's transforms) is not, and neither are evaluations, which go through
 //! the uncounted observer handle as their bytes do.
+//!
+//! # Proxies
+//!
+//! With [`SimulationConfig::charge_as`] a run trains its small model, for its loss curve,
+//! and charges the clock as if the model had that many parameters: every training
+//! collective's payload is counted and timed at `charged / actual` times its size
+//! ([`PayloadScale`]), and a node's step computes `6 · charged` FLOPs per token
+//! ([`SimulationConfig::flops_per_example`]; a token is a sequence position for a sequence
+//! model, and a whole example for a classifier, see
+//! [`TrainModel::tokens_per_example`](crate::TrainModel::tokens_per_example)). The times
+//! and bytes are then a proxy's: the loss is still the small model's.
 
+use crate::comm::cost::PayloadScale;
 use crate::comm::network::Network;
 use crate::error::{GymError, Result};
 use crate::state::rng::derive_seed;
@@ -114,6 +126,11 @@ pub struct SimulationConfig {
     /// drawn from the seed, the rank and the step (lognormal with mean 1); 0: none.
     #[config(default = 0.0)]
     pub jitter: f64,
+    /// Charge the clock as if the model had this many parameters (a proxy; see
+    /// [the module](self#proxies)): payloads scaled by this count over the model's trainable
+    /// parameters, compute `6 ·` this count per token. `None`: the model as it is. Needs a
+    /// modelled compute.
+    pub charge_as: Option<u64>,
 }
 
 impl SimulationConfig {
@@ -149,7 +166,15 @@ impl SimulationConfig {
                 self.jitter
             ));
         }
-        Ok(())
+        match (self.charge_as, self.compute) {
+            (Some(0), _) => bad("`charge_as` must be at least 1 parameter".into()),
+            (Some(_), ComputeModel::Measured) => bad(
+                "`charge_as` needs a modelled compute (not `measured`): the host's time is the \
+                 small model's"
+                    .into(),
+            ),
+            _ => Ok(()),
+        }
     }
 
     /// Ranks per island when the network has islands (what a link cut between islands
@@ -158,6 +183,24 @@ impl SimulationConfig {
         match self.network.topology {
             crate::comm::network::Topology::Islands { size, .. } => Some(size),
             _ => None,
+        }
+    }
+
+    /// How training payloads are charged for a model of `trainable_params` parameters: scaled
+    /// to [`charge_as`](Self::charge_as) parameters when it is set (`None` otherwise, or for
+    /// a model without parameters).
+    pub fn payload_scale(&self, trainable_params: u64) -> Option<PayloadScale> {
+        PayloadScale::new(self.charge_as?, trainable_params)
+    }
+
+    /// FLOPs of one example's forward and backward passes as the clock charges them: the
+    /// model's own count `model_flops`, or under [`charge_as`](Self::charge_as) `6 · charge_as`
+    /// per token, `tokens_per_example` tokens an example (the Kaplan et al. 2020 estimate of
+    /// a transformer's training FLOPs, attention left out).
+    pub fn flops_per_example(&self, model_flops: f64, tokens_per_example: usize) -> f64 {
+        match self.charge_as {
+            Some(params) => 6.0 * params as f64 * tokens_per_example as f64,
+            None => model_flops,
         }
     }
 
@@ -193,6 +236,108 @@ impl SimulationConfig {
         let s = self.jitter;
         (s * z - s * s / 2.0).exp()
     }
+}
+
+/// A number of model parameters, as `--charge-as` (and a planner's `--params`) takes it:
+/// `124M`, `1.3B`, `7e9`, `70B`, `125000000` ([`parse_param_count`]). Displayed with a
+/// suffix, e.g. `1.3B` ([`format_param_count`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ParamCount(std::num::NonZeroU64);
+
+impl ParamCount {
+    /// `n` parameters; `None` for zero.
+    pub fn new(n: u64) -> Option<Self> {
+        std::num::NonZeroU64::new(n).map(ParamCount)
+    }
+
+    /// The count.
+    pub fn get(self) -> u64 {
+        self.0.get()
+    }
+}
+
+impl FromStr for ParamCount {
+    type Err = String;
+
+    /// See [`parse_param_count`].
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        parse_param_count(s).map(|n| ParamCount::new(n).expect("a parsed count is positive"))
+    }
+}
+
+impl std::fmt::Display for ParamCount {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&format_param_count(self.get()))
+    }
+}
+
+/// Parses a parameter count: a number (an integer, a decimal, or in exponent notation:
+/// `7e9`) with an optional suffix `K`, `M`, `B` or `T` (1e3, 1e6, 1e9, 1e12; either case),
+/// rounded to the nearest whole count: `124M`, `1.3B`, `7e9`, `70b`, `125000000`. Zero,
+/// negative, infinite or NaN counts, counts that round to zero or exceed `u64::MAX`, and
+/// anything else are refused with a message that says why (callers add the flag's name).
+pub fn parse_param_count(spec: &str) -> std::result::Result<u64, String> {
+    let t = spec.trim();
+    let (number, scale) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() && "kmbt".contains(c.to_ascii_lowercase()) => {
+            let scale = match c.to_ascii_lowercase() {
+                'k' => 1e3,
+                'm' => 1e6,
+                'b' => 1e9,
+                _ => 1e12,
+            };
+            (t[..i].trim_end(), scale)
+        }
+        _ => (t, 1.0),
+    };
+    let value: f64 = number.parse().map_err(|_| {
+        format!(
+            "`{spec}` is not a parameter count: write a number with an optional K, M, B or T \
+             suffix (124M, 1.3B, 7e9, 70B)"
+        )
+    })?;
+    if !value.is_finite() {
+        return Err(format!("`{spec}` is not a finite parameter count"));
+    }
+    if value < 0.0 {
+        return Err(format!(
+            "`{spec}` is negative: a parameter count must be positive"
+        ));
+    }
+    if value == 0.0 {
+        return Err(format!(
+            "`{spec}` is zero: a parameter count must be positive"
+        ));
+    }
+    let count = (value * scale).round();
+    if count < 1.0 {
+        return Err(format!(
+            "`{spec}` rounds to zero parameters: a parameter count must be positive"
+        ));
+    }
+    // `u64::MAX as f64` is 2^64, the first value that does not fit.
+    if count >= u64::MAX as f64 {
+        return Err(format!(
+            "`{spec}` is more parameters than can be counted (at most {})",
+            u64::MAX
+        ));
+    }
+    Ok(count as u64)
+}
+
+/// `n` parameters for a label: `1.3B`, `124.44M`, `7B`, `950` (the largest suffix of K, M, B,
+/// T under which the count is at least 1 at two decimals, trailing zeros dropped).
+pub fn format_param_count(n: u64) -> String {
+    for (scale, suffix) in [(1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")] {
+        let hundredths = (n as f64 / scale * 100.0).round();
+        if hundredths >= 100.0 {
+            let text = format!("{:.2}", hundredths / 100.0);
+            let text = text.trim_end_matches('0').trim_end_matches('.');
+            return format!("{text}{suffix}");
+        }
+    }
+    n.to_string()
 }
 
 #[cfg(test)]
@@ -232,6 +377,127 @@ mod tests {
         assert!(s.validate(3).is_err(), "two factors for three nodes");
         assert!(sim().with_jitter(-1.0).validate(1).is_err());
         assert!(sim().with_node_speed(vec![0.0]).validate(1).is_err());
+    }
+
+    #[test]
+    fn parameter_counts_parse_with_suffixes_and_bad_ones_say_why() {
+        for (spec, n) in [
+            ("124M", 124_000_000),
+            ("1.3B", 1_300_000_000),
+            ("7e9", 7_000_000_000),
+            ("70B", 70_000_000_000),
+            ("70b", 70_000_000_000),
+            (" 2 t ", 2_000_000_000_000),
+            ("1.5k", 1_500),
+            ("125000000", 125_000_000),
+            ("1", 1),
+        ] {
+            assert_eq!(parse_param_count(spec), Ok(n), "{spec}");
+        }
+        for (spec, says) in [
+            ("0", "zero"),
+            ("0B", "zero"),
+            ("-7B", "negative"),
+            ("-1", "negative"),
+            ("inf", "finite"),
+            ("NaN", "finite"),
+            ("0.3", "rounds to zero"),
+            ("1e30", "more parameters"),
+            ("", "not a parameter count"),
+            ("7X", "not a parameter count"),
+            ("B", "not a parameter count"),
+            ("1KB", "not a parameter count"),
+        ] {
+            let err = parse_param_count(spec).unwrap_err();
+            assert!(err.contains(says) && err.contains(spec), "{spec}: {err}");
+        }
+        assert_eq!("1.3B".parse::<ParamCount>().unwrap().get(), 1_300_000_000);
+        assert!("0".parse::<ParamCount>().is_err());
+        for (n, text) in [
+            (7_000_000_000, "7B"),
+            (1_300_000_000, "1.3B"),
+            (124_439_808, "124.44M"),
+            (999_999_999, "1B"),
+            (101_770, "101.77K"),
+            (950, "950"),
+            (2_000_000_000_000, "2T"),
+        ] {
+            assert_eq!(format_param_count(n), text);
+        }
+        assert_eq!(ParamCount::new(70_000_000_000).unwrap().to_string(), "70B");
+    }
+
+    #[test]
+    fn a_proxy_is_checked_and_charges_six_flops_per_parameter_and_token() {
+        let proxy = sim().with_charge_as(Some(7_000_000_000));
+        assert!(proxy.validate(2).is_ok());
+        assert_eq!(proxy.flops_per_example(123.0, 64), 6.0 * 7e9 * 64.0);
+        assert_eq!(sim().flops_per_example(123.0, 64), 123.0);
+        assert_eq!(
+            proxy.payload_scale(1000).unwrap().apply(4000),
+            28_000_000_000
+        );
+        assert_eq!(sim().payload_scale(1000), None);
+        assert!(sim().with_charge_as(Some(0)).validate(2).is_err());
+        let measured = proxy.with_compute(ComputeModel::Measured);
+        assert!(
+            matches!(measured.validate(2), Err(GymError::InvalidConfig(why)) if why.contains("measured"))
+        );
+        // Rounded to the nearest byte, halves up, the same everywhere.
+        let third = PayloadScale::new(1, 3).unwrap();
+        assert_eq!((third.apply(1), third.apply(2), third.apply(3)), (0, 1, 1));
+        let half = PayloadScale::new(1, 2).unwrap();
+        assert_eq!((half.apply(1), half.apply(3)), (1, 2));
+    }
+
+    /// With `charge_as` at 10× the model's parameters, an all-reduce counts 10× the bytes
+    /// and takes the network's time for 10× the payload; observer traffic stays as it is.
+    #[test]
+    fn a_proxy_all_reduce_counts_and_times_the_scaled_payload() {
+        use crate::comm::{CollectiveOp, Group, InProcessGroup, ReduceOp, cost};
+        use burn::tensor::{Device, Tensor};
+        let (k, n) = (4, 1000_usize);
+        let cfg = sim().with_charge_as(Some(10 * n as u64));
+        let scale = cfg.payload_scale(n as u64).expect("a proxy");
+        let results = InProcessGroup::simulated(k, cfg.network.clone())
+            .run(|c| {
+                let c = c.with_payload_scale(scale);
+                let grads = Tensor::<1>::ones([n], &Device::default());
+                let mean = c.all_reduce(grads.clone(), ReduceOp::Mean).unwrap();
+                c.observer().all_reduce(grads, ReduceOp::Mean).unwrap();
+                (
+                    mean.into_data().try_into_vec::<f32>().unwrap(),
+                    c.stats(),
+                    c.observer_stats(),
+                    c.simulated_time().unwrap(),
+                )
+            })
+            .unwrap();
+        let real = 4 * n as u64;
+        let world = Group::world(k);
+        let op = CollectiveOp::AllReduce(ReduceOp::Mean);
+        // The closed form: a ring sends ⌊2(k−1)·n/k⌋ of an n-byte payload.
+        let sent = |payload: u64| 2 * (k as u64 - 1) * payload / k as u64;
+        for r in results {
+            let (mean, stats, observer, time) = r.unwrap();
+            assert!(
+                mean.iter().all(|&x| x == 1.0),
+                "the data moved is the real data"
+            );
+            assert_eq!(stats.bytes_sent, 10 * sent(real));
+            assert_eq!(stats.bytes_sent, cost(op, &world, 0, 10 * real).0);
+            assert_eq!(stats.bytes_received, stats.bytes_sent);
+            assert_eq!(observer.bytes_sent, sent(real));
+            let charged = cfg.network.collective_time(op, &world, 10 * real);
+            assert_eq!(time.comm_s, charged);
+            assert_eq!(time.now_s, charged);
+            // Alpha-beta on one switch: 2(k−1)·α + 2(k−1)/k · n/β, β = 1 Gbit/s = 1.25e8 B/s.
+            let closed = 2.0 * 3.0 * 1e-3 + 2.0 * 3.0 / 4.0 * (10 * real) as f64 / 1.25e8;
+            assert!(
+                (charged - closed).abs() < 1e-12 * closed,
+                "{charged} vs {closed}"
+            );
+        }
     }
 
     /// The jitter is lognormal with mean 1 and log-σ `jitter`, the same for the same seed,

@@ -162,6 +162,16 @@ pub struct RunReport {
     /// first length: the steps its schedules span, holding their last value after.
     #[serde(default)]
     pub schedule_steps: Option<usize>,
+    /// The model's trainable parameters (what each replica holds and a full gradient
+    /// carries).
+    #[serde(default)]
+    pub params: u64,
+    /// For a proxy charged as a bigger model
+    /// ([`SimulationConfig::charge_as`](crate::SimulationConfig::charge_as)), the parameter
+    /// count it was charged as: the run's bytes and simulated times are then that model's,
+    /// its losses the trained model's. `None` otherwise.
+    #[serde(default)]
+    pub charged_as_params: Option<u64>,
     /// Per-step records.
     pub train: Vec<TrainRecord>,
     /// Evaluations, the last over the whole validation set.

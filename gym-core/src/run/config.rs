@@ -190,7 +190,8 @@ impl TrainerConfig {
     }
 
     /// The node loop's plan, for shards that hold `steps_per_epoch` batches of a model
-    /// whose examples cost `flops_per_example`.
+    /// whose examples cost `flops_per_example` on the simulated clock (a proxy's, under
+    /// [`SimulationConfig::charge_as`]).
     pub(super) fn plan(&self, steps_per_epoch: usize, flops_per_example: f64) -> Result<RunPlan> {
         let minibatch = self.effective_minibatch();
         let max_steps = self.max_steps.unwrap_or(self.num_epochs * steps_per_epoch);

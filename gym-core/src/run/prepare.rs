@@ -158,7 +158,12 @@ impl Trainer {
             (replicas, init_fingerprint.finish())
         };
 
-        let mut plan = cfg.plan(steps_per_epoch, replicas[0].flops_per_example())?;
+        // The FLOPs the clock charges: the model's own, or a proxy's 6·N per token.
+        let model_flops = replicas[0].flops_per_example();
+        let flops_per_example = cfg.simulation.as_ref().map_or(model_flops, |sim| {
+            sim.flops_per_example(model_flops, replicas[0].tokens_per_example())
+        });
+        let mut plan = cfg.plan(steps_per_epoch, flops_per_example)?;
         plan.final_evaluation = self.final_evaluation;
         let mut extended_from = None;
         if let Some(saved) = &resume {
@@ -295,6 +300,8 @@ impl Trainer {
             steps: plan.max_steps,
             start_step: plan.start_step,
             schedule_steps: (plan.schedule_steps != plan.max_steps).then_some(plan.schedule_steps),
+            params: num_params as u64,
+            charged_as_params: cfg.simulation.as_ref().and_then(|sim| sim.charge_as),
             setup_s: fit_start.elapsed().as_secs_f64(),
             fit_start,
         };
@@ -331,6 +338,12 @@ pub(super) struct RunFacts {
     steps: usize,
     start_step: usize,
     schedule_steps: Option<usize>,
+    /// The model's trainable parameters.
+    pub params: u64,
+    /// The parameter count a proxy is charged as ([`SimulationConfig::charge_as`]).
+    ///
+    /// [`SimulationConfig::charge_as`]: crate::SimulationConfig::charge_as
+    charged_as_params: Option<u64>,
     setup_s: f64,
     fit_start: Instant,
 }
@@ -358,6 +371,8 @@ impl RunFacts {
             steps: self.steps,
             start_step: self.start_step,
             schedule_steps: self.schedule_steps,
+            params: self.params,
+            charged_as_params: self.charged_as_params,
             train: records.train,
             validation: records.validation,
             correlation: records.correlation,

@@ -233,6 +233,16 @@ impl Trainer {
             writes_logs,
             fit_start,
         )?;
+        // A proxy charged as a bigger model scales every training payload, once the model's
+        // own parameter count is known.
+        let scale = cfg
+            .simulation
+            .as_ref()
+            .and_then(|s| s.payload_scale(facts.params));
+        let nodes: Vec<Collective> = match scale {
+            Some(scale) => nodes.iter().map(|c| c.with_payload_scale(scale)).collect(),
+            None => nodes,
+        };
         if let Some(saved) = &resume {
             for node in &nodes {
                 let rank = node.rank();

@@ -511,6 +511,11 @@ impl TrainModel for Gpt {
     fn flops_per_example(&self) -> f64 {
         self.config.block_size as f64 * self.config.flops_per_token()
     }
+
+    /// One sequence: `block_size` positions, each a token predicted.
+    fn tokens_per_example(&self) -> usize {
+        self.config.block_size
+    }
 }
 
 impl Gpt {
@@ -557,6 +562,7 @@ mod tests {
         assert_eq!(weights, 3 * 12 * 16 * 16 + 16 * 65);
         let per_token = 6.0 * weights as f64 + 12.0 * 3.0 * 16.0 * 32.0;
         assert_eq!(model.flops_per_example(), 32.0 * per_token);
+        assert_eq!(model.tokens_per_example(), 32);
     }
 
     #[test]
