@@ -8,8 +8,8 @@ use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::{Args, ValueEnum};
 use gym_core::faults::{FaultSchedule, FaultTimeline};
 use gym_core::{
-    Autocast, ComputeModel, GymError, Network, NonFinitePolicy, SimulationConfig, StrategyConfig,
-    Topology, TrainerConfig,
+    Autocast, ComputeModel, GymError, Network, NonFinitePolicy, ParamCount, SimulationConfig,
+    StrategyConfig, Topology, TrainerConfig,
 };
 use gym_strategies::registry::{self, Entry, StrategyFlags};
 use serde::Serialize;
@@ -289,6 +289,13 @@ pub struct CommonArgs {
     /// σ of every node's step-time jitter: lognormal with mean 1, drawn from the seed.
     #[arg(long)]
     pub jitter: Option<f64>,
+    /// Train the model for its loss curve but charge the simulated clock as if it had
+    /// PARAMS parameters (124M, 1.3B, 7e9, 70B): every collective's bytes scaled by PARAMS
+    /// over the model's parameters, compute 6·PARAMS FLOPs per token (a GPT position; for
+    /// the classifiers, one example). Bytes and simulated times are then a proxy's; needs
+    /// --network.
+    #[arg(long, value_name = "PARAMS", value_parser = checked::<ParamCount>)]
+    pub charge_as: Option<String>,
     /// Report the simulated time until the averaged model's validation loss first reaches
     /// this value (time to target; needs --network).
     #[arg(long)]
@@ -410,6 +417,25 @@ impl CommonArgs {
         if self.memory_budget.is_some() && self.minibatch_size != Some(MinibatchSize::Auto) {
             return Err("--memory-budget applies to --minibatch-size auto".into());
         }
+        self.check_charge_as()
+    }
+
+    /// `--charge-as` needs simulated time (`--network`) on a modelled compute: a proxy's
+    /// time is charged, never measured.
+    fn check_charge_as(&self) -> Result<(), String> {
+        if self.charge_as.is_none() {
+            return Ok(());
+        }
+        if self.network.is_none() {
+            return Err("--charge-as needs --network (simulated time)".into());
+        }
+        if self.node_tflops.as_deref().map(str::trim) == Some("measured") {
+            return Err(
+                "--charge-as needs a modelled --node-tflops (not `measured`): the \
+                        host's time is the small model's"
+                    .into(),
+            );
+        }
         Ok(())
     }
 
@@ -430,6 +456,7 @@ impl CommonArgs {
                 ("--node-speed", !self.node_speed.is_empty()),
                 ("--jitter", self.jitter.is_some()),
                 ("--target-loss", self.target_loss.is_some()),
+                ("--charge-as", self.charge_as.is_some()),
             ];
             return match set.iter().find(|(_, given)| *given) {
                 Some((flag, _)) => Err(format!("{flag} needs --network (simulated time)")),
@@ -445,11 +472,17 @@ impl CommonArgs {
             Some(c) => parsed("--node-tflops", c)?,
             None => ComputeModel::cpu(),
         };
+        self.check_charge_as()?;
+        let charge_as = match &self.charge_as {
+            Some(p) => Some(parsed::<ParamCount>("--charge-as", p)?.get()),
+            None => None,
+        };
         Ok(Some(
             SimulationConfig::new(network.with_topology(topology))
                 .with_compute(compute)
                 .with_node_speed(self.node_speed.clone())
-                .with_jitter(self.jitter.unwrap_or(0.0)),
+                .with_jitter(self.jitter.unwrap_or(0.0))
+                .with_charge_as(charge_as),
         ))
     }
 

@@ -25,7 +25,7 @@ pub use crate::plot::XAxis;
 use crate::plot::{Chart, Series};
 use crate::runner::{BoxError, Runner, TrainTask};
 use crate::series::{self, SeriesDir, Status, Stopped};
-use crate::summary::{RunSummary, human_bytes, percent, seconds};
+use crate::summary::{RunSummary, human_bytes, percent, proxy_note, seconds};
 use crate::tasks::{self, TaskArgs};
 use clap::{CommandFactory, Parser};
 use gym_core::{CorrelationRecord, RunReport, StrategyConfig, TrainRecord, ValRecord};
@@ -329,7 +329,13 @@ fn write_outputs(
         charts.push((
             "val_loss_vs_time.svg",
             Chart {
-                title: format!("{task}: validation loss against simulated time"),
+                title: format!(
+                    "{task}: validation loss against simulated time{}",
+                    outcomes[0]
+                        .summary
+                        .proxy_label()
+                        .map_or(String::new(), |p| format!(" ({p})"))
+                ),
                 x_label: "simulated seconds (log scale)".into(),
                 y_label: "validation loss".into(),
                 log_x: true,
@@ -493,6 +499,10 @@ pub fn results_table(
             None => String::new(),
         }
     );
+    let summaries: Vec<&RunSummary> = outcomes.iter().map(|o| &o.summary).collect();
+    if let Some(note) = proxy_note(&summaries) {
+        let _ = writeln!(t, "\n{note}");
+    }
     if outcomes.iter().any(|o| o.status != Status::Finished) {
         let _ = writeln!(
             t,

@@ -1,5 +1,6 @@
 //! What an example run reports: the figures of `summary.json` and the lines it prints.
 
+use gym_core::comm::simulation::format_param_count;
 use gym_core::faults::Fault;
 use gym_core::{GymError, MinibatchChoice, RunReport};
 use serde::{Deserialize, Serialize};
@@ -15,6 +16,14 @@ pub struct RunSummary {
     pub strategy: String,
     /// Model name.
     pub model: String,
+    /// The model's trainable parameters.
+    #[serde(default)]
+    pub params: u64,
+    /// With `--charge-as`: the parameter count the run was charged as. Its bytes and
+    /// simulated times are then a proxy's (those of a model this size, trained as the small
+    /// one), its losses the small model's; `null` otherwise.
+    #[serde(default)]
+    pub charged_as_params: Option<u64>,
     /// The data, e.g. `MNIST` or `CIFAR-like (lossy approximation)`.
     pub dataset: String,
     /// Backend the run used.
@@ -167,6 +176,8 @@ impl RunSummary {
             run_name: report.run_name.clone(),
             strategy: labels.strategy.to_string(),
             model: labels.model.to_string(),
+            params: report.params,
+            charged_as_params: report.charged_as_params,
             dataset: labels.dataset.to_string(),
             backend: labels.backend.to_string(),
             num_nodes: report.num_nodes,
@@ -206,6 +217,13 @@ impl RunSummary {
         }
     }
 
+    /// For a proxy (`--charge-as`), what its bytes and simulated times stand for, e.g.
+    /// `proxy: charged as 7B parameters`; `None` for a run charged as itself.
+    pub fn proxy_label(&self) -> Option<String> {
+        self.charged_as_params
+            .map(|n| format!("proxy: charged as {} parameters", format_param_count(n)))
+    }
+
     /// Writes `summary.json` into `dir`.
     pub fn write(&self, dir: &Path) -> Result<PathBuf, GymError> {
         let path = dir.join("summary.json");
@@ -233,7 +251,16 @@ pub fn print_summary(s: &RunSummary) {
         "strategy          {} on {} nodes ({} backend)",
         s.strategy, s.num_nodes, s.backend
     );
-    println!("model             {}", s.model);
+    match s.proxy_label() {
+        Some(proxy) => println!(
+            "model             {} ({} parameters; {proxy})",
+            s.model,
+            format_param_count(s.params)
+        ),
+        None => println!("model             {}", s.model),
+    }
+    // A proxy's bytes and times are the charged model's.
+    let proxy = s.proxy_label().map_or(String::new(), |p| format!(" ({p})"));
     println!("data              {}", s.dataset);
     match (s.interrupted_at_step, &s.stopped_by) {
         (Some(at), Some(why)) => println!(
@@ -273,7 +300,7 @@ pub fn print_summary(s: &RunSummary) {
         s.compute_ms_per_step, s.strategy_ms_per_step
     );
     println!(
-        "bytes per node    {} sent, {} received",
+        "bytes per node    {} sent, {} received{proxy}",
         human_bytes(s.bytes_sent_per_node),
         human_bytes(s.bytes_received_per_node)
     );
@@ -288,7 +315,7 @@ pub fn print_summary(s: &RunSummary) {
         s.compute_utilisation,
     ) {
         println!(
-            "simulated time    {} ({} compute, {} communication, {} idle per node; {:.1}% utilisation)",
+            "simulated time    {} ({} compute, {} communication, {} idle per node; {:.1}% utilisation){proxy}",
             seconds(t),
             seconds(c),
             seconds(m),
@@ -323,10 +350,29 @@ pub fn print_summary(s: &RunSummary) {
     if let Some(target) = s.target_loss {
         let label = format!("time to loss {target}");
         match s.time_to_target_s {
-            Some(t) => println!("{label:<18}{} (simulated)", seconds(t)),
+            Some(t) => println!("{label:<18}{} (simulated{})", seconds(t), proxy_suffix(s)),
             None => println!("{label:<18}not reached"),
         }
     }
+}
+
+/// The note a report of several runs (`compare`, `sweep`) prints under its table when its
+/// runs are proxies (`--charge-as`): what their bytes and simulated times stand for, and that
+/// their losses are the trained model's. `None` when no run is a proxy.
+pub fn proxy_note(summaries: &[&RunSummary]) -> Option<String> {
+    let s = summaries.iter().find(|s| s.charged_as_params.is_some())?;
+    Some(format!(
+        "Proxy: bytes sent and simulated times are charged as {} parameters (bytes scaled by \
+         the parameter count, compute 6·N FLOPs per token); the losses are those of the model \
+         trained, {} parameters.",
+        format_param_count(s.charged_as_params?),
+        format_param_count(s.params)
+    ))
+}
+
+/// `, proxy: charged as …` for a proxy's figures, empty otherwise.
+fn proxy_suffix(s: &RunSummary) -> String {
+    s.proxy_label().map_or(String::new(), |p| format!(", {p}"))
 }
 
 /// `1.23 s`, `4.5 ms`, `2 h 03 min`-style durations.

@@ -348,6 +348,10 @@ fn write_outputs(args: &SweepArgs, label: &str, cells: Vec<Cell>) -> Result<Swee
             c.status,
         );
     }
+    let summaries: Vec<&crate::summary::RunSummary> = cells.iter().map(|c| &c.summary).collect();
+    if let Some(note) = crate::summary::proxy_note(&summaries) {
+        let _ = writeln!(table, "\n{note}");
+    }
     if cells.iter().any(|c| c.status != Status::Finished) {
         let _ = writeln!(
             table,
@@ -362,6 +366,11 @@ fn write_outputs(args: &SweepArgs, label: &str, cells: Vec<Cell>) -> Result<Swee
     }
     files.push(cli::save_run_config(args, dir)?);
 
+    // A proxy's times are the charged model's: every chart of them says so.
+    let proxy = cells
+        .iter()
+        .find_map(|c| c.summary.proxy_label())
+        .map_or(String::new(), |p| format!(" ({p})"));
     // One line per (strategy, interval, network) against the node count.
     let by_nodes = |value: &dyn Fn(&Cell) -> Option<f64>| -> Vec<Series> {
         let mut series: Vec<Series> = Vec::new();
@@ -382,7 +391,7 @@ fn write_outputs(args: &SweepArgs, label: &str, cells: Vec<Cell>) -> Result<Swee
         (
             "simulated_time.svg".to_string(),
             Chart {
-                title: format!("{label}: simulated time of the run"),
+                title: format!("{label}: simulated time of the run{proxy}"),
                 x_label: "nodes".into(),
                 y_label: "simulated seconds".into(),
                 log_x: false,
@@ -408,7 +417,7 @@ fn write_outputs(args: &SweepArgs, label: &str, cells: Vec<Cell>) -> Result<Swee
             charts.push((
                 "time_to_target.svg".to_string(),
                 Chart {
-                    title: format!("{label}: simulated time to validation loss {t}"),
+                    title: format!("{label}: simulated time to validation loss {t}{proxy}"),
                     x_label: "nodes".into(),
                     y_label: "simulated seconds".into(),
                     log_x: false,
@@ -462,7 +471,9 @@ fn write_outputs(args: &SweepArgs, label: &str, cells: Vec<Cell>) -> Result<Swee
         charts.push((
             format!("val_loss_vs_time_{}.svg", file_safe(network)),
             Chart {
-                title: format!("{label}: validation loss against simulated time on {network}"),
+                title: format!(
+                    "{label}: validation loss against simulated time on {network}{proxy}"
+                ),
                 x_label: "simulated seconds (log scale)".into(),
                 y_label: "validation loss".into(),
                 log_x: true,
