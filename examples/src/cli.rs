@@ -3,9 +3,11 @@
 //! registry ([`gym_strategies::STRATEGIES`]); run configuration files are in
 //! [`config_file`](crate::config_file).
 
+use crate::networks::network_file;
 use crate::plot::XAxis;
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::{Args, ValueEnum};
+use gym_core::comm::network::NetworkFile;
 use gym_core::faults::{FaultSchedule, FaultTimeline};
 use gym_core::{
     Autocast, ComputeModel, GymError, Network, NonFinitePolicy, ParamCount, SimulationConfig,
@@ -270,11 +272,15 @@ pub struct CommonArgs {
     pub mpi_timeout: f64,
     /// Simulate time on this network: datacenter, cross-region, wan, internet,
     /// BANDWIDTH:LATENCY (1gbit:10ms) or UP/DOWN:LATENCY (100mbit/1gbit:40ms); several,
-    /// comma-separated, give one link per node.
-    #[arg(long, value_parser = checked::<Network>)]
+    /// comma-separated, give one link per node. Or a network file (regions, their measured
+    /// latency and bandwidth matrix, the nodes): a path (an existing file, or a name ending
+    /// in .toml), or a shipped one by name: aws-dtfm, halos, consumer-internet. A file sets
+    /// the topology and the node count (--num-nodes must match), and the nodes' speeds if it
+    /// gives any.
+    #[arg(long, value_name = "SPEC|FILE", value_parser = checked_network)]
     pub network: Option<String>,
     /// How the nodes are connected: switch (default), relay, or islands:SIZE:WAN
-    /// (islands:4:internet).
+    /// (islands:4:internet). Not with a network file, which sets it.
     #[arg(long, value_parser = checked::<Topology>)]
     pub topology: Option<String>,
     /// Each node's compute for simulated time: cpu (default; this machine), h100, a100,
@@ -282,7 +288,7 @@ pub struct CommonArgs {
     #[arg(long, value_parser = checked::<ComputeModel>)]
     pub node_tflops: Option<String>,
     /// Per-node speed factors, comma-separated (1,1,0.5,1): node r's step takes 1/speed of
-    /// the time.
+    /// the time. Not with a network file that gives speeds.
     #[arg(long, value_delimiter = ',')]
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub node_speed: Vec<f64>,
@@ -463,10 +469,16 @@ impl CommonArgs {
                 None => Ok(None),
             };
         };
-        let network: Network = parsed("--network", network)?;
-        let topology = match &self.topology {
-            Some(t) => parsed("--topology", t)?,
-            None => Topology::Switch,
+        let (network, node_speed) = match network_file(network) {
+            Some(file) => self.file_network(file.map_err(|e| format!("--network: {e}"))?)?,
+            None => {
+                let network: Network = parsed("--network", network)?;
+                let topology = match &self.topology {
+                    Some(t) => parsed("--topology", t)?,
+                    None => Topology::Switch,
+                };
+                (network.with_topology(topology), self.node_speed.clone())
+            }
         };
         let compute = match &self.node_tflops {
             Some(c) => parsed("--node-tflops", c)?,
@@ -478,12 +490,40 @@ impl CommonArgs {
             None => None,
         };
         Ok(Some(
-            SimulationConfig::new(network.with_topology(topology))
+            SimulationConfig::new(network)
                 .with_compute(compute)
-                .with_node_speed(self.node_speed.clone())
+                .with_node_speed(node_speed)
                 .with_jitter(self.jitter.unwrap_or(0.0))
                 .with_charge_as(charge_as),
         ))
+    }
+
+    /// The network and the node speeds of a run on a network file: the file sets the
+    /// topology and the node count, and the speeds when it gives any (`--node-speed` then
+    /// is an error: speeds are set in one place); otherwise `--node-speed` applies.
+    fn file_network(&self, file: NetworkFile) -> Result<(Network, Vec<f64>), String> {
+        if self.topology.is_some() {
+            return Err(format!(
+                "--topology: the network file {} sets the topology (its regions); leave \
+                 --topology out",
+                file.file
+            ));
+        }
+        file.check_run(self.num_nodes)
+            .map_err(|e| format!("--network: {e}"))?;
+        let node_speed = if file.speeds_given() {
+            if !self.node_speed.is_empty() {
+                return Err(format!(
+                    "--node-speed: the network file {} gives the nodes' speeds (`speed` in its \
+                     [[nodes]]); set them in one place",
+                    file.file
+                ));
+            }
+            file.node_speed()
+        } else {
+            self.node_speed.clone()
+        };
+        Ok((file.network(), node_speed))
     }
 
     /// Where this run's logs go.
@@ -496,6 +536,20 @@ impl CommonArgs {
 /// run configuration saves the spec the user gave).
 fn checked<T: FromStr<Err = String>>(spec: &str) -> Result<String, String> {
     spec.parse::<T>().map(|_| spec.to_string())
+}
+
+/// The value parser of `--network`: a network file (shipped or a path) that reads and
+/// checks, or a link spec; kept as written, as [`checked`] does.
+fn checked_network(spec: &str) -> Result<String, String> {
+    match network_file(spec) {
+        Some(file) => file.map(|_| spec.to_string()).map_err(|e| e.to_string()),
+        None => checked::<Network>(spec).map_err(|e| {
+            format!(
+                "{e}; or a network file: a path ending in .toml, or one of {}",
+                crate::networks::network_file_names()
+            )
+        }),
+    }
 }
 
 /// The value parser of `--faults`: checks that the argument reads as a fault schedule (a

@@ -1,5 +1,6 @@
 //! Shared pieces of the example binaries: one flag vocabulary ([`cli`]), the tasks they
 //! train ([`tasks`]), one runner that fits a task and reports it ([`runner`], [`summary`]),
+//! the shipped network files ([`networks`]),
 //! backend selection, the comparison of strategies ([`compare`], [`plot`]) and grids of runs
 //! on a simulated cluster ([`sweep`]), both stopped by Ctrl-C and continued by `--resume`
 //! ([`series`]).
@@ -11,6 +12,7 @@ pub mod bench_suite;
 pub mod cli;
 pub mod compare;
 pub mod config_file;
+pub mod networks;
 pub mod plot;
 pub mod runner;
 pub mod series;

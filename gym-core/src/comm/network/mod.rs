@@ -30,23 +30,43 @@
 //! # Topologies
 //!
 //! * [`Topology::Switch`]: one switch with full bisection; the formulas above.
-//! * [`Topology::Islands`]: islands of `size` consecutive ranks, each on its own switch,
-//!   joined by a wide-area link `wan` (each node's share of it). A collective within one
-//!   island uses the switch formulas. Across `I` islands with at most `m` of the group's
-//!   members in one island, an all-reduce is hierarchical: a reduce-scatter inside each
-//!   island (`(m−1)·α_l + (m−1)/m · n/β_l`), an all-reduce of each `n/m` shard across the
-//!   islands (`2(I−1)·α_w + 2(I−1)/I · (n/m)/β_w`), an all-gather inside
-//!   (`(m−1)·α_l + (m−1)/m · n/β_l`). An all-gather gathers inside each island
-//!   (`(m−1)·(α_l + n/β_l)`), exchanges each rank's buffer across the islands
-//!   (`(I−1)·(α_w + n/β_w)`), then spreads what came from the other islands inside
-//!   (`(m−1)·(α_l + (I−1)·n/β_l)`). A broadcast is a chain whose hops between islands go over
-//!   the wide-area link; a barrier takes `⌈log₂ k⌉` of the larger latency.
 //! * [`Topology::Relay`]: an object store every node uploads to and downloads from
 //!   (unlimited on its side). An all-reduce is uploaded by every node
 //!   (`max_i(α_i + n/u_i)`), aggregated, then downloaded by every node
 //!   (`max_i(α_i + n/d_i)`); an all-gather downloads the `k−1` other buffers
 //!   (`max_i(α_i + (k−1)·n/d_i)`); a broadcast is the root's upload then the others'
 //!   downloads; a barrier is two latencies.
+//! * [`Topology::Islands`]: islands of `size` consecutive ranks, each on its own switch,
+//!   joined by a wide-area link `wan` (`α_w`, `β_w`: each node's share of it).
+//! * [`Topology::Regions`]: every rank in a region, and a latency `α_ab` and a bandwidth
+//!   `β_ab` per ordered pair of regions (a matrix, usually measured: see [`file`](mod@file)); the
+//!   diagonal `α_aa`, `β_aa` is every node's link inside region `a`.
+//!
+//! On both, a collective whose members are all in one island (region) uses the switch
+//! formulas on the nodes' own links (in a region, its diagonal). Across islands it is
+//! hierarchical. Its members fall in `I` islands, `m_i` in island `i`, `k = Σ m_i` in all,
+//! `m = min_i m_i`. The islands form a ring in the order of their lowest member (in a
+//! network file, the order of the `[[nodes]]`); a *wide step* of `c` bytes takes
+//! `max over the ring's hops a → b of (α_ab + c/β_ab)` (between islands every hop is
+//! `α_w + c/β_w`), so the slowest pair of neighbouring regions sets the pace. `L_i(c)` is one
+//! ring step of `c` bytes inside island `i` (`α_l + c/β_l` on equal links), and `max_i` the
+//! slowest island's local phase:
+//!
+//! | operation | phase | time |
+//! |---|---|---|
+//! | all-reduce | reduce-scatter inside each island | `max_i (m_i−1)·L_i(n/m_i)` |
+//! | | all-reduce of each shard across the islands (the smallest island's shards, `n/m` bytes, are the largest) | `2(I−1)` wide steps of `n/(m·I)` |
+//! | | all-gather inside each island | `max_i (m_i−1)·L_i(n/m_i)` |
+//! | all-gather | gather inside each island | `max_i (m_i−1)·L_i(n)` |
+//! | | exchange the buffers across the islands (a node of the smallest island receives the `k−m` others' buffers in `I−1` steps) | `I−1` wide steps of `n·(k−m)/((I−1)·m)` |
+//! | | spread what came from the other islands inside | `max_i (m_i−1)·L_i(n·(k−m_i)/m_i)` |
+//! | broadcast | a pipelined chain in rank order, as above; a hop between islands takes `α_ab + s/β_ab` for a segment of `s` bytes (between islands, also bounded by the two nodes' own links) | |
+//! | barrier | dissemination | `⌈log₂ k⌉ ·` the largest latency among the members' links and the wide links between their islands |
+//!
+//! With equal islands (`m_i = m`, `k = I·m`) on equal links these are the textbook
+//! hierarchical formulas: all-reduce
+//! `2·((m−1)·α_l + (m−1)/m · n/β_l) + 2(I−1)·α_w + 2(I−1)/I · (n/m)/β_w`, all-gather
+//! `(m−1)·(α_l + n/β_l) + (I−1)·(α_w + n/β_w) + (m−1)·(α_l + (I−1)·n/β_l)`.
 //!
 //! The byte counters keep the ring's counts on every topology.
 
@@ -262,6 +282,10 @@ pub enum Topology {
     },
     /// A relay or object store that every node uploads to and downloads from.
     Relay,
+    /// Regions joined by a measured latency and bandwidth per pair of regions (usually read
+    /// from a [network file](mod@file)); collectives across regions are hierarchical, as across
+    /// islands.
+    Regions(Regions),
 }
 
 impl FromStr for Topology {
@@ -351,11 +375,15 @@ impl Network {
         for link in &self.links {
             link.validate()?;
         }
-        if let Topology::Islands { size, wan } = &self.topology {
-            if *size == 0 {
-                return Err("islands hold at least one rank".into());
+        match &self.topology {
+            Topology::Islands { size, wan } => {
+                if *size == 0 {
+                    return Err("islands hold at least one rank".into());
+                }
+                wan.validate()?;
             }
-            wan.validate()?;
+            Topology::Regions(regions) => regions.validate(num_nodes)?,
+            Topology::Switch | Topology::Relay => {}
         }
         if self.broadcast_segments == Some(0) {
             return Err("a broadcast has at least one segment".into());
@@ -369,7 +397,12 @@ impl Network {
     }
 }
 
+pub mod file;
+mod regions;
 mod time;
+
+pub use file::{NetworkFile, NetworkFileError};
+pub use regions::Regions;
 
 #[cfg(test)]
 mod tests {

@@ -1,8 +1,9 @@
 //! How long a collective takes on a network: the alpha-beta model of each topology (see
 //! the [module documentation](super)).
 
-use super::{Link, Network, Topology};
+use super::{Link, Network, Regions, Topology};
 use crate::comm::group::{CollectiveOp, Group};
+use std::collections::HashMap;
 
 impl Network {
     /// Seconds that `op` takes on `group` with `payload` bytes in each rank's buffer.
@@ -22,14 +23,31 @@ impl Network {
         match &self.topology {
             Topology::Relay => self.relay_time(op, members, n),
             Topology::Islands { size, wan } => {
-                let islands = split_islands(members, *size);
-                if islands.len() == 1 {
-                    self.flat_time(op, members, n)
-                } else {
-                    self.hierarchical_time(op, members, &islands, *wan, n)
-                }
+                let islands = split_islands(members, |r| r / size);
+                self.across_time(op, members, &islands, Wide::Uniform(*wan), n)
+            }
+            Topology::Regions(regions) => {
+                let islands = split_islands(members, |r| regions.region(r));
+                self.across_time(op, members, &islands, Wide::Matrix(regions), n)
             }
             Topology::Switch => self.flat_time(op, members, n),
+        }
+    }
+
+    /// Collectives among `members` grouped in `islands`: on one switch when they are all in
+    /// one island, hierarchical otherwise.
+    fn across_time(
+        &self,
+        op: CollectiveOp,
+        members: &[usize],
+        islands: &[Island],
+        wide: Wide,
+        n: f64,
+    ) -> f64 {
+        if islands.len() == 1 {
+            self.flat_time(op, members, n)
+        } else {
+            self.hierarchical_time(op, members, islands, wide, n)
         }
     }
 
@@ -74,51 +92,75 @@ impl Network {
         }
     }
 
-    /// Collectives among members spread over several islands.
+    /// Collectives among members spread over several islands (see the module
+    /// documentation's table).
     fn hierarchical_time(
         &self,
         op: CollectiveOp,
         members: &[usize],
-        islands: &[Vec<usize>],
-        wan: Link,
+        islands: &[Island],
+        wide: Wide,
         n: f64,
     ) -> f64 {
         let i = islands.len() as f64;
-        let m = islands.iter().map(Vec::len).max().unwrap_or(1) as f64;
-        let (alpha_w, beta_w) = (wan.latency_s, wan.bandwidth());
+        let k = members.len() as f64;
+        let m = islands.iter().map(|is| is.members.len()).min().unwrap_or(1) as f64;
         // The slowest island's local phase.
-        let local =
-            |f: &dyn Fn(&[usize]) -> f64| islands.iter().map(|is| f(is)).fold(0.0, f64::max);
+        let local = |f: &dyn Fn(&[usize]) -> f64| {
+            islands.iter().map(|is| f(&is.members)).fold(0.0, f64::max)
+        };
+        // One step of the ring across the islands, `bytes` on every hop: the slowest hop.
+        let wide_step = |bytes: f64| {
+            (0..islands.len())
+                .map(|a| {
+                    let b = (a + 1) % islands.len();
+                    wide.hop(islands[a].key, islands[b].key, bytes)
+                })
+                .fold(0.0, f64::max)
+        };
         match op {
             CollectiveOp::AllReduce(_) => {
                 let scatter = local(&|is: &[usize]| {
                     let mi = is.len() as f64;
                     (mi - 1.0) * self.ring_step(is, n / mi)
                 });
-                let across = 2.0 * (i - 1.0) * alpha_w + 2.0 * (i - 1.0) / i * (n / m) / beta_w;
+                let across = 2.0 * (i - 1.0) * wide_step(n / (m * i));
                 2.0 * scatter + across
             }
             CollectiveOp::AllGather | CollectiveOp::AllGatherBytes => {
                 let gather = local(&|is: &[usize]| (is.len() as f64 - 1.0) * self.ring_step(is, n));
-                let across = (i - 1.0) * (alpha_w + n / beta_w);
+                let across = (i - 1.0) * wide_step(n * (k - m) / ((i - 1.0) * m));
                 let spread = local(&|is: &[usize]| {
-                    (is.len() as f64 - 1.0) * self.ring_step(is, (i - 1.0) * n)
+                    let mi = is.len() as f64;
+                    (mi - 1.0) * self.ring_step(is, n * (k - mi) / mi)
                 });
                 gather + across + spread
             }
             CollectiveOp::Broadcast { root } => {
-                let hops = chain(members, root);
-                let island_of = |r: usize| islands.iter().position(|is| is.contains(&r));
+                let island_of: HashMap<usize, usize> = islands
+                    .iter()
+                    .flat_map(|is| is.members.iter().map(|&r| (r, is.key)))
+                    .collect();
+                // Each hop with the islands of its ends.
+                let hops: Vec<(usize, usize, usize, usize)> = chain(members, root)
+                    .into_iter()
+                    .map(|(a, b)| (a, b, island_of[&a], island_of[&b]))
+                    .collect();
                 self.pipelined(n, |seg| {
                     hops.iter()
-                        .map(|&(a, b)| {
-                            if island_of(a) == island_of(b) {
+                        .map(|&(a, b, ia, ib)| {
+                            if ia == ib {
                                 self.hop(a, b, seg)
-                            } else {
+                            } else if let Wide::Uniform(wan) = wide {
                                 let (la, lb) = (self.link(a), self.link(b));
-                                let alpha = la.latency_s.max(lb.latency_s).max(alpha_w);
-                                let beta = la.up_bytes_per_s.min(lb.down_bytes_per_s).min(beta_w);
+                                let alpha = la.latency_s.max(lb.latency_s).max(wan.latency_s);
+                                let beta = la
+                                    .up_bytes_per_s
+                                    .min(lb.down_bytes_per_s)
+                                    .min(wan.bandwidth());
                                 alpha + seg / beta
+                            } else {
+                                wide.hop(ia, ib, seg)
                             }
                         })
                         .collect()
@@ -128,10 +170,11 @@ impl Network {
                 unreachable!("normalised in collective_time")
             }
             CollectiveOp::Barrier => {
+                let keys: Vec<usize> = islands.iter().map(|is| is.key).collect();
                 let alpha = members
                     .iter()
                     .map(|&r| self.link(r).latency_s)
-                    .fold(alpha_w, f64::max);
+                    .fold(wide.largest_latency(&keys), f64::max);
                 log2_ceil(members.len()) * alpha
             }
         }
@@ -201,16 +244,72 @@ fn chain(members: &[usize], root: usize) -> Vec<(usize, usize)> {
         .collect()
 }
 
-/// The members of each island (islands of `size` consecutive ranks) that hold any.
-fn split_islands(members: &[usize], size: usize) -> Vec<Vec<usize>> {
-    let mut islands: Vec<Vec<usize>> = Vec::new();
+/// The members of a group that share an island (or a region).
+struct Island {
+    /// The island's number (or the region's index).
+    key: usize,
+    /// Its members, in the group's order.
+    members: Vec<usize>,
+}
+
+/// `members` grouped by `key_of` (the island or region of a rank), the groups in the order
+/// of their first member.
+fn split_islands(members: &[usize], key_of: impl Fn(usize) -> usize) -> Vec<Island> {
+    let mut islands: Vec<Island> = Vec::new();
+    let mut index: HashMap<usize, usize> = HashMap::new();
     for &m in members {
-        match islands.last_mut() {
-            Some(is) if is[0] / size == m / size => is.push(m),
-            _ => islands.push(vec![m]),
+        let key = key_of(m);
+        // Ranks of one island are mostly consecutive: most ranks join the last island.
+        if let Some(last) = islands.last_mut()
+            && last.key == key
+        {
+            last.members.push(m);
+            continue;
         }
+        let i = *index.entry(key).or_insert_with(|| {
+            islands.push(Island {
+                key,
+                members: Vec::new(),
+            });
+            islands.len() - 1
+        });
+        islands[i].members.push(m);
     }
     islands
+}
+
+/// The links between islands.
+#[derive(Clone, Copy)]
+enum Wide<'a> {
+    /// One wide-area link, the same for every pair of islands (each node's share of it).
+    Uniform(Link),
+    /// A latency and a bandwidth per ordered pair of regions.
+    Matrix(&'a Regions),
+}
+
+impl Wide<'_> {
+    /// A message of `bytes` from island (region) `a` to island `b`.
+    fn hop(&self, a: usize, b: usize, bytes: f64) -> f64 {
+        match self {
+            Wide::Uniform(wan) => wan.latency_s + bytes / wan.bandwidth(),
+            Wide::Matrix(regions) => {
+                regions.latency_s[a][b] + bytes / regions.bandwidth_bytes_per_s[a][b]
+            }
+        }
+    }
+
+    /// The largest latency between two different islands of `keys`.
+    fn largest_latency(&self, keys: &[usize]) -> f64 {
+        match self {
+            Wide::Uniform(wan) => wan.latency_s,
+            Wide::Matrix(regions) => keys
+                .iter()
+                .flat_map(|&a| keys.iter().map(move |&b| (a, b)))
+                .filter(|(a, b)| a != b)
+                .map(|(a, b)| regions.latency_s[a][b])
+                .fold(0.0, f64::max),
+        }
+    }
 }
 
 fn log2_ceil(k: usize) -> f64 {
