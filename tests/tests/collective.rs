@@ -57,6 +57,50 @@ fn all_reduce_equals_sequential_sum_and_mean_in_rank_order() {
     }
 }
 
+/// The bf16 ring: every contribution rounded to bf16 (the `half` crate's conversion, an
+/// independent reference), summed in f32 in rank order, the mean rounded again; counted at
+/// 2 bytes per value, half the f32 all-reduce's bytes.
+#[test]
+fn a_bf16_all_reduce_rounds_in_and_out_and_sends_half_the_bytes() {
+    let bf16 = |x: f32| half::bf16::from_f32(x).to_f32();
+    for (n, k) in [(257, 3), (100_003, 4)] {
+        let out = on_ranks(k, |c| {
+            let world = c.world();
+            let mean = c
+                .all_reduce_bf16_start_in(&world, vector(rank_values(c.rank(), n)), ReduceOp::Mean)
+                .unwrap()
+                .wait()
+                .unwrap();
+            let bf16_stats = c.stats();
+            c.all_reduce(vector(rank_values(c.rank(), n)), ReduceOp::Mean)
+                .unwrap();
+            (host(mean), bf16_stats, c.stats())
+        });
+        let mut sum: Vec<f32> = rank_values(0, n).into_iter().map(bf16).collect();
+        for r in 1..k {
+            for (a, b) in sum.iter_mut().zip(rank_values(r, n)) {
+                *a += bf16(b);
+            }
+        }
+        let reference: Vec<f32> = sum.iter().map(|x| bf16(x / k as f32)).collect();
+        for (r, (mean, bf16_stats, both)) in out.iter().enumerate() {
+            assert_eq!(mean, &reference, "{n} values, rank {r} of {k}");
+            let ring = (2 * (k - 1) * 2 * n / k) as u64;
+            assert_eq!(bf16_stats.bytes_sent, ring, "2 bytes per value");
+            assert_eq!(
+                both.bytes_sent - bf16_stats.bytes_sent,
+                (2 * (k - 1) * 4 * n / k) as u64
+            );
+        }
+        assert!(
+            reference
+                .iter()
+                .zip(rank_values(0, n))
+                .any(|(a, b)| *a != b)
+        );
+    }
+}
+
 #[test]
 fn all_reduce_leaves_a_tensor_the_caller_kept_unchanged() {
     // The host path sums into a rank's own buffer: one the caller still holds must be

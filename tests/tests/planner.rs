@@ -109,6 +109,16 @@ fn strategies() -> Vec<(&'static str, Box<dyn StrategyConfig>)> {
             "sparta delayed 2, partitioned",
             Box::new(sparta(0.25, 2, IndexSelectorKind::Partitioned)),
         ),
+        (
+            "diloco H=3 bf16 ring",
+            Box::new(
+                DiLoCoConfig::new().with_communicator(
+                    DiLoCoCommunicatorConfig::new()
+                        .with_sync_interval(3)
+                        .with_compression("bf16".parse().unwrap()),
+                ),
+            ),
+        ),
         ("sparta-diloco", Box::new(SpartaDiLoCoConfig::new())),
         (
             "streaming diloco F=2 H=4 overlap 1",

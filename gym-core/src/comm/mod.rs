@@ -54,6 +54,7 @@
 //! [`Collective::with_present`](crate::comm::Collective::with_present): [`Collective::world`](crate::comm::Collective::world) is the nodes present that it can
 //! reach, every group is cut down to them, and a mean divides by the members present.
 
+pub mod bf16;
 pub mod clock;
 mod collective;
 pub mod cost;

@@ -104,16 +104,16 @@ impl CompressionConfig {
     /// all-gathers each member's code ([`Codec::encoded_len`]). PowerSGD's payload follows
     /// each matrix's shape, which a plan by size does not know: refused.
     pub fn planned_mean(&self, n: u64) -> Result<(CollectiveOp, u64)> {
-        match self {
-            CompressionConfig::None => Ok((CollectiveOp::AllReduce(ReduceOp::Mean), 4 * n)),
-            CompressionConfig::Codec { codec, .. } => {
-                codec.validate()?;
-                Ok((
-                    CollectiveOp::AllGatherBytes,
-                    codec.encoded_len(n as usize) as u64,
-                ))
-            }
-            CompressionConfig::PowerSgd(_) => Err(GymError::InvalidConfig(
+        self.validate()?;
+        let all_reduce = CollectiveOp::AllReduce(ReduceOp::Mean);
+        match self.route() {
+            Route::Exact => Ok((all_reduce, 4 * n)),
+            Route::Bf16Ring => Ok((all_reduce, 2 * n)),
+            Route::Gather(codec) => Ok((
+                CollectiveOp::AllGatherBytes,
+                codec.encoded_len(n as usize) as u64,
+            )),
+            Route::PowerSgd => Err(GymError::InvalidConfig(
                 "PowerSGD compression cannot be planned: its payload follows each matrix's \
                  shape, which a plan by size does not know"
                     .into(),
@@ -125,18 +125,23 @@ impl CompressionConfig {
     /// e.g. one per fragment, so their random draws differ).
     pub fn init(&self, node: &NodeInfo<'_>, stream: u64) -> Result<Box<dyn Compressor>> {
         self.validate()?;
-        Ok(match *self {
-            CompressionConfig::None => Box::new(Exact),
-            // f32 is exact: the ring all-reduce sends less than a gather of f32 codes.
-            CompressionConfig::Codec {
-                codec: Codec::Dense(Quantizer::F32),
-                ..
-            } => Box::new(Exact),
-            CompressionConfig::Codec {
-                codec,
-                error_feedback,
-                aggregation,
-            } => Box::new(CodecCompressor {
+        let error_feedback = match *self {
+            CompressionConfig::Codec { error_feedback, .. } => error_feedback,
+            _ => None,
+        };
+        Ok(match (self.route(), *self) {
+            (Route::Exact, _) => Box::new(Exact),
+            (Route::Bf16Ring, _) => Box::new(Bf16Ring {
+                feedback: error_feedback.map(ErrorFeedback::new),
+            }),
+            (
+                _,
+                CompressionConfig::Codec {
+                    codec,
+                    error_feedback,
+                    aggregation,
+                },
+            ) => Box::new(CodecCompressor {
                 codec,
                 aggregation,
                 feedback: error_feedback.map(ErrorFeedback::new),
@@ -144,8 +149,95 @@ impl CompressionConfig {
                 rank: node.rank as u64,
                 calls: 0,
             }),
-            CompressionConfig::PowerSgd(p) => Box::new(p.init(node, stream)?),
+            (_, CompressionConfig::PowerSgd(p)) => Box::new(p.init(node, stream)?),
+            (_, CompressionConfig::None) => unreachable!("the exact mean's route"),
         })
+    }
+
+    /// How a mean travels (what [`init`](Self::init) builds and
+    /// [`planned_mean`](Self::planned_mean) charges): f32 and bf16 values sum exactly in
+    /// their format, so they go round a ring all-reduce, which sends less than a gather of
+    /// their codes; every other codec is gathered.
+    fn route(&self) -> Route {
+        match *self {
+            CompressionConfig::None => Route::Exact,
+            CompressionConfig::Codec {
+                codec: Codec::Dense(Quantizer::F32),
+                ..
+            } => Route::Exact,
+            CompressionConfig::Codec {
+                codec: Codec::Dense(Quantizer::Bf16),
+                ..
+            } => Route::Bf16Ring,
+            CompressionConfig::Codec { codec, .. } => Route::Gather(codec),
+            CompressionConfig::PowerSgd(_) => Route::PowerSgd,
+        }
+    }
+}
+
+/// How a mean travels ([`CompressionConfig::route`]).
+enum Route {
+    /// An f32 ring all-reduce.
+    Exact,
+    /// A bf16 ring all-reduce.
+    Bf16Ring,
+    /// An all-gather of each member's code.
+    Gather(Codec),
+    /// PowerSGD's low-rank factors.
+    PowerSgd,
+}
+
+/// The `bf16` codec's mean: a bf16 ring all-reduce
+/// ([`Collective::all_reduce_bf16_start_in`](gym_core::Collective::all_reduce_bf16_start_in)),
+/// after error feedback if asked for (the residual keeps what rounding to bf16 dropped).
+struct Bf16Ring {
+    feedback: Option<ErrorFeedback>,
+}
+
+impl Compressor for Bf16Ring {
+    fn start_mean(
+        &mut self,
+        group: &Group,
+        x: Tensor<1>,
+        ctx: &StepContext<'_>,
+    ) -> Result<PendingMean> {
+        let x = match &mut self.feedback {
+            None => x,
+            Some(ef) => {
+                let device = x.device();
+                let values = to_host(x)?;
+                let codec = Codec::Dense(Quantizer::Bf16);
+                let code = ef.encode(&codec, &values, 0)?;
+                let sent = codec.decode(&code, values.len(), 0)?;
+                Tensor::from_data(TensorData::new(sent, [values.len()]), &device)
+            }
+        };
+        Ok(ctx
+            .collective
+            .all_reduce_bf16_start_in(group, x, ReduceOp::Mean)?
+            .map(Ok))
+    }
+
+    fn save_state(&self) -> Result<StateDict> {
+        CodecRecord {
+            calls: 0,
+            residual: self
+                .feedback
+                .as_ref()
+                .map(|ef| Values::from(ef.residual.clone())),
+        }
+        .to_state()
+    }
+
+    fn load_state(&mut self, state: &StateDict) -> Result<()> {
+        let record = CodecRecord::from_state(state)?;
+        if let Some(ef) = &mut self.feedback {
+            ef.residual = match record.residual {
+                Some(residual) => residual.into_vec(),
+                None => return Err(missing(state, "residual")),
+            };
+        }
+        Ok(())
     }
 }
 
