@@ -7,7 +7,6 @@ use crate::networks::network_file;
 use crate::plot::XAxis;
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::{Args, ValueEnum};
-use gym_core::comm::network::NetworkFile;
 use gym_core::faults::{FaultSchedule, FaultTimeline};
 use gym_core::{
     Autocast, ComputeModel, GymError, Network, NonFinitePolicy, ParamCount, SimulationConfig,
@@ -469,17 +468,12 @@ impl CommonArgs {
                 None => Ok(None),
             };
         };
-        let (network, node_speed) = match network_file(network) {
-            Some(file) => self.file_network(file.map_err(|e| format!("--network: {e}"))?)?,
-            None => {
-                let network: Network = parsed("--network", network)?;
-                let topology = match &self.topology {
-                    Some(t) => parsed("--topology", t)?,
-                    None => Topology::Switch,
-                };
-                (network.with_topology(topology), self.node_speed.clone())
-            }
-        };
+        let (network, node_speed) = network_and_speeds(
+            network,
+            self.topology.as_deref(),
+            &self.node_speed,
+            self.num_nodes,
+        )?;
         let compute = match &self.node_tflops {
             Some(c) => parsed("--node-tflops", c)?,
             None => ComputeModel::cpu(),
@@ -498,38 +492,53 @@ impl CommonArgs {
         ))
     }
 
-    /// The network and the node speeds of a run on a network file: the file sets the
-    /// topology and the node count, and the speeds when it gives any (`--node-speed` then
-    /// is an error: speeds are set in one place); otherwise `--node-speed` applies.
-    fn file_network(&self, file: NetworkFile) -> Result<(Network, Vec<f64>), String> {
-        if self.topology.is_some() {
-            return Err(format!(
-                "--topology: the network file {} sets the topology (its regions); leave \
-                 --topology out",
-                file.file
-            ));
-        }
-        file.check_run(self.num_nodes)
-            .map_err(|e| format!("--network: {e}"))?;
-        let node_speed = if file.speeds_given() {
-            if !self.node_speed.is_empty() {
-                return Err(format!(
-                    "--node-speed: the network file {} gives the nodes' speeds (`speed` in its \
-                     [[nodes]]); set them in one place",
-                    file.file
-                ));
-            }
-            file.node_speed()
-        } else {
-            self.node_speed.clone()
-        };
-        Ok((file.network(), node_speed))
-    }
-
     /// Where this run's logs go.
     pub fn run_dir(&self, run_name: &str) -> PathBuf {
         self.log_dir.join(run_name)
     }
+}
+
+/// The network and the node speeds that `--network`, `--topology` and `--node-speed`
+/// describe for `num_nodes` nodes (what training and the planner both read). A network file
+/// sets the topology and the node count, and the speeds when it gives any (`--node-speed`
+/// then is an error: speeds are set in one place); otherwise `--node-speed` applies.
+pub fn network_and_speeds(
+    network: &str,
+    topology: Option<&str>,
+    node_speed: &[f64],
+    num_nodes: usize,
+) -> Result<(Network, Vec<f64>), String> {
+    let Some(file) = network_file(network) else {
+        let network: Network = parsed("--network", network)?;
+        let topology = match topology {
+            Some(t) => parsed("--topology", t)?,
+            None => Topology::Switch,
+        };
+        return Ok((network.with_topology(topology), node_speed.to_vec()));
+    };
+    let file = file.map_err(|e| format!("--network: {e}"))?;
+    if topology.is_some() {
+        return Err(format!(
+            "--topology: the network file {} sets the topology (its regions); leave \
+             --topology out",
+            file.file
+        ));
+    }
+    file.check_run(num_nodes)
+        .map_err(|e| format!("--network: {e}"))?;
+    let node_speed = if file.speeds_given() {
+        if !node_speed.is_empty() {
+            return Err(format!(
+                "--node-speed: the network file {} gives the nodes' speeds (`speed` in its \
+                 [[nodes]]); set them in one place",
+                file.file
+            ));
+        }
+        file.node_speed()
+    } else {
+        node_speed.to_vec()
+    };
+    Ok((file.network(), node_speed))
 }
 
 /// A value parser that checks a spec parses as `T` and keeps it as written (so that the

@@ -1,9 +1,9 @@
 //! Shared pieces of the example binaries: one flag vocabulary ([`cli`]), the tasks they
 //! train ([`tasks`]), one runner that fits a task and reports it ([`runner`], [`summary`]),
-//! the shipped network files ([`networks`]),
-//! backend selection, the comparison of strategies ([`compare`], [`plot`]) and grids of runs
-//! on a simulated cluster ([`sweep`]), both stopped by Ctrl-C and continued by `--resume`
-//! ([`series`]).
+//! the shipped network files ([`networks`]), backend selection, the comparison of strategies
+//! ([`compare`], [`plot`]) and grids of runs on a simulated cluster ([`sweep`]), both stopped
+//! by Ctrl-C and continued by `--resume` ([`series`]), and plans at any size without a model
+//! ([`plan`]).
 
 #![warn(missing_docs)]
 
@@ -13,6 +13,8 @@ pub mod cli;
 pub mod compare;
 pub mod config_file;
 pub mod networks;
+pub mod plan;
+pub mod plan_sweep;
 pub mod plot;
 pub mod runner;
 pub mod series;

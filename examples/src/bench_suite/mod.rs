@@ -22,12 +22,15 @@
 //! 3. **Peak memory** of the `mnist` binary training K nodes of the MLP (a child process,
 //!    so that the peak is that run's alone).
 //! 4. **Start-up**: seconds from the child's start to its first step.
+//! 5. **Planner**: DiLoCo on 10,000 nodes for 1,000 outer rounds, planned by the `plan`
+//!    binary (target: at most 10 s and 1 GiB).
 
 mod bandwidth;
 mod children;
 mod conv;
 pub mod live_heap;
 mod overhead;
+mod planner;
 mod soak;
 mod soak_table;
 
@@ -169,6 +172,8 @@ pub struct SuiteConfig {
     pub scratch_dir: PathBuf,
     /// The command line, as the captions quote it.
     pub command: String,
+    /// Run the planner's row (10,000 nodes, 1,000 rounds; the `plan` binary beside this one).
+    pub planner: bool,
 }
 
 impl SuiteConfig {
@@ -195,6 +200,7 @@ impl SuiteConfig {
             startup_k: Some(16),
             mnist_bin,
             mpi_bench: None,
+            planner: true,
             mnist_dir,
             gpt_dir,
             scratch_dir: std::env::temp_dir()
@@ -358,6 +364,9 @@ pub fn run_suite(config: &SuiteConfig) -> Result<SuiteResult, BoxError> {
     if config.rss_ks.iter().any(|&k| k > 0) || config.startup_k.is_some() {
         children::children(config, &mut out);
         std::fs::remove_dir_all(&config.scratch_dir).ok();
+    }
+    if config.planner {
+        planner::planner(config, &mut out)?;
     }
     Ok(out)
 }

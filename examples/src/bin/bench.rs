@@ -189,6 +189,9 @@ struct SuiteArgs {
     /// Suite: node count of the start-up run of `mnist` (0: skip).
     #[arg(long, default_value_t = 16)]
     suite_startup_k: usize,
+    /// Suite: skip the planner's row (10,000 nodes, 1,000 rounds of DiLoCo).
+    #[arg(long)]
+    suite_no_planner: bool,
     /// One process of the suite's MPI rows, as `mpirun` starts it, for a job of this many
     /// nodes (one per process).
     #[cfg(feature = "mpi")]
@@ -246,6 +249,7 @@ fn suite_main(cli: &Cli, mnist: Option<PathBuf>) -> ExitCode {
     config.collective_reps = a.suite_reps;
     config.rss_ks = a.suite_rss_ks.clone();
     config.startup_k = (a.suite_startup_k > 0).then_some(a.suite_startup_k);
+    config.planner = !a.suite_no_planner;
     config.command = command_line();
     // With the `mpi` feature and `mpirun` at hand, the bandwidth part adds MPI rows.
     #[cfg(feature = "mpi")]

@@ -1,0 +1,465 @@
+//! The `plan` binary: a strategy's simulated time and traffic at the scale people train
+//! (billions of parameters, thousands of nodes), on the clock and cost code of training,
+//! without a model ([`gym_core::planner`]).
+//!
+//! One plan prints the simulated time in total and per round (compute, exposed
+//! communication, idle), the compute utilisation, the bytes each node sends and the tokens
+//! per second; `--json` prints them as one object whose fields are named as a training
+//! run's `summary.json`. `--sweep KEY=V1,V2` (repeatable; a key is any flag, e.g.
+//! `sync_interval`, `network`, `strategy`, `num_nodes`) plans every combination, prints a
+//! table, and with a swept `network` draws the compute utilisation against the bandwidth,
+//! one line per strategy (`--out-dir`).
+
+use crate::cli::{StrategyName, network_and_speeds};
+use crate::plot::{Chart, Series};
+use crate::summary::{human_bytes, percent, seconds};
+use clap::Parser;
+use gym_core::comm::simulation::{format_param_count, parse_param_count};
+use gym_core::planner::{PlanConfig, plan};
+use gym_core::{ComputeModel, Network, SimulationConfig};
+use gym_strategies::registry::{StrategyFlags, SyncArgs};
+use serde::Serialize;
+use std::ffi::OsString;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+/// Plan a distributed training run: simulated time, compute utilisation and traffic of a
+/// strategy on a cluster, from the model's size alone.
+#[derive(Debug, Clone, Parser)]
+#[command(version, about, name = "plan")]
+pub struct PlanArgs {
+    /// The model's parameters: 124M, 1.3B, 7e9, 70B.
+    #[arg(long, value_name = "N", value_parser = parse_param_count)]
+    pub params: u64,
+    /// Number of nodes (data-parallel replicas).
+    #[arg(long, default_value_t = 8)]
+    pub num_nodes: usize,
+    /// Optimizer steps (or give --tokens).
+    #[arg(long, conflicts_with = "tokens")]
+    pub steps: Option<usize>,
+    /// Tokens to train on (100B, 1e12); the steps are tokens ÷ --tokens-per-step.
+    #[arg(long, value_name = "T", value_parser = parse_param_count)]
+    pub tokens: Option<u64>,
+    /// Seconds of one node's step at speed 1 (forward and backward passes).
+    #[arg(long, value_name = "S", conflicts_with_all = ["node_tflops", "mfu"])]
+    pub step_seconds: Option<f64>,
+    /// Tokens per optimizer step over all nodes (the global batch in tokens); a node's step
+    /// is 6·N·T/K FLOPs.
+    #[arg(long, value_name = "T", value_parser = parse_param_count)]
+    pub tokens_per_step: Option<u64>,
+    /// A node's peak TFLOPS (h100: 989, a100: 312, or a number), with --mfu.
+    #[arg(long, value_name = "TFLOPS")]
+    pub node_tflops: Option<String>,
+    /// Model FLOPs utilisation of a node's compute, in (0, 1] (default 0.4).
+    #[arg(long)]
+    pub mfu: Option<f64>,
+    /// The strategy.
+    #[arg(long, value_parser = StrategyName::parser(), default_value = "diloco")]
+    pub strategy: StrategyName,
+    /// The network: datacenter, cross-region, wan, internet, BANDWIDTH:LATENCY (1gbit:10ms)
+    /// or UP/DOWN:LATENCY (several, comma-separated, give one link per node), or a network
+    /// file (aws-dtfm, halos, consumer-internet, or a path to a .toml file).
+    #[arg(long, default_value = "1gbit:50ms")]
+    pub network: String,
+    /// How the nodes are connected: switch (default), relay, or islands:SIZE:WAN.
+    #[arg(long)]
+    pub topology: Option<String>,
+    /// Per-node speed factors, comma-separated (1,1,0.5,1).
+    #[arg(long, value_delimiter = ',')]
+    pub node_speed: Vec<f64>,
+    /// σ of every node's step-time jitter (lognormal, mean 1, seeded).
+    #[arg(long)]
+    pub jitter: Option<f64>,
+    /// Faults (as training takes them): not planned yet, refused.
+    #[arg(long, value_name = "SPEC")]
+    pub faults: Option<String>,
+    /// Seed of the jitter and of shared draws.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Print one JSON object (a sweep: one per line).
+    #[arg(long)]
+    pub json: bool,
+    /// Plan every value of a flag: KEY=V1,V2 (network values separated by `,` too);
+    /// repeat for a grid.
+    #[arg(long, value_name = "KEY=V1,V2")]
+    pub sweep: Vec<String>,
+    /// Where a sweep writes `results.md` and `utilisation_vs_bandwidth.svg`.
+    #[arg(long, default_value = "plan-sweep")]
+    pub out_dir: PathBuf,
+    /// Every strategy's flags, as training takes them.
+    #[command(flatten)]
+    pub strategy_flags: StrategyFlags,
+}
+
+/// What a plan found; the fields a training run's `summary.json` also has carry its names.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PlanSummary {
+    /// Strategy name.
+    pub strategy: String,
+    /// Parameters of the planned model.
+    pub params: u64,
+    /// Number of nodes.
+    pub num_nodes: usize,
+    /// Steps planned.
+    pub steps: usize,
+    /// Steps per round (the strategy's synchronisation interval; 1 for every-step
+    /// strategies).
+    pub round_steps: usize,
+    /// The network, as given.
+    pub network: String,
+    /// Payload bytes each node sent (mean over nodes).
+    pub bytes_sent_per_node: f64,
+    /// Payload bytes each node received (mean over nodes).
+    pub bytes_received_per_node: f64,
+    /// Simulated seconds of the run (the slowest node's clock).
+    pub simulated_time_s: f64,
+    /// Simulated seconds of compute, mean over nodes.
+    pub simulated_compute_s: f64,
+    /// Simulated seconds of exposed communication, mean over nodes.
+    pub simulated_comm_s: f64,
+    /// Simulated seconds waiting for other nodes, mean over nodes.
+    pub simulated_idle_s: f64,
+    /// Compute ÷ (compute + exposed communication + idle).
+    pub compute_utilisation: f64,
+    /// Simulated compute that went into the model ÷ node-time held (without faults, the
+    /// compute utilisation).
+    pub goodput: f64,
+    /// Tokens per simulated second, when the tokens per step are known.
+    pub tokens_per_s: Option<f64>,
+    /// Seconds the plan took here.
+    pub wall_time_s: f64,
+    /// Peak resident memory of this process, where the OS reports it.
+    pub peak_rss_bytes: Option<u64>,
+}
+
+impl PlanArgs {
+    /// The plan these flags describe, or an error naming the flag.
+    pub fn config(&self) -> Result<PlanConfig, String> {
+        if self.faults.is_some() {
+            return Err(
+                "--faults: the planner does not run fault schedules yet; plan without \
+                        them, or train a proxy (--charge-as) under faults"
+                    .into(),
+            );
+        }
+        if self.num_nodes == 0 {
+            return Err("--num-nodes: a plan needs at least one node".into());
+        }
+        let steps = match (self.steps, self.tokens, self.tokens_per_step) {
+            (Some(0), _, _) => return Err("--steps: a plan needs at least one step".into()),
+            (Some(steps), _, _) => steps,
+            (None, Some(tokens), Some(per_step)) => tokens.div_ceil(per_step) as usize,
+            (None, Some(_), None) => return Err("--tokens needs --tokens-per-step".into()),
+            (None, None, _) => return Err("give --steps or --tokens".into()),
+        };
+        let (compute, step_flops) = match self.step_seconds {
+            Some(s) if s.is_finite() && s > 0.0 => (ComputeModel::Modelled { flops_per_s: 1.0 }, s),
+            Some(s) => return Err(format!("--step-seconds must be positive, got {s}")),
+            None => {
+                let tokens = self.tokens_per_step.ok_or(
+                    "give the compute as --step-seconds, or as --tokens-per-step with \
+                     --node-tflops and --mfu",
+                )?;
+                let mfu = self.mfu.unwrap_or(0.4);
+                if !(mfu > 0.0 && mfu <= 1.0) {
+                    return Err(format!("--mfu must lie in (0, 1], got {mfu}"));
+                }
+                let peak = match self.node_tflops.as_deref().unwrap_or("h100") {
+                    "h100" => 989.0,
+                    "a100" => 312.0,
+                    other => match other.parse::<f64>() {
+                        Ok(t) if t.is_finite() && t > 0.0 => t,
+                        _ => {
+                            return Err(format!(
+                                "--node-tflops: `{other}` is not h100, a100 or a positive number"
+                            ));
+                        }
+                    },
+                };
+                let flops = 6.0 * self.params as f64 * tokens as f64 / self.num_nodes as f64;
+                (
+                    ComputeModel::Modelled {
+                        flops_per_s: peak * 1e12 * mfu,
+                    },
+                    flops,
+                )
+            }
+        };
+        let (network, node_speed) = network_and_speeds(
+            &self.network,
+            self.topology.as_deref(),
+            &self.node_speed,
+            self.num_nodes,
+        )?;
+        let simulation = SimulationConfig::new(network)
+            .with_compute(compute)
+            .with_node_speed(node_speed)
+            .with_jitter(self.jitter.unwrap_or(0.0));
+        Ok(PlanConfig {
+            num_nodes: self.num_nodes,
+            steps,
+            seed: self.seed,
+            params: self.params,
+            step_flops,
+            simulation,
+        })
+    }
+
+    /// Steps per round: the strategy's synchronisation interval (`-H`, or the strategy's
+    /// default as its configuration records it), 1 for strategies without one.
+    fn round_steps(&self, config_json: &serde_json::Value) -> usize {
+        if !self.strategy.has_sync_interval() {
+            return 1;
+        }
+        let given = self
+            .strategy_flags
+            .get::<SyncArgs>()
+            .ok()
+            .and_then(|s| s.sync_interval);
+        given
+            .or_else(|| {
+                find_key(config_json, "sync_interval")
+                    .and_then(|v| v.as_u64())
+                    .map(|h| h as usize)
+            })
+            .map_or(1, |h| h.max(1))
+    }
+
+    /// Plans these flags.
+    pub fn plan(&self) -> Result<PlanSummary, String> {
+        let start = std::time::Instant::now();
+        let config = self.config()?;
+        let strategy = self.strategy_flags.build(self.strategy.entry())?;
+        let report = plan(&config, &*strategy, None).map_err(|e| e.to_string())?;
+        let got = |v: Option<f64>| v.unwrap_or(0.0);
+        let simulated_time_s = got(report.simulated_time_s());
+        Ok(PlanSummary {
+            strategy: self.strategy.as_str().into(),
+            params: self.params,
+            num_nodes: self.num_nodes,
+            steps: config.steps,
+            round_steps: self.round_steps(&strategy.to_json()),
+            network: self.network.clone(),
+            bytes_sent_per_node: report.bytes_sent_per_node(),
+            bytes_received_per_node: report.bytes_received_per_node(),
+            simulated_time_s,
+            simulated_compute_s: got(report.simulated_compute_s()),
+            simulated_comm_s: got(report.simulated_comm_s()),
+            simulated_idle_s: got(report.simulated_idle_s()),
+            compute_utilisation: got(report.compute_utilisation()),
+            goodput: got(report.goodput()),
+            tokens_per_s: self
+                .tokens_per_step
+                .map(|t| t as f64 * config.steps as f64 / simulated_time_s.max(f64::MIN_POSITIVE)),
+            wall_time_s: start.elapsed().as_secs_f64(),
+            peak_rss_bytes: crate::summary::peak_rss_bytes(),
+        })
+    }
+}
+
+/// The first value under `key` anywhere in `json`.
+fn find_key<'a>(json: &'a serde_json::Value, key: &str) -> Option<&'a serde_json::Value> {
+    match json {
+        serde_json::Value::Object(map) => map
+            .get(key)
+            .or_else(|| map.values().find_map(|v| find_key(v, key))),
+        serde_json::Value::Array(items) => items.iter().find_map(|v| find_key(v, key)),
+        _ => None,
+    }
+}
+
+impl PlanSummary {
+    /// The plan as a reader takes it in.
+    pub fn text(&self) -> String {
+        let rounds = (self.steps as f64 / self.round_steps as f64).max(1.0);
+        let per_round = |s: f64| seconds(s / rounds);
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "plan: {} on {} nodes, {} parameters, network {}",
+            self.strategy,
+            self.num_nodes,
+            format_param_count(self.params),
+            self.network
+        );
+        let _ = writeln!(
+            out,
+            "  steps                {} ({} rounds of {})",
+            self.steps, rounds as usize, self.round_steps
+        );
+        let _ = writeln!(
+            out,
+            "  simulated time       {}",
+            seconds(self.simulated_time_s)
+        );
+        let _ = writeln!(
+            out,
+            "  per round            {}: compute {}, exposed communication {}, idle {}",
+            per_round(self.simulated_time_s),
+            per_round(self.simulated_compute_s),
+            per_round(self.simulated_comm_s),
+            per_round(self.simulated_idle_s)
+        );
+        let _ = writeln!(
+            out,
+            "  compute utilisation  {}",
+            percent(Some(self.compute_utilisation))
+        );
+        let _ = writeln!(
+            out,
+            "  bytes sent per node  {}",
+            human_bytes(self.bytes_sent_per_node)
+        );
+        if let Some(t) = self.tokens_per_s {
+            let _ = writeln!(out, "  tokens per second    {t:.0}");
+        }
+        out
+    }
+}
+
+/// Runs the `plan` binary on `argv` (the program name first): prints one plan, or a sweep's
+/// table (and writes its files). Returns what it printed.
+pub fn run(argv: &[OsString]) -> Result<String, String> {
+    let args = PlanArgs::try_parse_from(argv).map_err(|e| e.to_string())?;
+    if args.sweep.is_empty() {
+        let summary = args.plan()?;
+        return Ok(if args.json {
+            serde_json::to_string(&summary).expect("serialises") + "\n"
+        } else {
+            summary.text()
+        });
+    }
+    let axes = args
+        .sweep
+        .iter()
+        .map(|s| sweep_axis(s))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut plans = Vec::new();
+    for combination in cartesian(&axes) {
+        let mut cell_argv: Vec<OsString> = without_flags(argv, &axes);
+        for (key, value) in &combination {
+            cell_argv.push(format!("--{key}").into());
+            cell_argv.push(value.into());
+        }
+        let cell = PlanArgs::try_parse_from(&cell_argv).map_err(|e| e.to_string())?;
+        let summary = cell.plan().map_err(|e| {
+            let at: Vec<String> = combination
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            format!("{}: {e}", at.join(" "))
+        })?;
+        plans.push((combination, summary));
+    }
+    crate::plan_sweep::report(&args, &axes, &plans)
+}
+
+/// One swept flag: its name as a long flag (`sync_interval` → `sync-interval`, `H` →
+/// `sync-interval`) and its values.
+pub type Axis = (String, Vec<String>);
+
+fn sweep_axis(spec: &str) -> Result<Axis, String> {
+    let (key, values) = spec
+        .split_once('=')
+        .ok_or_else(|| format!("--sweep `{spec}`: write KEY=V1,V2"))?;
+    let key = match key.trim() {
+        "H" | "h" => "sync-interval".to_string(),
+        k => k.replace('_', "-"),
+    };
+    if key == "sweep" || key.is_empty() {
+        return Err(format!("--sweep `{spec}`: `{key}` cannot be swept"));
+    }
+    let values: Vec<String> = values
+        .split(',')
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+        .map(String::from)
+        .collect();
+    if values.is_empty() {
+        return Err(format!("--sweep `{spec}`: no values"));
+    }
+    Ok((key, values))
+}
+
+/// Every combination of one value per axis, the first axis outermost.
+fn cartesian(axes: &[Axis]) -> Vec<Vec<(String, String)>> {
+    axes.iter().fold(vec![Vec::new()], |acc, (key, values)| {
+        acc.iter()
+            .flat_map(|prefix| {
+                values.iter().map(move |v| {
+                    let mut next = prefix.clone();
+                    next.push((key.clone(), v.clone()));
+                    next
+                })
+            })
+            .collect()
+    })
+}
+
+/// `argv` without the `--sweep` flags and without the swept flags (each cell gives them).
+fn without_flags(argv: &[OsString], axes: &[Axis]) -> Vec<OsString> {
+    let swept: Vec<String> = axes
+        .iter()
+        .map(|(k, _)| format!("--{k}"))
+        .chain(["--sweep".to_string()])
+        .collect();
+    let is_swept = |a: &str| {
+        swept
+            .iter()
+            .any(|f| a == f || a.starts_with(&format!("{f}=")))
+            || (a == "-H" && swept.iter().any(|f| f == "--sync-interval"))
+    };
+    let mut out = Vec::new();
+    let mut skip_value = false;
+    for a in argv {
+        let s = a.to_string_lossy();
+        if skip_value {
+            skip_value = false;
+            continue;
+        }
+        if is_swept(&s) {
+            skip_value = !s.contains('=');
+            continue;
+        }
+        out.push(a.clone());
+    }
+    out
+}
+
+/// The chart of a sweep over networks: compute utilisation against the bandwidth (bits per
+/// second, log axis), one line per strategy and other swept values.
+pub fn utilisation_chart(plans: &[(Vec<(String, String)>, PlanSummary)]) -> Option<Chart> {
+    let mut series: Vec<Series> = Vec::new();
+    for (combination, summary) in plans {
+        let network: Network = summary.network.parse().ok()?;
+        let bits = network.link(0).bandwidth() * 8.0;
+        let label: Vec<String> = std::iter::once(summary.strategy.clone())
+            .chain(
+                combination
+                    .iter()
+                    .filter(|(k, _)| k != "network" && k != "strategy")
+                    .map(|(k, v)| format!("{k}={v}")),
+            )
+            .collect();
+        let label = label.join(" ");
+        let point = (bits, summary.compute_utilisation);
+        match series.iter_mut().find(|s| s.label == label) {
+            Some(s) => s.points.push(point),
+            None => series.push(Series {
+                label,
+                points: vec![point],
+            }),
+        }
+    }
+    for s in &mut series {
+        s.points.sort_by(|a, b| a.0.total_cmp(&b.0));
+    }
+    Some(Chart {
+        title: "compute utilisation against bandwidth".into(),
+        x_label: "bandwidth per node (bit/s)".into(),
+        y_label: "compute utilisation".into(),
+        log_x: true,
+        x_bytes: false,
+        series,
+    })
+}

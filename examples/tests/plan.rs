@@ -1,0 +1,280 @@
+//! The `plan` binary: closed forms at sizes nothing here could train, its JSON, a sweep's
+//! table and chart, bad input refused naming the flag, and the 10,000-node case.
+
+use gym_core::comm::{CollectiveOp, Group, Network, ReduceOp};
+use std::process::{Command, Output};
+
+fn plan(flags: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_plan"))
+        .args(flags)
+        .output()
+        .expect("plan runs")
+}
+
+fn json(flags: &[&str]) -> serde_json::Value {
+    let mut all = flags.to_vec();
+    all.push("--json");
+    let out = plan(&all);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("one JSON object")
+}
+
+fn f(v: &serde_json::Value, key: &str) -> f64 {
+    v[key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{key} missing in {v}"))
+}
+
+/// DiLoCo on 7B parameters and 64 nodes with jitter-free compute from tokens: every round
+/// is H steps of 6·N·T/K FLOPs at peak × MFU, then one f32 ring all-reduce of 4N bytes on
+/// the network, so the totals are closed forms.
+#[test]
+fn a_7b_diloco_plan_equals_the_closed_form() {
+    let (n, k, h, tokens_per_step, rounds) = (7e9, 64usize, 100usize, 4_194_304.0, 5usize);
+    let steps = (h * rounds).to_string();
+    let v = json(&[
+        "--params",
+        "7B",
+        "--num-nodes",
+        "64",
+        "--strategy",
+        "diloco",
+        "-H",
+        "100",
+        "--steps",
+        &steps,
+        "--tokens-per-step",
+        "4194304",
+        "--node-tflops",
+        "h100",
+        "--mfu",
+        "0.4",
+        "--network",
+        "10gbit:30ms",
+    ]);
+    let step_s = 6.0 * n * tokens_per_step / k as f64 / (989e12 * 0.4);
+    let network: Network = "10gbit:30ms".parse().unwrap();
+    let sync_s = network.collective_time(
+        CollectiveOp::AllReduce(ReduceOp::Mean),
+        &Group::world(k),
+        (4.0 * n) as u64,
+    );
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * b.abs();
+    assert!(
+        close(f(&v, "simulated_compute_s"), step_s * (h * rounds) as f64),
+        "{v}"
+    );
+    assert!(
+        close(f(&v, "simulated_comm_s"), sync_s * rounds as f64),
+        "{v}"
+    );
+    assert!(close(
+        f(&v, "simulated_time_s"),
+        (step_s * h as f64 + sync_s) * rounds as f64
+    ));
+    let ring = 2.0 * (k - 1) as f64 / k as f64 * 4.0 * n;
+    assert!(
+        close(f(&v, "bytes_sent_per_node"), ring * rounds as f64),
+        "{v}"
+    );
+    let cu = step_s * h as f64 / (step_s * h as f64 + sync_s);
+    assert!(close(f(&v, "compute_utilisation"), cu), "{v}");
+    assert!(close(
+        f(&v, "tokens_per_s"),
+        tokens_per_step * (h * rounds) as f64 / f(&v, "simulated_time_s")
+    ));
+    assert_eq!(v["round_steps"], 100);
+    assert_eq!(v["num_nodes"], 64);
+}
+
+/// `--tokens` sets the steps; the same plan from `--steps` is the same.
+#[test]
+fn tokens_give_the_steps() {
+    let common = [
+        "--params",
+        "1.3B",
+        "--num-nodes",
+        "8",
+        "--strategy",
+        "allreduce",
+        "--tokens-per-step",
+        "1M",
+        "--node-tflops",
+        "312",
+        "--network",
+        "100gbit:1ms",
+    ];
+    let mut by_tokens = json(&[&common[..], &["--tokens", "20M"]].concat());
+    let mut by_steps = json(&[&common[..], &["--steps", "20"]].concat());
+    for v in [&mut by_tokens, &mut by_steps] {
+        let v = v.as_object_mut().unwrap();
+        v.remove("wall_time_s");
+        v.remove("peak_rss_bytes");
+    }
+    assert_eq!(by_tokens, by_steps);
+    assert_eq!(by_tokens["steps"], 20);
+}
+
+/// A sweep over bandwidths and strategies prints one row per combination and draws the
+/// compute utilisation against the bandwidth; DiLoCo's rises with the bandwidth and stays
+/// above AllReduce's.
+#[test]
+fn a_sweep_prints_a_table_and_draws_utilisation_against_bandwidth() {
+    let out_dir = std::env::temp_dir().join(format!("gym-plan-sweep-{}", std::process::id()));
+    std::fs::remove_dir_all(&out_dir).ok();
+    let out = plan(&[
+        "--params",
+        "1B",
+        "--num-nodes",
+        "16",
+        "--steps",
+        "200",
+        "--step-seconds",
+        "1",
+        "-H",
+        "50",
+        "--sweep",
+        "strategy=allreduce,diloco",
+        "--sweep",
+        "network=100mbit:50ms,1gbit:50ms,10gbit:50ms",
+        "--out-dir",
+        out_dir.to_str().unwrap(),
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("| ") && !l.starts_with("| strategy"))
+        .collect();
+    assert_eq!(rows.len(), 6, "{text}");
+    let svg = std::fs::read_to_string(out_dir.join("utilisation_vs_bandwidth.svg")).unwrap();
+    assert!(svg.contains("diloco") && svg.contains("allreduce"));
+    assert!(out_dir.join("results.md").exists());
+    let cu = |strategy: &str, network: &str| {
+        f(
+            &json(&[
+                "--params",
+                "1B",
+                "--num-nodes",
+                "16",
+                "--steps",
+                "200",
+                "--step-seconds",
+                "1",
+                "-H",
+                "50",
+                "--strategy",
+                strategy,
+                "--network",
+                network,
+            ]),
+            "compute_utilisation",
+        )
+    };
+    let d: Vec<f64> = ["100mbit:50ms", "1gbit:50ms", "10gbit:50ms"]
+        .iter()
+        .map(|n| cu("diloco", n))
+        .collect();
+    assert!(d[0] < d[1] && d[1] < d[2], "{d:?}");
+    assert!(cu("allreduce", "1gbit:50ms") < d[1]);
+}
+
+#[test]
+fn bad_input_is_refused_naming_the_flag_before_any_work() {
+    let refused = |flags: &[&str], needle: &str| {
+        let out = plan(flags);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flags:?} accepted");
+        assert!(err.contains(needle), "{flags:?}: {err}");
+    };
+    let ok = ["--num-nodes", "4", "--steps", "10", "--step-seconds", "1"];
+    for bad in ["0", "-7B", "nan", "inf", "seven"] {
+        refused(&[&["--params", bad][..], &ok].concat(), "--params");
+    }
+    let base = ["--params", "1B"];
+    refused(
+        &[
+            &base[..],
+            &["--num-nodes", "0", "--steps", "10", "--step-seconds", "1"],
+        ]
+        .concat(),
+        "--num-nodes",
+    );
+    refused(
+        &[&base[..], &["--steps", "0", "--step-seconds", "1"]].concat(),
+        "--steps",
+    );
+    refused(
+        &[&base[..], &["--steps", "10", "--step-seconds", "0"]].concat(),
+        "--step-seconds",
+    );
+    refused(
+        &[&base[..], &["--steps", "10", "--step-seconds", "nan"]].concat(),
+        "--step-seconds",
+    );
+    refused(
+        &[
+            &base[..],
+            &["--steps", "10", "--tokens-per-step", "1M", "--mfu", "1.5"],
+        ]
+        .concat(),
+        "--mfu",
+    );
+    refused(
+        &[
+            &base[..],
+            &[
+                "--steps",
+                "10",
+                "--tokens-per-step",
+                "1M",
+                "--node-tflops",
+                "fast",
+            ],
+        ]
+        .concat(),
+        "--node-tflops",
+    );
+    refused(
+        &[&base[..], &["--tokens", "1B", "--step-seconds", "1"]].concat(),
+        "--tokens-per-step",
+    );
+    refused(
+        &[&base[..], &ok, &["--network", "1parsec:1ms"]].concat(),
+        "--network",
+    );
+    refused(
+        &[&base[..], &ok, &["--faults", "crash:1@5"]].concat(),
+        "--faults",
+    );
+    refused(
+        &[&base[..], &ok, &["--sweep", "network="]].concat(),
+        "no values",
+    );
+    refused(
+        &[&base[..], &ok, &["--sweep", "network"]].concat(),
+        "KEY=V1,V2",
+    );
+    refused(
+        &[
+            &base[..],
+            &ok,
+            &["--strategy", "diloco", "--compression", "powersgd:2"],
+        ]
+        .concat(),
+        "PowerSGD",
+    );
+    // A network file's node count must be the plan's.
+    refused(
+        &[&base[..], &ok, &["--network", "halos"]].concat(),
+        "--network",
+    );
+}
