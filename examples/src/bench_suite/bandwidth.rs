@@ -12,7 +12,8 @@ use std::time::Instant;
 use super::{MB, SuiteCollective, SuiteConfig, SuiteResult, SuiteTable, caption};
 use crate::runner::BoxError;
 
-fn median(mut v: Vec<f64>) -> f64 {
+/// The median of `v` (the mean of the middle two for an even count; NaN if empty).
+pub(super) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     let n = v.len();
     if n == 0 {

@@ -24,8 +24,13 @@
 //! 4. **Start-up**: seconds from the child's start to its first step.
 //! 5. **Planner**: DiLoCo on 10,000 nodes for 1,000 outer rounds, planned by the `plan`
 //!    binary (target: at most 10 s and 1 GiB).
+//!
+//! `bench --calibrate` ([`calibrate`]) times the MPI transport, fits the simulated network's
+//! latency and bandwidth to it, writes them as a network file and checks the simulator's
+//! charge against a job of another size.
 
 mod bandwidth;
+pub mod calibrate;
 mod children;
 mod conv;
 pub mod live_heap;

@@ -31,6 +31,15 @@
 //! ```text
 //! target/release/bench --soak --json logs/bench/soak.json
 //! ```
+//!
+//! `--calibrate` (a build with the `mpi` feature) times the MPI transport under `mpirun`
+//! for 1 KiB to 256 MiB, fits the network's latency and bandwidth, writes them as a network
+//! file (`--out`) and checks the simulator's charge against a 4-process job
+//! ([`examples::bench_suite::calibrate`]).
+//!
+//! ```text
+//! target/release/bench --calibrate --out logs/bench/calibrated-network.toml
+//! ```
 
 use clap::{Parser, ValueEnum};
 use examples::bench_suite::{self, SoakConfig, SuiteConfig, SuiteModel};
@@ -54,7 +63,7 @@ enum Task {
 #[derive(Debug, Parser)]
 #[command(version, about)]
 // --json needs one of the modes that write figures.
-#[command(group = clap::ArgGroup::new("figures").args(["suite", "soak"]).multiple(true))]
+#[command(group = clap::ArgGroup::new("figures").args(["suite", "soak", "calibrate"]).multiple(true))]
 struct Cli {
     /// Which set-up to time.
     #[arg(long, value_enum, default_value = "mnist")]
@@ -104,8 +113,16 @@ struct Cli {
     /// and --json is ignored.
     #[arg(long, conflicts_with = "suite")]
     soak: bool,
+    /// Time the MPI transport (a build with the `mpi` feature) for 1 KiB to 256 MiB, fit
+    /// the network's latency and bandwidth, write a network file (--out) and check the
+    /// simulator's charge against a job of 4 processes; only --calibrate-*, --out and
+    /// --json count.
+    #[arg(long, conflicts_with_all = ["suite", "soak"])]
+    calibrate: bool,
     #[command(flatten)]
     suite_args: SuiteArgs,
+    #[command(flatten)]
+    calibrate_args: bench_suite::calibrate::CalibrateArgs,
     #[command(flatten)]
     soak_args: SoakArgs,
 }
@@ -326,6 +343,22 @@ fn soak_main(cli: &Cli) -> ExitCode {
     }
 }
 
+/// `bench --calibrate`: the fit, the network file and the check, printed and in `--json`.
+fn calibrate_main(cli: &Cli) -> ExitCode {
+    let config = bench_suite::calibrate::CalibrateConfig {
+        args: cli.calibrate_args.clone(),
+        exe: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("bench")),
+        command: command_line(),
+    };
+    match bench_suite::calibrate::run_calibration(&config) {
+        Ok(result) => show(&result, cli).map_or_else(|code| code, |()| ExitCode::SUCCESS),
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 /// Sequences per node per step and their length in the nanoGPT set-up.
 const GPT_BATCH: usize = 16;
 const GPT_BLOCK: usize = 64;
@@ -414,6 +447,19 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         };
+    }
+    #[cfg(feature = "mpi")]
+    if let Some(processes) = cli.calibrate_args.calibrate_worker {
+        return match bench_suite::calibrate::worker(&cli.calibrate_args, processes) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    if cli.calibrate {
+        return calibrate_main(&cli);
     }
     if cli.suite {
         return suite_main(&cli, sibling("mnist"));

@@ -1,0 +1,356 @@
+//! The fit, the network file and the simulator's charge: what `bench --calibrate` computes
+//! from the timings (no MPI here).
+
+use crate::bench_suite::SuiteCollective;
+use gym_core::comm::CollectiveOp;
+use gym_core::{Group, Link, Network, ReduceOp};
+
+/// Bytes in a KiB.
+pub const KIB: usize = 1 << 10;
+/// Bytes in a MiB.
+pub const MIB: usize = 1 << 20;
+
+/// The buffer sizes timed: 1 KiB, 4 KiB, 16 KiB, … up to `max_bytes`.
+pub fn sizes(max_bytes: usize) -> Vec<usize> {
+    std::iter::successors(Some(KIB), |&s| Some(s * 4))
+        .take_while(|&s| s <= max_bytes)
+        .collect()
+}
+
+/// Timed calls at `bytes`: `reps`, or at most 9 from 64 MiB (one call there moves hundreds
+/// of MiB through memory).
+pub fn calls_for(bytes: usize, reps: usize) -> usize {
+    if bytes >= 64 * MIB {
+        reps.clamp(1, 9)
+    } else {
+        reps.max(1)
+    }
+}
+
+/// `1 KiB`, `256 MiB`.
+pub fn size_label(bytes: usize) -> String {
+    if bytes >= MIB {
+        format!("{} MiB", bytes / MIB)
+    } else {
+        format!("{} KiB", bytes / KIB)
+    }
+}
+
+/// `1kib`, `256mib`: a size in figure names.
+pub fn size_key(bytes: usize) -> String {
+    size_label(bytes).replace(' ', "").to_lowercase()
+}
+
+/// The median of one collective at one size over a job's processes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Timing {
+    /// The collective.
+    pub op: SuiteCollective,
+    /// Bytes in each process's buffer.
+    pub bytes: usize,
+    /// Timed calls.
+    pub calls: usize,
+    /// The median over the calls of the slowest rank's seconds.
+    pub seconds: f64,
+}
+
+/// A link fitted to all-reduce timings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RingFit {
+    /// α: one-way latency, seconds.
+    pub latency_s: f64,
+    /// β: bandwidth, bytes per second.
+    pub bytes_per_s: f64,
+}
+
+impl RingFit {
+    /// The link, the same both ways.
+    pub fn link(&self) -> Link {
+        Link::symmetric(self.bytes_per_s * 8.0, self.latency_s)
+    }
+
+    /// The ring all-reduce's seconds over `k` ranks with `bytes` in each buffer.
+    pub fn all_reduce_s(&self, k: usize, bytes: f64) -> f64 {
+        let k = k as f64;
+        2.0 * (k - 1.0) * self.latency_s + 2.0 * (k - 1.0) / k * bytes / self.bytes_per_s
+    }
+}
+
+/// α and β of `T = 2(k−1)·α + 2(k−1)/k · n/β` fitted to `(n bytes, T seconds)` samples by
+/// least squares on the relative error (each residual divided by its `T`, so that 1 KiB
+/// and 256 MiB weigh alike: α from the small sizes, β from the large). The model is linear
+/// in α and 1/β, so the fit is a 2×2 solve. A negative α is clamped to 0 and 1/β refitted
+/// alone. Fewer than two distinct sizes, `k < 2`, or timings that give no positive
+/// bandwidth are errors.
+pub fn fit_ring(k: usize, samples: &[(f64, f64)]) -> Result<RingFit, String> {
+    if k < 2 {
+        return Err(format!("an all-reduce over {k} process(es) moves nothing"));
+    }
+    if samples
+        .iter()
+        .any(|&(n, t)| !(n.is_finite() && n >= 0.0 && t.is_finite() && t > 0.0))
+    {
+        return Err("timings must be positive and finite".into());
+    }
+    let kf = k as f64;
+    // Columns scaled to order 1: x1 = 2(k−1), x2 = 2(k−1)/k · n / scale.
+    let scale = samples.iter().map(|s| s.0).fold(1.0, f64::max);
+    let rows: Vec<(f64, f64, f64)> = samples
+        .iter()
+        .map(|&(n, t)| {
+            let w = 1.0 / t;
+            (
+                2.0 * (kf - 1.0) * w,
+                2.0 * (kf - 1.0) / kf * n / scale * w,
+                1.0,
+            )
+        })
+        .collect();
+    let (mut s11, mut s12, mut s22, mut b1, mut b2) = (0.0, 0.0, 0.0, 0.0, 0.0);
+    for &(x1, x2, y) in &rows {
+        s11 += x1 * x1;
+        s12 += x1 * x2;
+        s22 += x2 * x2;
+        b1 += x1 * y;
+        b2 += x2 * y;
+    }
+    let det = s11 * s22 - s12 * s12;
+    let distinct = {
+        let mut ns: Vec<f64> = samples.iter().map(|s| s.0).collect();
+        ns.sort_by(f64::total_cmp);
+        ns.dedup();
+        ns.len()
+    };
+    if distinct < 2 || det.abs() <= 1e-12 * s11 * s22 {
+        return Err("the fit needs timings of at least two sizes".into());
+    }
+    let (mut alpha, mut inv_beta) = ((b1 * s22 - b2 * s12) / det, (s11 * b2 - s12 * b1) / det);
+    if alpha < 0.0 {
+        alpha = 0.0;
+        inv_beta = b2 / s22;
+    }
+    if inv_beta.is_nan() || inv_beta <= 0.0 {
+        return Err("the timings do not grow with the size: no bandwidth to fit".into());
+    }
+    Ok(RingFit {
+        latency_s: alpha,
+        bytes_per_s: scale / inv_beta,
+    })
+}
+
+/// Where a network file's figures came from, for its `title` and `source`.
+#[derive(Debug, Clone)]
+pub struct Provenance {
+    /// The machine's host name.
+    pub hostname: String,
+    /// The date of the measurement (`YYYY-MM-DD`).
+    pub date: String,
+    /// Processes of the fitted job.
+    pub processes: usize,
+    /// The smallest and largest buffer, bytes.
+    pub sizes: (usize, usize),
+    /// Timed calls per size, as the source states them (`21 (9 from 64 MiB)`).
+    pub calls: String,
+    /// Sizes timed but left out of the fit, bytes.
+    pub skipped: Vec<usize>,
+}
+
+/// A TOML string literal.
+fn toml_string(s: &str) -> String {
+    toml::Value::String(s.to_string()).to_string()
+}
+
+/// `x` to 6 significant digits as a TOML float (always with a decimal point).
+fn toml_float(x: f64) -> String {
+    let digits = if x == 0.0 {
+        0
+    } else {
+        (5 - x.abs().log10().floor() as i32).max(0) as usize
+    };
+    let s = format!("{x:.digits$}");
+    if s.contains('.') { s } else { format!("{s}.0") }
+}
+
+/// The network file of `fit`: one region, `local`, whose latency (ms) and bandwidth
+/// (Gbit/s) are the fitted link's, and `nodes` nodes in it.
+pub fn network_file(fit: &RingFit, provenance: &Provenance, nodes: usize) -> String {
+    let p = provenance;
+    let title = format!("calibrated: MPI transport on {}, {}", p.hostname, p.date);
+    let skipped = if p.skipped.is_empty() {
+        String::new()
+    } else {
+        let s: Vec<String> = p.skipped.iter().map(|&b| size_label(b)).collect();
+        format!(
+            " (fitted without {}: held in cache between calls)",
+            s.join(", ")
+        )
+    };
+    let source = format!(
+        "bench --calibrate: all-reduce over the MPI transport, k = {} processes, sizes \
+         {}..{}{skipped}, median of {}; least-squares fit (relative errors) of \
+         2(k-1)a + 2(k-1)/k n/b",
+        p.processes,
+        size_label(p.sizes.0),
+        size_label(p.sizes.1),
+        p.calls
+    );
+    format!(
+        "title = {}\nsource = {}\nregions = [\"local\"]\nlatency_ms = [[{}]]\n\
+         bandwidth_gbit = [[{}]]\n[[nodes]]\nregion = \"local\"\ncount = {nodes}\n",
+        toml_string(&title),
+        toml_string(&source),
+        toml_float(fit.latency_s * 1e3),
+        toml_float(fit.bytes_per_s * 8.0 / 1e9),
+    )
+}
+
+/// The link of a one-region network file (what [`network_file`] writes): its
+/// `latency_ms[0][0]` and `bandwidth_gbit[0][0]`.
+pub fn read_network_file(text: &str) -> Result<Link, String> {
+    let table: toml::Table = text.parse().map_err(|e| format!("{e}"))?;
+    let first = |key: &str| -> Result<f64, String> {
+        let v = table
+            .get(key)
+            .and_then(|m| m.as_array())
+            .and_then(|rows| rows.first())
+            .and_then(|row| row.as_array())
+            .and_then(|row| row.first())
+            .ok_or_else(|| format!("`{key}` is not a matrix"))?;
+        v.as_float()
+            .or_else(|| v.as_integer().map(|i| i as f64))
+            .ok_or_else(|| format!("`{key}[0][0]` is not a number"))
+    };
+    let (latency_ms, gbit) = (first("latency_ms")?, first("bandwidth_gbit")?);
+    if !(gbit.is_finite() && gbit > 0.0 && latency_ms.is_finite() && latency_ms >= 0.0) {
+        return Err(format!(
+            "latency {latency_ms} ms and bandwidth {gbit} Gbit/s are out of range"
+        ));
+    }
+    Ok(Link::symmetric(gbit * 1e9, latency_ms * 1e-3))
+}
+
+/// The simulator's charge for `op` over `k` ranks with `bytes` in each buffer, on a switch
+/// of `link`: [`Network::collective_time`].
+pub fn predicted_s(link: Link, op: SuiteCollective, k: usize, bytes: usize) -> f64 {
+    let op = match op {
+        SuiteCollective::AllReduce => CollectiveOp::AllReduce(ReduceOp::Mean),
+        SuiteCollective::AllGather => CollectiveOp::AllGather,
+        SuiteCollective::Broadcast => CollectiveOp::Broadcast { root: 0 },
+    };
+    Network::switch(link).collective_time(op, &Group::world(k), bytes as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fit_recovers_alpha_and_beta_from_timings_of_the_formula() {
+        for (k, alpha, beta) in [(2, 23.5e-6, 1.7e9), (4, 5e-3, 12.5e6), (2, 0.0, 3e9)] {
+            let truth = RingFit {
+                latency_s: alpha,
+                bytes_per_s: beta,
+            };
+            let samples: Vec<(f64, f64)> = sizes(256 * MIB)
+                .into_iter()
+                .map(|n| (n as f64, truth.all_reduce_s(k, n as f64)))
+                .collect();
+            let fit = fit_ring(k, &samples).unwrap();
+            assert!((fit.latency_s - alpha).abs() <= 1e-12, "{fit:?}");
+            assert!((fit.bytes_per_s / beta - 1.0).abs() <= 1e-9, "{fit:?}");
+            // The simulator charges the fitted link the formula's time.
+            for &(n, t) in &samples {
+                let p = predicted_s(fit.link(), SuiteCollective::AllReduce, k, n as usize);
+                assert!((p / t - 1.0).abs() <= 1e-9, "{n}: {p} vs {t}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_fit_refuses_what_it_cannot_fit() {
+        assert!(fit_ring(1, &[(1.0, 1.0), (2.0, 2.0)]).is_err());
+        assert!(fit_ring(2, &[(1024.0, 1e-3), (1024.0, 2e-3)]).is_err());
+        assert!(fit_ring(2, &[(1024.0, 0.0), (4096.0, 1e-3)]).is_err());
+        // Faster at the larger size: no bandwidth.
+        assert!(fit_ring(2, &[(1024.0, 2e-3), (4096.0, 1e-3)]).is_err());
+    }
+
+    #[test]
+    fn the_network_file_parses_back_with_its_fields() {
+        let fit = RingFit {
+            latency_s: 41.25e-6,
+            bytes_per_s: 1.15e9,
+        };
+        let provenance = Provenance {
+            hostname: "box \"7\"".into(),
+            date: "2025-11-26".into(),
+            processes: 2,
+            sizes: (KIB, 256 * MIB),
+            calls: "15 (5 from 64 MiB)".into(),
+            skipped: vec![64 * KIB, MIB],
+        };
+        let text = network_file(&fit, &provenance, 4);
+        let t: toml::Table = text.parse().unwrap();
+        assert_eq!(
+            t["title"].as_str().unwrap(),
+            "calibrated: MPI transport on box \"7\", 2025-11-26"
+        );
+        let source = t["source"].as_str().unwrap();
+        assert!(
+            source.starts_with(
+                "bench --calibrate: all-reduce over the MPI transport, k = 2 processes, sizes \
+                 1 KiB..256 MiB (fitted without 64 KiB, 1 MiB: held in cache between calls), \
+                 median of 15 (5 from 64 MiB);"
+            ),
+            "{source}"
+        );
+        assert_eq!(t["regions"].as_array().unwrap().len(), 1);
+        assert_eq!(t["regions"][0].as_str(), Some("local"));
+        assert_eq!(t["latency_ms"][0][0].as_float(), Some(0.04125));
+        assert_eq!(t["bandwidth_gbit"][0][0].as_float(), Some(9.2));
+        let nodes = t["nodes"].as_array().unwrap();
+        assert_eq!(nodes.len(), 1);
+        assert_eq!(nodes[0]["region"].as_str(), Some("local"));
+        assert_eq!(nodes[0]["count"].as_integer(), Some(4));
+        // The keys in the contract's order.
+        let keys: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.split_once(" = ").map(|(k, _)| k))
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "title",
+                "source",
+                "regions",
+                "latency_ms",
+                "bandwidth_gbit",
+                "region",
+                "count"
+            ]
+        );
+        let link = read_network_file(&text).unwrap();
+        assert!((link.latency_s - fit.latency_s).abs() < 1e-15);
+        assert!((link.bandwidth() / fit.bytes_per_s - 1.0).abs() < 1e-12);
+        // The link spec parses back to the link.
+        assert_eq!(link.to_string().parse::<Link>().unwrap(), link);
+    }
+
+    #[test]
+    fn floats_keep_six_significant_digits_and_a_point() {
+        assert_eq!(toml_float(9.0), "9.00000");
+        assert_eq!(toml_float(0.0412345678), "0.0412346");
+        assert_eq!(toml_float(123456.7), "123457.0");
+        assert_eq!(toml_float(0.0), "0.0");
+    }
+
+    #[test]
+    fn sizes_go_by_fours_and_big_sizes_take_fewer_calls() {
+        let s = sizes(256 * MIB);
+        assert_eq!(s.len(), 10);
+        assert_eq!((s[0], s[9]), (KIB, 256 * MIB));
+        assert_eq!(sizes(2 * MIB).last(), Some(&MIB));
+        assert_eq!((calls_for(MIB, 21), calls_for(64 * MIB, 21)), (21, 9));
+        assert_eq!(size_key(256 * MIB), "256mib");
+    }
+}
