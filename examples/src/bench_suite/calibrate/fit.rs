@@ -2,7 +2,9 @@
 //! from the timings (no MPI here).
 
 use crate::bench_suite::SuiteCollective;
+use gym_core::Topology;
 use gym_core::comm::CollectiveOp;
+use gym_core::comm::network::NetworkFile;
 use gym_core::{Group, Link, Network, ReduceOp};
 
 /// Bytes in a KiB.
@@ -204,29 +206,15 @@ pub fn network_file(fit: &RingFit, provenance: &Provenance, nodes: usize) -> Str
     )
 }
 
-/// The link of a one-region network file (what [`network_file`] writes): its
-/// `latency_ms[0][0]` and `bandwidth_gbit[0][0]`.
+/// The link of a one-region network file (what [`network_file`] writes), read by the
+/// project's loader ([`NetworkFile`]): the region's own latency and bandwidth.
 pub fn read_network_file(text: &str) -> Result<Link, String> {
-    let table: toml::Table = text.parse().map_err(|e| format!("{e}"))?;
-    let first = |key: &str| -> Result<f64, String> {
-        let v = table
-            .get(key)
-            .and_then(|m| m.as_array())
-            .and_then(|rows| rows.first())
-            .and_then(|row| row.as_array())
-            .and_then(|row| row.first())
-            .ok_or_else(|| format!("`{key}` is not a matrix"))?;
-        v.as_float()
-            .or_else(|| v.as_integer().map(|i| i as f64))
-            .ok_or_else(|| format!("`{key}[0][0]` is not a number"))
-    };
-    let (latency_ms, gbit) = (first("latency_ms")?, first("bandwidth_gbit")?);
-    if !(gbit.is_finite() && gbit > 0.0 && latency_ms.is_finite() && latency_ms >= 0.0) {
-        return Err(format!(
-            "latency {latency_ms} ms and bandwidth {gbit} Gbit/s are out of range"
-        ));
+    let file =
+        NetworkFile::parse(text, "the calibrated network file").map_err(|e| e.to_string())?;
+    match &file.network().topology {
+        Topology::Regions(regions) if regions.names.len() == 1 => Ok(regions.link(0, 0)),
+        _ => Err("a calibrated network file has one region".into()),
     }
-    Ok(Link::symmetric(gbit * 1e9, latency_ms * 1e-3))
 }
 
 /// The simulator's charge for `op` over `k` ranks with `bytes` in each buffer, on a switch
