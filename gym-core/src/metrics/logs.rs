@@ -1,7 +1,9 @@
 //! A run's folder: `config.json`, `train.csv`, `validation.csv` and `correlation.csv`,
-//! written row by row as the run goes.
+//! written row by row as the run goes; and its TensorBoard event file, written record by
+//! record beside them.
 
 use super::records::{CorrelationRecord, TrainRecord, ValRecord};
+use super::tfevents::{EventWriter, HParam, is_event_file};
 use crate::error::{GymError, Result};
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -119,6 +121,86 @@ impl CsvLogs {
         writeln!(self.val, "{}", r.csv_row())
             .and_then(|_| self.val.flush())
             .map_err(|e| GymError::io(self.dir.join("validation.csv"), e))
+    }
+}
+
+/// Where a run's records go as they come: its CSV files and its TensorBoard event file,
+/// either, both or neither.
+#[derive(Default)]
+pub(crate) struct RunLogs {
+    /// The run folder's CSV files.
+    pub csv: Option<CsvLogs>,
+    /// The run's TensorBoard event file.
+    pub tensorboard: Option<TensorBoardLogs>,
+}
+
+impl RunLogs {
+    /// A step's record, to every log (the first error is returned, after every log had it).
+    pub fn train_row(&mut self, r: &TrainRecord) -> Result<()> {
+        let csv = self.csv.as_mut().map_or(Ok(()), |l| l.train_row(r));
+        let tb = self.tensorboard.as_mut().map_or(Ok(()), |l| l.train(r));
+        csv.and(tb)
+    }
+
+    /// An evaluation's record, to every log.
+    pub fn val_row(&mut self, r: &ValRecord) -> Result<()> {
+        let csv = self.csv.as_mut().map_or(Ok(()), |l| l.val_row(r));
+        let tb = self.tensorboard.as_mut().map_or(Ok(()), |l| l.val(r));
+        csv.and(tb)
+    }
+
+    /// A correlation's record (CSV only).
+    pub fn correlation_row(&mut self, r: &CorrelationRecord) -> Result<()> {
+        self.csv.as_mut().map_or(Ok(()), |l| l.correlation_row(r))
+    }
+}
+
+/// A run's TensorBoard event file (`<tensorboard_dir>/<run_name>/`): per step `train/loss`,
+/// `train/lr`, `comm/bytes_sent` and, with simulated time, `time/simulated_s`; per
+/// evaluation `val/loss` and, for classifiers, `val/accuracy` (the averaged model's); the
+/// run's hyper-parameters once, for the HParams tab. Steps are the CSV files' `step`.
+pub(crate) struct TensorBoardLogs {
+    writer: EventWriter,
+}
+
+impl TensorBoardLogs {
+    /// Creates `dir` and a new event file there holding `hparams`. The folder's earlier
+    /// event files (a run of the same name, or this run before it was resumed, whose records
+    /// the recorder writes again) are removed first, as the CSV files are rewritten.
+    pub fn create(dir: &Path, hparams: &[(String, HParam)]) -> Result<Self> {
+        std::fs::create_dir_all(dir).map_err(|e| GymError::io(dir, e))?;
+        for entry in std::fs::read_dir(dir).map_err(|e| GymError::io(dir, e))? {
+            let path = entry.map_err(|e| GymError::io(dir, e))?.path();
+            let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+            if name.is_some_and(|n| is_event_file(&n)) && path.is_file() {
+                std::fs::remove_file(&path).map_err(|e| GymError::io(&path, e))?;
+            }
+        }
+        let mut writer = EventWriter::create(dir)?;
+        writer.hparams(hparams)?;
+        Ok(TensorBoardLogs { writer })
+    }
+
+    /// A step's scalars.
+    pub fn train(&mut self, r: &TrainRecord) -> Result<()> {
+        let mut scalars = vec![
+            ("train/loss", r.train_loss),
+            ("train/lr", r.lr),
+            ("comm/bytes_sent", r.bytes_sent as f64),
+        ];
+        if let Some(t) = r.sim_time_s {
+            scalars.push(("time/simulated_s", t));
+        }
+        self.writer.scalars(r.step as u64, &scalars)
+    }
+
+    /// An evaluation's scalars (the averaged model's).
+    pub fn val(&mut self, r: &ValRecord) -> Result<()> {
+        let mut scalars = vec![("val/loss", r.global_loss)];
+        if let Some(a) = r.global_accuracy {
+            scalars.push(("val/accuracy", a));
+        }
+        self.writer.scalars(r.step as u64, &scalars)
     }
 }
 

@@ -1,6 +1,6 @@
 //! What a run measures: the records of every step, evaluation and correlation, the
 //! recorder that collects them from the nodes in step order (and draws the progress bar),
-//! the run folder's CSV logs, replica correlation, fingerprints, and what faults cost
+//! the run folder's CSV logs and TensorBoard event files ([`tfevents`]), replica correlation, fingerprints, and what faults cost
 //! ([`ledger`]).
 //!
 //! Uses: [`crate::comm`] for the counters and clocks it records, [`crate::strategy`] for
@@ -13,10 +13,11 @@ mod logs;
 mod recorder;
 mod records;
 mod reports;
+pub mod tfevents;
 
 pub use correlation::mean_pairwise_correlation;
 pub(crate) use fingerprint::Fingerprint;
-pub(crate) use logs::CsvLogs;
+pub(crate) use logs::{CsvLogs, RunLogs, TensorBoardLogs};
 pub use logs::{UtcTime, default_run_name};
 pub(crate) use recorder::{EvalKind, NodeStep, Recorder, Records};
 pub use records::{CorrelationRecord, RunReport, TrainRecord, ValRecord};

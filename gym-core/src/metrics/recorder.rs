@@ -1,6 +1,6 @@
 //! Collects what the nodes report into records, in step order, and draws the progress bar.
 
-use super::logs::CsvLogs;
+use super::logs::RunLogs;
 use super::records::{CorrelationRecord, TrainRecord, ValRecord};
 use crate::comm::{CommStats, SimulatedTime};
 use crate::error::{GymError, Result};
@@ -43,7 +43,7 @@ struct RecorderState {
     pending_val: BTreeMap<usize, PendingEval>,
     validation: Vec<ValRecord>,
     correlation: Vec<CorrelationRecord>,
-    logs: Option<CsvLogs>,
+    logs: RunLogs,
     write_error: Option<GymError>,
     /// Each node's simulated clock after its last reported step.
     last_simulated: Vec<SimulatedTime>,
@@ -124,7 +124,7 @@ impl Recorder {
         max_steps: usize,
         simulates: bool,
         progress: bool,
-        logs: Option<CsvLogs>,
+        logs: RunLogs,
     ) -> Self {
         let target = if progress {
             ProgressDrawTarget::stderr()
@@ -242,9 +242,7 @@ impl Recorder {
             self.bar.set_position(step as u64 + 1);
             self.bar
                 .set_message(format!("loss {:.4} lr {:.6}", rec.train_loss, rec.lr));
-            if let Some(logs) = st.logs.as_mut()
-                && let Err(e) = logs.train_row(&rec)
-            {
+            if let Err(e) = st.logs.train_row(&rec) {
                 st.write_error.get_or_insert(e);
             }
             st.train.push(rec);
@@ -278,9 +276,7 @@ impl Recorder {
                 examples: n,
                 sim_time_s,
             };
-            if let Some(logs) = st.logs.as_mut()
-                && let Err(e) = logs.val_row(&rec)
-            {
+            if let Err(e) = st.logs.val_row(&rec) {
                 st.write_error.get_or_insert(e);
             }
             st.validation.push(rec);
@@ -295,9 +291,7 @@ impl Recorder {
             examples_seen: st.examples_before(steps, self.examples_per_step),
             correlation,
         };
-        if let Some(logs) = st.logs.as_mut()
-            && let Err(e) = logs.correlation_row(&rec)
-        {
+        if let Err(e) = st.logs.correlation_row(&rec) {
             st.write_error.get_or_insert(e);
         }
         st.correlation.push(rec);
@@ -355,21 +349,20 @@ impl Recorder {
     /// again), the next step is `next_step`, and `clocks` are the nodes' simulated clocks.
     pub fn restore(&self, next_step: usize, records: Records, clocks: Vec<SimulatedTime>) {
         let mut st = self.lock();
-        if let Some(logs) = st.logs.as_mut() {
-            let written = records
-                .train
-                .iter()
-                .try_for_each(|r| logs.train_row(r))
-                .and_then(|_| records.validation.iter().try_for_each(|r| logs.val_row(r)))
-                .and_then(|_| {
-                    records
-                        .correlation
-                        .iter()
-                        .try_for_each(|r| logs.correlation_row(r))
-                });
-            if let Err(e) = written {
-                st.write_error.get_or_insert(e);
-            }
+        let logs = &mut st.logs;
+        let written = records
+            .train
+            .iter()
+            .try_for_each(|r| logs.train_row(r))
+            .and_then(|_| records.validation.iter().try_for_each(|r| logs.val_row(r)))
+            .and_then(|_| {
+                records
+                    .correlation
+                    .iter()
+                    .try_for_each(|r| logs.correlation_row(r))
+            });
+        if let Err(e) = written {
+            st.write_error.get_or_insert(e);
         }
         st.next_step = next_step;
         st.train = records.train;
@@ -413,7 +406,7 @@ mod tests {
 
     #[test]
     fn recorder_emits_steps_in_order_with_the_mean_loss_over_nodes() {
-        let r = Recorder::new(2, 8, 2, false, false, None);
+        let r = Recorder::new(2, 8, 2, false, false, RunLogs::default());
         let c = CommStats {
             bytes_sent: 10,
             bytes_received: 20,

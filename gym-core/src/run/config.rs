@@ -46,6 +46,13 @@ pub struct TrainerConfig {
     pub run_name: Option<String>,
     /// Where run folders go (`<log_dir>/<run_name>/`); unset, no file is written.
     pub log_dir: Option<String>,
+    /// Where TensorBoard event files go (`<tensorboard_dir>/<run_name>/`, written as the run
+    /// goes: loss, learning rate, bytes and simulated time per step, validation loss and
+    /// accuracy, and the run's hyper-parameters; see [`Trainer::with_hparams`]); unset,
+    /// none. `tensorboard --logdir <tensorboard_dir>` overlays the runs written there.
+    ///
+    /// [`Trainer::with_hparams`]: crate::Trainer::with_hparams
+    pub tensorboard_dir: Option<String>,
     /// Draw a progress bar on stderr.
     #[config(default = false)]
     pub progress: bool,

@@ -154,6 +154,7 @@ impl Trainer {
                 devices: self.devices[..1].to_vec(),
                 interrupt: None,
                 final_evaluation: false,
+                hparams: None,
             };
             let baseline = memory::reset_peak()?;
             let out = trainer.fit(&init, strategy, data, batcher);

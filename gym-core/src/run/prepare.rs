@@ -11,7 +11,10 @@ use super::trainer::{NodeEnd, Trainer};
 use crate::comm::faults::FaultTimeline;
 use crate::error::{GymError, Result};
 use crate::metrics::ledger::ElasticReport;
-use crate::metrics::{CsvLogs, Fingerprint, Recorder, Records, RunReport, default_run_name};
+use crate::metrics::tfevents::hparams_from_json;
+use crate::metrics::{
+    CsvLogs, Fingerprint, Recorder, Records, RunLogs, RunReport, TensorBoardLogs, default_run_name,
+};
 use crate::model::{TrainModel, cast_params, in_f32};
 use crate::state::params::ParamLayout;
 use crate::state::rng;
@@ -25,12 +28,7 @@ use std::time::Instant;
 
 impl Trainer {
     /// The recorder of a run planned as `plan`, drawing a bar if `progress`.
-    pub(super) fn recorder(
-        &self,
-        plan: &RunPlan,
-        progress: bool,
-        logs: Option<CsvLogs>,
-    ) -> Recorder {
+    pub(super) fn recorder(&self, plan: &RunPlan, progress: bool, logs: RunLogs) -> Recorder {
         let cfg = &self.config;
         Recorder::new(
             cfg.num_nodes,
@@ -267,7 +265,7 @@ impl Trainer {
             .log_dir
             .as_ref()
             .map(|d| PathBuf::from(d).join(&run_name));
-        let logs = match &log_dir {
+        let csv = match &log_dir {
             Some(dir) if writes_logs => {
                 let config_json = serde_json::json!({
                     "run_name": run_name,
@@ -293,6 +291,17 @@ impl Trainer {
             }
             _ => None,
         };
+        let tensorboard = match &cfg.tensorboard_dir {
+            Some(dir) if writes_logs => {
+                let hparams = match &self.hparams {
+                    Some(given) => hparams_from_json(given),
+                    None => default_hparams(cfg, strategy, plan.max_steps),
+                };
+                let dir = PathBuf::from(dir).join(&run_name);
+                Some(TensorBoardLogs::create(&dir, &hparams)?)
+            }
+            _ => None,
+        };
         let facts = RunFacts {
             run_name,
             log_dir,
@@ -311,10 +320,29 @@ impl Trainer {
             plan,
             starts,
             facts,
-            logs,
+            logs: RunLogs { csv, tensorboard },
             identity,
         })
     }
+}
+
+/// The hyper-parameters of a run whose trainer was given none
+/// ([`Trainer::with_hparams`]): the strategy's name and settings (`strategy.inner.lr`),
+/// the node count, batch sizes, steps and seed.
+fn default_hparams(
+    cfg: &TrainerConfig,
+    strategy: &dyn StrategyConfig,
+    max_steps: usize,
+) -> Vec<(String, crate::metrics::tfevents::HParam)> {
+    hparams_from_json(&serde_json::json!({
+        "strategy": strategy.name(),
+        "num_nodes": cfg.num_nodes,
+        "batch_size": cfg.batch_size,
+        "minibatch_size": cfg.minibatch_size,
+        "max_steps": max_steps,
+        "seed": cfg.seed,
+        "strategy_config": strategy.to_json(),
+    }))
 }
 
 /// What [`Trainer::prepare`] builds: everything but the collective and the recorder.
@@ -326,7 +354,7 @@ pub(super) struct Prepared<M, I> {
     /// The nodes that run here, in the order asked for.
     pub starts: Vec<NodeStart<M, I>>,
     pub facts: RunFacts,
-    pub logs: Option<CsvLogs>,
+    pub logs: RunLogs,
     pub identity: Identity,
 }
 
@@ -407,6 +435,7 @@ fn identity<M: TrainModel>(
         for volatile in [
             "run_name",
             "log_dir",
+            "tensorboard_dir",
             "progress",
             "kernel_threads_per_node",
             "checkpoint_interval",

@@ -56,6 +56,8 @@ pub struct Trainer {
     pub(super) interrupt: Option<Arc<AtomicBool>>,
     /// Whether runs end with an evaluation on the whole validation set.
     pub(super) final_evaluation: bool,
+    /// The hyper-parameters a run's TensorBoard events record ([`Self::with_hparams`]).
+    pub(super) hparams: Option<serde_json::Value>,
 }
 
 impl Trainer {
@@ -66,6 +68,7 @@ impl Trainer {
             devices: vec![Device::default()],
             interrupt: None,
             final_evaluation: true,
+            hparams: None,
         }
     }
 
@@ -82,6 +85,16 @@ impl Trainer {
     /// Autodiff is enabled on each.
     pub fn with_devices(mut self, devices: Vec<Device>) -> Self {
         self.devices = devices;
+        self
+    }
+
+    /// Records `hparams` as the run's hyper-parameters in its TensorBoard events (with
+    /// [`TrainerConfig::tensorboard_dir`]): a JSON object whose members are flattened into
+    /// named scalars ([`hparams_from_json`](crate::metrics::tfevents::hparams_from_json)), as
+    /// the example binaries give their flags. Without it, a run records its strategy's name
+    /// and settings, node count, batch sizes, steps and seed.
+    pub fn with_hparams(mut self, hparams: serde_json::Value) -> Self {
+        self.hparams = Some(hparams);
         self
     }
 
