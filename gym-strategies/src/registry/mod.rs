@@ -279,6 +279,27 @@ impl Args for StrategyFlags {
     }
 }
 
+impl StrategyFlags {
+    /// The flags `entry` reads (the shared groups it uses and its own), as one flat object
+    /// with the run configuration's keys: what describes a run of that strategy.
+    pub fn json_for(&self, entry: &Entry) -> serde_json::Map<String, serde_json::Value> {
+        let groups: BTreeSet<Shared> = entry
+            .uses
+            .iter()
+            .copied()
+            .chain([Shared::Optimizer])
+            .collect();
+        let own = entry.flags.map(|own| (own.json)(&self.matches));
+        let mut read = serde_json::Map::new();
+        for value in groups.into_iter().map(|g| g.json(&self.matches)).chain(own) {
+            if let serde_json::Value::Object(fields) = value {
+                read.extend(fields);
+            }
+        }
+        read
+    }
+}
+
 /// Every group's and strategy's flags, as one flat object (the run configuration's keys).
 impl Serialize for StrategyFlags {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
@@ -376,6 +397,19 @@ mod tests {
             saved["sparta_selector"], "random",
             "enums as their flag values"
         );
+    }
+
+    #[test]
+    fn a_strategy_reads_its_groups_and_its_own_flags_only() {
+        let flags = parse(&["-H", "7", "--fragments", "3"]);
+        let allreduce = flags.json_for(find("allreduce").unwrap());
+        assert!(allreduce.contains_key("lr"), "{allreduce:?}");
+        assert!(!allreduce.contains_key("sync_interval"), "{allreduce:?}");
+        assert!(!allreduce.contains_key("fragments"), "{allreduce:?}");
+        let streaming = flags.json_for(find("streaming-diloco").unwrap());
+        assert_eq!(streaming["sync_interval"], 7);
+        assert_eq!(streaming["fragments"], 3);
+        assert_eq!(streaming["lr"], allreduce["lr"]);
     }
 
     #[test]
