@@ -217,6 +217,12 @@ pub struct CommonArgs {
     /// Folder for run logs.
     #[arg(long, default_value = "logs")]
     pub log_dir: PathBuf,
+    /// Also write TensorBoard event files, one folder per run (DIR/RUN_NAME; a comparison's
+    /// or sweep's runs side by side, so that they overlay): loss, learning rate, bytes sent
+    /// and simulated time per step, validation loss and accuracy, and the run's flags as
+    /// hyper-parameters. View with `tensorboard --logdir DIR`.
+    #[arg(long, value_name = "DIR")]
+    pub tensorboard: Option<PathBuf>,
     /// Validation examples per intermediate evaluation (0: none; the final one uses all).
     #[arg(long, default_value_t = 512)]
     pub val_size: usize,
@@ -351,6 +357,11 @@ impl CommonArgs {
             .with_seed(self.seed)
             .with_run_name(self.run_name.clone())
             .with_log_dir(Some(self.log_dir.to_string_lossy().into_owned()))
+            .with_tensorboard_dir(
+                self.tensorboard
+                    .as_ref()
+                    .map(|d| d.to_string_lossy().into_owned()),
+            )
             .with_progress(!self.no_progress)
             .with_kernel_threads_per_node(self.kernel_threads_per_node)
             .with_correlation_interval(self.correlation_interval)
@@ -496,6 +507,65 @@ impl CommonArgs {
     pub fn run_dir(&self, run_name: &str) -> PathBuf {
         self.log_dir.join(run_name)
     }
+
+    /// Checks that the output folders given by flags (`--tensorboard`) can be created and
+    /// written to, by writing and removing a probe file: refused before any data is read or
+    /// any step taken, the error naming the flag and the path.
+    pub fn check_output_folders(&self) -> Result<(), String> {
+        match &self.tensorboard {
+            Some(dir) => check_writable("--tensorboard", dir),
+            None => Ok(()),
+        }
+    }
+
+    /// The run's hyper-parameters for TensorBoard, from its resolved flags `run_config`:
+    /// every flag but those that only place files or draw output (folders, names, the
+    /// progress bar, checkpoints, a series' axes), and of the strategies' flags only those
+    /// its strategy reads.
+    pub fn hparams(&self, run_config: &serde_json::Value) -> serde_json::Value {
+        const PLACES: &[&str] = &[
+            "config",
+            "log_dir",
+            "tensorboard",
+            "data_dir",
+            "run_name",
+            "out_dir",
+            "resume",
+            "no_progress",
+            "x_axis",
+            "checkpoint_interval",
+            "checkpoint_dir",
+            "keep_checkpoints",
+            "mpi_timeout",
+            "kernel_threads_per_node",
+            "strategies",
+            "nodes",
+            "sync_intervals",
+            "networks",
+        ];
+        let every_strategy = serde_json::to_value(&self.strategy_flags).unwrap_or_default();
+        let read = self.strategy_flags.json_for(self.strategy.entry());
+        let mut out = serde_json::Map::new();
+        if let serde_json::Value::Object(flags) = run_config {
+            for (key, value) in flags {
+                let not_read = every_strategy.get(key).is_some() && !read.contains_key(key);
+                if !value.is_null() && !PLACES.contains(&key.as_str()) && !not_read {
+                    out.insert(key.clone(), value.clone());
+                }
+            }
+        }
+        serde_json::Value::Object(out)
+    }
+}
+
+/// Fails unless `dir` can be created and a file written in it (a probe, removed), with an
+/// error naming `flag` and the path.
+pub fn check_writable(flag: &str, dir: &std::path::Path) -> Result<(), String> {
+    let refuse = |e: std::io::Error| format!("{flag} {}: cannot be written: {e}", dir.display());
+    std::fs::create_dir_all(dir).map_err(refuse)?;
+    let probe = dir.join(format!(".write-test-{}", std::process::id()));
+    std::fs::write(&probe, b"ok").map_err(refuse)?;
+    std::fs::remove_file(&probe).map_err(refuse)
 }
 
 /// The network and the node speeds that `--network`, `--topology` and `--node-speed`

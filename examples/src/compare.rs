@@ -182,6 +182,7 @@ pub fn run_with(
         return Err("--strategies names a strategy twice (label variants `LABEL=STRATEGY`)".into());
     }
     let series = SeriesDir::open(&mut args.out_dir, &args.common)?;
+    args.common.check_output_folders()?;
     // Every strategy as a value, with its overrides and the fixed places of its logs,
     // before anything is loaded or trained.
     let plan = args

@@ -201,7 +201,9 @@ impl Runner {
             }
             _ => None,
         };
-        let trainer = Trainer::new(config).with_devices(devices);
+        let trainer = Trainer::new(config)
+            .with_devices(devices)
+            .with_hparams(args.hparams(run_config));
         let backend = args.devices.as_deref().unwrap_or(&self.backend);
         let (fitted, backend) = match args.collective {
             CollectiveKind::InProcess => {
@@ -357,6 +359,8 @@ pub fn train_main<A: serde::Serialize>(
     cli::exit_on_strategy_flag_error(common);
     let interrupt = ctrl_c_flag();
     let run = || -> Result<RunResult, BoxError> {
+        // An output folder that cannot be written is refused before any data is read.
+        common.check_output_folders()?;
         let runner = Runner::new(process_start).with_interrupt(interrupt.clone());
         let task = task()?;
         let strategy = common.strategy_config()?;

@@ -175,6 +175,7 @@ pub fn run_with(argv: &[OsString], interrupt: Option<Arc<AtomicBool>>) -> Result
         return Err(format!("--global-batch {b} does not split over {k} nodes").into());
     }
     let series = SeriesDir::open(&mut args.out_dir, &args.common)?;
+    args.common.check_output_folders()?;
     // Every cell's flags, checked before anything is trained.
     let mut plan = Vec::new();
     for &strategy in &args.strategies {
