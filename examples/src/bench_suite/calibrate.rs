@@ -2,7 +2,7 @@
 //!
 //! 1. **Fit.** `mpirun` starts `P = 2` processes of this binary (`--calibrate-worker`), one
 //!    node each, which time the all-reduce (mean) of the MPI transport — the
-//!    [`MpiTransport`](gym_core::MpiTransport) under a [`Collective`](gym_core::Collective),
+//!    `MpiTransport` (the `mpi` feature) under a [`Collective`](gym_core::Collective),
 //!    what `--collective mpi` training uses — for f32 buffers of 1 KiB, 4 KiB, … 256 MiB.
 //!    Each call starts after a barrier; a call's time is its slowest rank's, and a size's
 //!    time the median over its calls, after warm-up calls. Latency α and bandwidth β are

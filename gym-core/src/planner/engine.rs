@@ -18,7 +18,7 @@ use std::collections::HashMap;
 ///
 /// Refuses, naming the setting: no nodes, no steps, no parameters, a step's FLOPs that are
 /// negative or not finite, a simulated cluster that does not fit `num_nodes`, and a strategy
-/// without a [`Traffic`] schedule.
+/// without a [`Traffic`](super::Traffic) schedule.
 pub fn plan(
     config: &PlanConfig,
     strategy: &dyn StrategyConfig,

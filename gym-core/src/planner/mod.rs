@@ -6,16 +6,16 @@
 //! at each step, over which groups, with how many bytes; defined beside the strategy
 //! contract, in `strategy/traffic.rs`).
 //!
-//! Uses: [`crate::comm`] — the same cost model ([`CommStats`]), network
+//! Uses: [`crate::comm`] — the same cost model ([`CommStats`](crate::CommStats)), network
 //! ([`Network::collective_time`](crate::Network::collective_time)) and clock as training,
-//! call for call — and [`crate::strategy`] ([`StrategyConfig::traffic`]).
+//! call for call — and [`crate::strategy`] ([`StrategyConfig::traffic`](crate::StrategyConfig::traffic)).
 //!
 //! # Why a schedule, not the tensors
 //!
 //! A node's simulated clock depends only on when it computes and what it sends: the time of
 //! a collective is a function of its operation, its group and its payload's byte size,
 //! never of the values. A strategy states that schedule once, beside its algorithm
-//! ([`StrategyConfig::traffic`]), and the planner charges it exactly as a training run's
+//! ([`StrategyConfig::traffic`](crate::StrategyConfig::traffic)), and the planner charges it exactly as a training run's
 //! [`Collective`](crate::Collective) charges the real calls: each node computes its step
 //! (the same [`SimulationConfig::step_compute_s`], speed factors and seeded jitter), a call
 //! starts when its last member is ready, occupies every member's link until it ends, and is
