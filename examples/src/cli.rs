@@ -232,6 +232,12 @@ pub struct CommonArgs {
     /// Hide the progress bar.
     #[arg(long)]
     pub no_progress: bool,
+    /// Show a live dashboard while the run trains: loss curves, each node's state
+    /// (computing, communicating, waiting, down), simulated and wall time, bytes, time left;
+    /// `q` or Ctrl-C stops as Ctrl-C does. Without a terminal: the progress bar.
+    #[arg(long)]
+    #[serde(skip)]
+    pub tui: bool,
     /// X axis of the run's loss plots (`loss.svg`; a comparison's and a sweep's plots).
     #[arg(long, value_enum, default_value = "step")]
     pub x_axis: XAxis,

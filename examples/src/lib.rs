@@ -3,7 +3,7 @@
 //! the shipped network files ([`networks`]), backend selection, the comparison of strategies
 //! ([`compare`], [`plot`]) and grids of runs on a simulated cluster ([`sweep`]), both stopped
 //! by Ctrl-C and continued by `--resume` ([`series`]), and plans at any size without a model
-//! ([`plan`]).
+//! ([`plan`]); a live dashboard ([`tui`]).
 
 #![warn(missing_docs)]
 
@@ -21,3 +21,4 @@ pub mod series;
 pub mod summary;
 pub mod sweep;
 pub mod tasks;
+pub mod tui;

@@ -10,6 +10,7 @@ use crate::backend;
 use crate::cli::{self, CollectiveKind, CommonArgs, MinibatchSize};
 use crate::plot::{Chart, Series, XAxis};
 use crate::summary::{RunLabels, RunSummary, print_summary};
+use crate::tui::{Dashboard, LiveView};
 use burn::data::dataloader::batcher::Batcher;
 use burn::tensor::Device;
 use gym_core::{
@@ -201,9 +202,38 @@ impl Runner {
             }
             _ => None,
         };
+        let dashboard = args.tui.then(|| {
+            let title = format!(
+                "{} on {} nodes, {}",
+                strategy.name(),
+                config.num_nodes,
+                task.model_name
+            );
+            Arc::new(Dashboard::new(
+                title,
+                config.num_nodes,
+                config.max_steps.unwrap_or(0),
+            ))
+        });
+        let view = match &dashboard {
+            Some(_) if args.collective == CollectiveKind::Mpi => {
+                return Err(
+                    "--tui shows one process's run: leave it out under --collective mpi".into(),
+                );
+            }
+            Some(d) => LiveView::open(d.clone(), self.interrupt.clone())?,
+            None => None,
+        };
+        if dashboard.is_some() && view.is_none() {
+            eprintln!("--tui: standard output is not a terminal; showing the progress bar");
+        }
         let trainer = Trainer::new(config)
             .with_devices(devices)
             .with_hparams(args.hparams(run_config));
+        let trainer = match (&dashboard, &view) {
+            (Some(d), Some(_)) => trainer.with_monitor(d.clone()),
+            _ => trainer,
+        };
         let backend = args.devices.as_deref().unwrap_or(&self.backend);
         let (fitted, backend) = match args.collective {
             CollectiveKind::InProcess => {
@@ -220,6 +250,9 @@ impl Runner {
                 (out, format!("{backend}; MPI, {processes} processes"))
             }
         };
+        if let Some(view) = view {
+            view.close();
+        }
         let labels = RunLabels {
             strategy: &strategy.name(),
             model: &task.model_name,

@@ -1,6 +1,6 @@
 //! What a run measures: the records of every step, evaluation and correlation, the
 //! recorder that collects them from the nodes in step order (and draws the progress bar),
-//! the run folder's CSV logs and TensorBoard event files ([`tfevents`]), replica correlation, fingerprints, and what faults cost
+//! live monitors ([`RunMonitor`]), the run folder's CSV logs and TensorBoard event files ([`tfevents`]), replica correlation, fingerprints, and what faults cost
 //! ([`ledger`]).
 //!
 //! Uses: [`crate::comm`] for the counters and clocks it records, [`crate::strategy`] for
@@ -10,6 +10,7 @@ mod correlation;
 mod fingerprint;
 pub mod ledger;
 mod logs;
+mod monitor;
 mod recorder;
 mod records;
 mod reports;
@@ -19,6 +20,7 @@ pub use correlation::mean_pairwise_correlation;
 pub(crate) use fingerprint::Fingerprint;
 pub(crate) use logs::{CsvLogs, RunLogs, TensorBoardLogs};
 pub use logs::{UtcTime, default_run_name};
+pub use monitor::RunMonitor;
 pub(crate) use recorder::{EvalKind, NodeStep, Recorder, Records};
 pub use records::{CorrelationRecord, RunReport, TrainRecord, ValRecord};
 pub(crate) use reports::{Report, Reporter, exchange};

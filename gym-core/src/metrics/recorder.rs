@@ -1,6 +1,7 @@
 //! Collects what the nodes report into records, in step order, and draws the progress bar.
 
 use super::logs::RunLogs;
+use super::monitor::RunMonitor;
 use super::records::{CorrelationRecord, TrainRecord, ValRecord};
 use crate::comm::{CommStats, SimulatedTime};
 use crate::error::{GymError, Result};
@@ -8,6 +9,7 @@ use crate::model::EvalMetrics;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -31,6 +33,8 @@ pub(crate) struct Recorder {
     examples_per_step: u64,
     start: Instant,
     bar: ProgressBar,
+    /// Watches the records as they are completed (the bar is hidden then).
+    monitor: Option<Arc<dyn RunMonitor>>,
     state: Mutex<RecorderState>,
 }
 
@@ -125,8 +129,9 @@ impl Recorder {
         simulates: bool,
         progress: bool,
         logs: RunLogs,
+        monitor: Option<Arc<dyn RunMonitor>>,
     ) -> Self {
-        let target = if progress {
+        let target = if progress && monitor.is_none() {
             ProgressDrawTarget::stderr()
         } else {
             ProgressDrawTarget::hidden()
@@ -147,6 +152,7 @@ impl Recorder {
             simulates,
             start: now,
             bar,
+            monitor,
             state: Mutex::new(RecorderState {
                 pending: BTreeMap::new(),
                 next_step: 0,
@@ -245,6 +251,11 @@ impl Recorder {
             if let Err(e) = st.logs.train_row(&rec) {
                 st.write_error.get_or_insert(e);
             }
+            if let Some(monitor) = &self.monitor {
+                let nodes: Vec<SimulatedTime> =
+                    p.simulated.iter().map(|s| s.unwrap_or_default()).collect();
+                monitor.step(&rec, &nodes);
+            }
             st.train.push(rec);
             st.next_step += 1;
         }
@@ -278,6 +289,9 @@ impl Recorder {
             };
             if let Err(e) = st.logs.val_row(&rec) {
                 st.write_error.get_or_insert(e);
+            }
+            if let Some(monitor) = &self.monitor {
+                monitor.validation(&rec);
             }
             st.validation.push(rec);
         }
@@ -406,7 +420,7 @@ mod tests {
 
     #[test]
     fn recorder_emits_steps_in_order_with_the_mean_loss_over_nodes() {
-        let r = Recorder::new(2, 8, 2, false, false, RunLogs::default());
+        let r = Recorder::new(2, 8, 2, false, false, RunLogs::default(), None);
         let c = CommStats {
             bytes_sent: 10,
             bytes_received: 20,

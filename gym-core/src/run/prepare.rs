@@ -37,6 +37,7 @@ impl Trainer {
             cfg.simulation.is_some(),
             progress,
             logs,
+            self.monitor.clone(),
         )
     }
 

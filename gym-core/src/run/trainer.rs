@@ -12,6 +12,7 @@ use crate::comm::cost::CommStats;
 use crate::comm::transport::{ThreadTransport, Transport};
 use crate::comm::{Collective, run_on_threads};
 use crate::error::{GymError, Result};
+use crate::metrics::RunMonitor;
 use crate::metrics::ledger::NodeLedger;
 use crate::metrics::{Records, RunReport, default_run_name, exchange};
 use crate::model::TrainModel;
@@ -58,6 +59,8 @@ pub struct Trainer {
     pub(super) final_evaluation: bool,
     /// The hyper-parameters a run's TensorBoard events record ([`Self::with_hparams`]).
     pub(super) hparams: Option<serde_json::Value>,
+    /// Watches the run live ([`Self::with_monitor`]).
+    pub(super) monitor: Option<Arc<dyn RunMonitor>>,
 }
 
 impl Trainer {
@@ -69,6 +72,7 @@ impl Trainer {
             interrupt: None,
             final_evaluation: true,
             hparams: None,
+            monitor: None,
         }
     }
 
@@ -95,6 +99,14 @@ impl Trainer {
     /// and settings, node count, batch sizes, steps and seed.
     pub fn with_hparams(mut self, hparams: serde_json::Value) -> Self {
         self.hparams = Some(hparams);
+        self
+    }
+
+    /// Hands every step's record, with each node's simulated seconds of the step, and every
+    /// evaluation to `monitor` as the run completes them (a live dashboard); the progress
+    /// bar is not drawn then.
+    pub fn with_monitor(mut self, monitor: Arc<dyn RunMonitor>) -> Self {
+        self.monitor = Some(monitor);
         self
     }
 

@@ -1,0 +1,116 @@
+//! `--tui`: on a terminal the dashboard is drawn and `q` stops the run as Ctrl-C does (a
+//! checkpoint, the summary marked interrupted, status 130); without a terminal the run shows
+//! the progress bar and finishes.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("gym-tui-{name}-{}", std::process::id()));
+    std::fs::remove_dir_all(&dir).ok();
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn mnist_flags(logs: &std::path::Path, steps: usize) -> Vec<String> {
+    [
+        "--data-dir",
+        tests::shared_data("mnist").to_str().unwrap(),
+        "--num-nodes",
+        "3",
+        "--batch-size",
+        "16",
+        "--network",
+        "wan",
+        "--val-size",
+        "0",
+        "--run-name",
+        "t",
+        "--tui",
+        "--max-steps",
+        &steps.to_string(),
+        "--log-dir",
+        logs.to_str().unwrap(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// Under a pseudo-terminal (`script`, sized with `stty`), the dashboard draws the nodes'
+/// states, and `q` stops the run with a checkpoint and status 130.
+#[test]
+fn q_on_the_dashboard_stops_the_run_as_ctrl_c_does() {
+    if Command::new("script").arg("--version").output().is_err() {
+        eprintln!("skipped: `script` (util-linux) is not installed, no pseudo-terminal");
+        return;
+    }
+    let logs = temp_dir("pty");
+    let command = format!(
+        "stty cols 110 rows 30; {} {}",
+        env!("CARGO_BIN_EXE_mnist"),
+        mnist_flags(&logs, 1_000_000).join(" ")
+    );
+    let mut child = Command::new("script")
+        .args(["-qfec", &command, "/dev/null"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    // Wait for the first steps, then press q.
+    let train = logs.join("t/train.csv");
+    for _ in 0..600 {
+        let lines = std::fs::read_to_string(&train).map_or(0, |t| t.lines().count());
+        if lines > 20 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    stdin.write_all(b"q").unwrap();
+    stdin.flush().unwrap();
+    let out = child.wait_with_output().unwrap();
+    let screen = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(130), "{screen}");
+    assert!(
+        screen.contains("communicating"),
+        "the nodes' states are drawn"
+    );
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(logs.join("t/summary.json")).unwrap())
+            .unwrap();
+    let stopped = summary["interrupted_at_step"]
+        .as_u64()
+        .expect("interrupted");
+    assert!(stopped > 0 && stopped < 1_000_000);
+    assert_eq!(summary["steps"].as_u64(), Some(stopped));
+    assert!(
+        std::fs::read_dir(logs.join("t")).unwrap().any(|e| e
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .starts_with("checkpoint-")),
+        "a checkpoint was written"
+    );
+}
+
+/// Without a terminal, `--tui` says so and the run finishes with the progress bar.
+#[test]
+fn without_a_terminal_the_run_shows_the_progress_bar() {
+    let logs = temp_dir("pipe");
+    let out = Command::new(env!("CARGO_BIN_EXE_mnist"))
+        .args(mnist_flags(&logs, 5))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("--tui: standard output is not a terminal"),
+        "{err}"
+    );
+    assert!(logs.join("t/summary.json").exists());
+}
