@@ -219,24 +219,11 @@ impl Compressor for Bf16Ring {
     }
 
     fn save_state(&self) -> Result<StateDict> {
-        CodecRecord {
-            calls: 0,
-            residual: self
-                .feedback
-                .as_ref()
-                .map(|ef| Values::from(ef.residual.clone())),
-        }
-        .to_state()
+        CodecRecord::of(0, &self.feedback).to_state()
     }
 
     fn load_state(&mut self, state: &StateDict) -> Result<()> {
-        let record = CodecRecord::from_state(state)?;
-        if let Some(ef) = &mut self.feedback {
-            ef.residual = match record.residual {
-                Some(residual) => residual.into_vec(),
-                None => return Err(missing(state, "residual")),
-            };
-        }
+        CodecRecord::from_state(state)?.restore(state, &mut self.feedback)?;
         Ok(())
     }
 }
@@ -453,25 +440,11 @@ impl Compressor for CodecCompressor {
     }
 
     fn save_state(&self) -> Result<StateDict> {
-        CodecRecord {
-            calls: self.calls,
-            residual: self
-                .feedback
-                .as_ref()
-                .map(|ef| Values::from(ef.residual.clone())),
-        }
-        .to_state()
+        CodecRecord::of(self.calls, &self.feedback).to_state()
     }
 
     fn load_state(&mut self, state: &StateDict) -> Result<()> {
-        let record = CodecRecord::from_state(state)?;
-        self.calls = record.calls;
-        if let Some(ef) = &mut self.feedback {
-            ef.residual = match record.residual {
-                Some(residual) => residual.into_vec(),
-                None => return Err(missing(state, "residual")),
-            };
-        }
+        self.calls = CodecRecord::from_state(state)?.restore(state, &mut self.feedback)?;
         Ok(())
     }
 }
@@ -483,6 +456,30 @@ gym_core::record! {
         calls: u64,
         /// The error-feedback residual, with error feedback.
         residual: Option<Values>,
+    }
+}
+
+impl CodecRecord {
+    /// The record of a codec that made `calls` calls with `feedback`.
+    fn of(calls: u64, feedback: &Option<ErrorFeedback>) -> Self {
+        CodecRecord {
+            calls,
+            residual: feedback
+                .as_ref()
+                .map(|ef| Values::from(ef.residual.clone())),
+        }
+    }
+
+    /// Puts the residual back into `feedback` (read from `state`, for the error naming a
+    /// missing one) and returns the calls.
+    fn restore(self, state: &StateDict, feedback: &mut Option<ErrorFeedback>) -> Result<u64> {
+        if let Some(ef) = feedback {
+            ef.residual = match self.residual {
+                Some(residual) => residual.into_vec(),
+                None => return Err(missing(state, "residual")),
+            };
+        }
+        Ok(self.calls)
     }
 }
 
