@@ -13,15 +13,7 @@ fn temp_dir(name: &str) -> PathBuf {
 
 /// A Python that imports `safetensors` and `numpy`, if there is one.
 fn python() -> Option<String> {
-    let candidates = std::env::var("EXOGYM_PYTHON")
-        .into_iter()
-        .chain(["python3".to_string()]);
-    candidates.into_iter().find(|py| {
-        Command::new(py)
-            .args(["-c", "import safetensors, numpy"])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    })
+    tests::python_with("safetensors, numpy")
 }
 
 /// The f32 values a checkpoint holds, from its header (shapes and dtypes).

@@ -15,15 +15,7 @@ fn temp_dir(name: &str) -> PathBuf {
 
 /// A Python that imports `tensorboard`, if there is one.
 fn python() -> Option<String> {
-    let candidates = std::env::var("EXOGYM_PYTHON")
-        .into_iter()
-        .chain(["python3".to_string()]);
-    candidates.into_iter().find(|py| {
-        Command::new(py)
-            .args(["-c", "import tensorboard"])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    })
+    tests::python_with("tensorboard")
 }
 
 /// What `read_tensorboard.py` reads from the event files under `dir`.

@@ -322,3 +322,18 @@ impl gym_core::Transport for ProcessShare {
         self.inner.leave(rank);
     }
 }
+
+/// A Python (`$EXOGYM_PYTHON`, else `python3`) that imports `modules` (`"safetensors,
+/// numpy"`), if there is one: the tests that read the product's files with an independent
+/// Python reader skip without it.
+pub fn python_with(modules: &str) -> Option<String> {
+    let candidates = std::env::var("EXOGYM_PYTHON")
+        .into_iter()
+        .chain(["python3".to_string()]);
+    candidates.into_iter().find(|py| {
+        std::process::Command::new(py)
+            .args(["-c", &format!("import {modules}")])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    })
+}
