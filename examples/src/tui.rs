@@ -1,7 +1,7 @@
 //! `--tui`: a live terminal dashboard while a run trains (ratatui; the layout borrowed from
 //! burn-train's, which knows epochs and splits but not nodes): train and validation loss
 //! against the step, each node's state in its last step (computing, communicating, waiting,
-//! down) and simulated clock, simulated against wall time, bytes per node, the time left.
+//! down), its share of time computing so far and its simulated clock, simulated against wall time, bytes per node, the time left.
 //! `q` or Ctrl-C stops the run exactly as Ctrl-C does without it (a checkpoint, the summary,
 //! status 130). Without a terminal the run shows the progress bar instead.
 //!
@@ -94,6 +94,8 @@ pub struct DashboardState {
     pub validation: Vec<(f64, f64)>,
     /// Each node's activity in its last step and its simulated clock.
     pub nodes: Vec<(Activity, f64)>,
+    /// Each node's simulated seconds so far (compute, communication, idle, down).
+    pub node_totals: Vec<SimulatedTime>,
     /// Simulated seconds so far (the slowest node's clock), if simulated.
     pub simulated_s: Option<f64>,
     /// Payload bytes sent per node so far.
@@ -129,6 +131,7 @@ impl Dashboard {
                 train: Vec::new(),
                 validation: Vec::new(),
                 nodes: vec![(Activity::Unknown, 0.0); num_nodes],
+                node_totals: vec![SimulatedTime::default(); num_nodes],
                 simulated_s: None,
                 bytes_sent: 0,
                 wall_s: 0.0,
@@ -152,6 +155,12 @@ impl RunMonitor for Dashboard {
         }
         for (shown, node) in st.nodes.iter_mut().zip(nodes) {
             *shown = (Activity::of(node), node.now_s);
+        }
+        for (total, node) in st.node_totals.iter_mut().zip(nodes) {
+            total.compute_s += node.compute_s;
+            total.comm_s += node.comm_s;
+            total.idle_s += node.idle_s;
+            total.down_s += node.down_s;
         }
         st.simulated_s = record.sim_time_s;
         st.bytes_sent = record.bytes_sent;
@@ -194,7 +203,8 @@ pub fn render(frame: &mut Frame, state: &DashboardState) {
     } else {
         (0.0, 1.0)
     };
-    let x_max = state.max_steps.max(1) as f64;
+    // The steps so far fill the chart; it widens as the run goes.
+    let x_max = state.steps_done.max(2) as f64;
     let chart = Chart::new(vec![
         Dataset::default()
             .name("train")
@@ -212,13 +222,13 @@ pub fn render(frame: &mut Frame, state: &DashboardState) {
     .block(
         Block::default()
             .borders(Borders::ALL)
-            .title(format!(" loss — {} ", state.title)),
+            .title(format!(" loss: {} ", state.title)),
     )
     .x_axis(
         Axis::default()
             .title("step")
             .bounds([0.0, x_max])
-            .labels([Line::from("0"), Line::from(format!("{}", state.max_steps))]),
+            .labels([Line::from("0"), Line::from(format!("{}", state.steps_done))]),
     )
     .y_axis(Axis::default().bounds([lo, hi]).labels([
         Line::from(format!("{lo:.3}")),
@@ -262,27 +272,36 @@ pub fn render(frame: &mut Frame, state: &DashboardState) {
         right[0],
     );
 
-    let nodes = state.nodes.iter().enumerate().map(|(r, (activity, now))| {
-        Row::new(vec![
-            format!("{r}"),
-            activity.label().to_string(),
-            if *now > 0.0 {
-                crate::summary::seconds(*now)
-            } else {
-                "-".into()
-            },
-        ])
-        .style(Style::default().fg(activity.color()))
-    });
+    let nodes = state.nodes.iter().zip(&state.node_totals).enumerate().map(
+        |(r, ((activity, now), total))| {
+            let held = total.compute_s + total.comm_s + total.idle_s;
+            Row::new(vec![
+                format!("{r}"),
+                activity.label().to_string(),
+                if held > 0.0 {
+                    format!("{:.1}%", 100.0 * total.compute_s / held)
+                } else {
+                    "-".into()
+                },
+                if *now > 0.0 {
+                    crate::summary::seconds(*now)
+                } else {
+                    "-".into()
+                },
+            ])
+            .style(Style::default().fg(activity.color()))
+        },
+    );
     let table = Table::new(
         nodes,
         [
-            Constraint::Length(5),
-            Constraint::Length(14),
-            Constraint::Min(8),
+            Constraint::Length(4),
+            Constraint::Length(13),
+            Constraint::Length(9),
+            Constraint::Min(6),
         ],
     )
-    .header(Row::new(vec!["node", "last step", "clock"]))
+    .header(Row::new(vec!["node", "last step", "computing", "clock"]))
     .block(Block::default().borders(Borders::ALL).title(" nodes "));
     frame.render_widget(table, right[1]);
     frame.render_widget(
@@ -455,6 +474,7 @@ mod tests {
             "diloco, 3 nodes",
             "step       2 / 10",
             "loss       1.2500",
+            "54.5%",
             "computing",
             "communicating",
             "down",

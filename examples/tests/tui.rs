@@ -114,3 +114,77 @@ fn without_a_terminal_the_run_shows_the_progress_bar() {
     );
     assert!(logs.join("t/summary.json").exists());
 }
+
+/// Not a check: draws the dashboard of a real run (8 nodes of the synthetic MLP, DiLoCo, a
+/// node at half speed, a slow network, a node away for a while) with the product's own
+/// `render` and writes it as HTML to `$TUI_SCREENSHOT_HTML`, for the book's screenshot
+/// (`cargo test --release -p examples --test tui -- --ignored`).
+#[test]
+#[ignore = "writes the book's screenshot"]
+fn screenshot() {
+    use examples::tui::{Dashboard, render};
+    use gym_core::faults::FaultSchedule;
+    use gym_core::{Link, Network, NodeData, SimulationConfig, Trainer, TrainerConfig};
+    use ratatui::Terminal;
+    use ratatui::backend::TestBackend;
+    use std::sync::Arc;
+    let Ok(path) = std::env::var("TUI_SCREENSHOT_HTML") else {
+        return;
+    };
+    let (k, steps) = (8, 400);
+    let dashboard = Arc::new(Dashboard::new("diloco on 8 nodes, mlp".into(), k, steps));
+    let sim = SimulationConfig::new(Network::switch(Link::preset("internet").unwrap()))
+        .with_compute(gym_core::ComputeModel::Modelled { flops_per_s: 2e6 })
+        .with_node_speed(vec![1.0, 1.0, 1.0, 0.5, 1.0, 1.0, 1.0, 1.0]);
+    let config = TrainerConfig::new(k)
+        .with_max_steps(Some(steps))
+        .with_batch_size(16)
+        .with_val_size(Some(32))
+        .with_val_interval(40)
+        .with_seed(3)
+        .with_simulation(Some(sim))
+        .with_faults(Some(FaultSchedule::from_arg("leave:6@250+120").unwrap()));
+    let strategy = gym_strategies::DiLoCoConfig::new()
+        .with_communicator(gym_strategies::DiLoCoCommunicatorConfig::new().with_sync_interval(10));
+    let data = NodeData::shared(
+        tests::Synthetic::new(4096, 16, 4, 1),
+        tests::Synthetic::new(256, 16, 4, 2),
+    );
+    Trainer::new(config)
+        .with_monitor(dashboard.clone())
+        .fit(tests::small_mlp, &strategy, &data, &tests::SyntheticBatcher)
+        .unwrap();
+    let state = dashboard.snapshot();
+    let (w, h) = (110, 28);
+    let mut terminal = Terminal::new(TestBackend::new(w, h)).unwrap();
+    terminal.draw(|f| render(f, &state)).unwrap();
+    let buffer = terminal.backend().buffer();
+    let mut html = String::from(
+        "<html><body style=\"background:#1e1e1e;margin:0\"><pre style=\"font:15px/1.2 \
+         DejaVu Sans Mono,monospace;margin:10px\">",
+    );
+    for y in 0..h {
+        for x in 0..w {
+            let cell = &buffer[(x, y)];
+            let color = match cell.fg {
+                ratatui::style::Color::Cyan => "#4fd6e0",
+                ratatui::style::Color::Yellow => "#e5c07b",
+                ratatui::style::Color::Green => "#98c379",
+                ratatui::style::Color::Red => "#e06c75",
+                ratatui::style::Color::Gray => "#9a9a9a",
+                _ => "#d0d0d0",
+            };
+            let symbol = cell
+                .symbol()
+                .replace('&', "&amp;")
+                .replace('<', "&lt;")
+                .replace('>', "&gt;");
+            html.push_str(&format!(
+                "<span style=\"display:inline-block;width:1ch;color:{color}\">{symbol}</span>"
+            ));
+        }
+        html.push('\n');
+    }
+    html.push_str("</pre></body></html>");
+    std::fs::write(path, html).unwrap();
+}
