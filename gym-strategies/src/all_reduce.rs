@@ -70,6 +70,11 @@ impl StrategyConfig for AllReduceConfig {
             },
         ))
     }
+
+    /// The optimizer's.
+    fn state_values_per_param(&self) -> Option<f64> {
+        Some(self.inner.state_values_per_param())
+    }
 }
 
 impl Strategy for AllReduce {

@@ -119,6 +119,12 @@ pub trait CommunicationModuleConfig: Send + Sync {
             self.name()
         )))
     }
+
+    /// About how many values per parameter the module's state holds (a master copy, an
+    /// outer momentum), for [`StrategyConfig::state_values_per_param`]; the default: none.
+    fn state_values_per_param(&self) -> f64 {
+        0.0
+    }
 }
 
 /// A strategy made of: local gradient clipping → inner optimizer step → each communication
@@ -208,6 +214,16 @@ impl StrategyConfig for CommunicateOptimizeConfig {
                 Ok(())
             },
         ))
+    }
+
+    /// The inner optimizer's and every module's.
+    fn state_values_per_param(&self) -> Option<f64> {
+        let modules: f64 = self
+            .modules
+            .iter()
+            .map(|m| m.state_values_per_param())
+            .sum();
+        Some(self.inner.state_values_per_param() + modules)
     }
 }
 
@@ -321,6 +337,10 @@ macro_rules! composed_strategy {
                 info: &gym_core::planner::PlanInfo<'_>,
             ) -> gym_core::Result<Box<dyn gym_core::planner::Traffic>> {
                 self.compose().traffic(info)
+            }
+
+            fn state_values_per_param(&self) -> Option<f64> {
+                self.compose().state_values_per_param()
             }
         }
     };

@@ -113,6 +113,11 @@ impl CommunicationModuleConfig for DiLoCoCommunicatorConfig {
     fn traffic(&self, info: &PlanInfo<'_>) -> Result<Box<dyn Traffic>> {
         self.planned(info)
     }
+
+    /// The master and the outer optimizer's state.
+    fn state_values_per_param(&self) -> f64 {
+        1.0 + self.outer_optimizer.state_values_per_param()
+    }
 }
 
 impl DiLoCoCommunicatorConfig {

@@ -62,6 +62,8 @@ fn planned(
         params: layout.num_elements() as u64,
         step_flops: model.flops_per_example() * BATCH as f64,
         simulation: sim.clone(),
+        faults: None,
+        rejoin_bytes: Default::default(),
     };
     plan(&config, strategy, exact_layout.then_some(&layout))
 }
@@ -201,6 +203,8 @@ fn a_plan_refuses_what_it_cannot_run() {
         params: ParamLayout::trainable(&model).num_elements() as u64,
         step_flops: 1e6,
         simulation: sim.clone(),
+        faults: None,
+        rejoin_bytes: Default::default(),
     };
     let refused = |config: PlanConfig, strategy: &dyn StrategyConfig, needle: &str| {
         let err = plan(&config, strategy, None).unwrap_err().to_string();

@@ -1,9 +1,12 @@
 //! The planner's loop: every node's clock, stepped through a strategy's [`Traffic`] with
 //! the clock and cost code of training.
 
-use super::{PlanConfig, PlanInfo, PlannedCall, PlannedEvent, PlannedGroups};
+use super::{PlanConfig, PlanInfo, PlannedCall, PlannedEvent, PlannedGroups, RejoinBytes};
 use crate::comm::clock::NodeClock;
-use crate::comm::{CommStats, Group, TransferTiming};
+use crate::comm::faults::FaultTimeline;
+use crate::comm::{
+    CollectiveOp, CommStats, ComputeModel, Group, Network, SimulationConfig, TransferTiming,
+};
 use crate::error::{GymError, Result};
 use crate::metrics::RunReport;
 use crate::state::params::ParamLayout;
@@ -16,9 +19,14 @@ use std::collections::HashMap;
 /// records are empty: nothing is trained). `layout`: the trainable parameters' layout when
 /// the model exists (see [`PlanInfo::layout`]).
 ///
+/// Under [`faults`](PlanConfig::faults) it runs the schedule as training does (see
+/// [the module](super#faults)).
+///
 /// Refuses, naming the setting: no nodes, no steps, no parameters, a step's FLOPs that are
-/// negative or not finite, a simulated cluster that does not fit `num_nodes`, and a strategy
-/// without a [`Traffic`](super::Traffic) schedule.
+/// negative or not finite, a simulated cluster that does not fit `num_nodes`, a strategy
+/// without a [`Traffic`](super::Traffic) schedule, a fault schedule that does not resolve
+/// for the run (as training refuses it; random faults need a modelled compute), and a
+/// strategy that keeps a transfer in flight from one step to the next under faults.
 pub fn plan(
     config: &PlanConfig,
     strategy: &dyn StrategyConfig,
@@ -48,15 +56,24 @@ pub fn plan(
         params: config.params,
         layout,
     };
+    let faults = resolve_faults(config)?;
     let mut traffic = strategy.traffic(&info)?;
-    let mut cluster = Cluster::new(config);
+    let mut cluster = Cluster::new(config, faults);
     let mut events = Vec::new();
     for step in 0..config.steps {
+        cluster.rejoin(step, &config.rejoin_bytes);
         cluster.compute(config, step);
         events.clear();
         traffic.step(step, &mut events)?;
         for event in events.drain(..) {
-            cluster.apply(event)?;
+            cluster.apply(event, step)?;
+        }
+        if !cluster.faults.is_empty() && !cluster.started.is_empty() {
+            return bad(format!(
+                "strategy `{}` keeps transfers in flight across steps (after step {step}); \
+                 the planner does not run those under a fault schedule yet",
+                strategy.name()
+            ));
         }
     }
     Ok(RunReport {
@@ -68,43 +85,100 @@ pub fn plan(
     })
 }
 
-/// Every node's clock and counters, and the transfers started and not yet waited for.
+/// The run's fault timeline, resolved as the trainer resolves it: random faults drawn from
+/// the nodes' modelled compute seconds of each step.
+fn resolve_faults(config: &PlanConfig) -> Result<FaultTimeline> {
+    let Some(schedule) = &config.faults else {
+        return Ok(FaultTimeline::none(config.num_nodes, config.steps));
+    };
+    let sim = &config.simulation;
+    let modelled = matches!(sim.compute, ComputeModel::Modelled { .. });
+    if schedule.random.is_some() && !modelled {
+        return Err(GymError::InvalidConfig(
+            "random faults need a modelled compute (not `measured`)".into(),
+        ));
+    }
+    let step_seconds = |rank: usize, step: usize| {
+        sim.step_compute_s(rank, step, config.seed, config.step_flops, 0.0)
+    };
+    FaultTimeline::resolve(
+        schedule,
+        config.num_nodes,
+        config.steps,
+        config.seed,
+        sim.island_size(),
+        modelled.then_some(&step_seconds as &dyn Fn(usize, usize) -> f64),
+    )
+}
+
+/// Every node's clock and counters, the fault timeline, and the transfers started and not
+/// yet waited for.
 struct Cluster {
     clocks: Vec<NodeClock>,
     stats: Vec<CommStats>,
     world: Group,
-    network: crate::comm::Network,
+    network: Network,
+    faults: FaultTimeline,
     started: HashMap<u64, Vec<(usize, TransferTiming)>>,
 }
 
 impl Cluster {
-    fn new(config: &PlanConfig) -> Self {
+    fn new(config: &PlanConfig, faults: FaultTimeline) -> Self {
         Cluster {
             clocks: vec![NodeClock::default(); config.num_nodes],
             stats: vec![CommStats::default(); config.num_nodes],
             world: Group::world(config.num_nodes),
             network: config.simulation.network.clone(),
+            faults,
             started: HashMap::new(),
         }
     }
 
-    /// Every node's forward and backward passes of `step`, as the node loop charges them.
-    fn compute(&mut self, config: &PlanConfig, step: usize) {
-        let sim = &config.simulation;
-        for (rank, clock) in self.clocks.iter_mut().enumerate() {
-            clock.compute(sim.step_compute_s(rank, step, config.seed, config.step_flops, 0.0));
+    /// The nodes that come back before `step`, as the node loop brings them back: each
+    /// catches up with its source's clock (the time between counted as away), then the
+    /// source broadcasts its state (`rejoin_bytes`) to them, counted and timed. Nodes that
+    /// come back with nobody to copy from just carry on.
+    fn rejoin(&mut self, step: usize, rejoin_bytes: &RejoinBytes) {
+        if self.faults.is_empty() || step == 0 {
+            return;
+        }
+        for rejoin in self.faults.rejoins(step) {
+            let Some(source) = rejoin.source else {
+                continue;
+            };
+            let source_now = self.clocks[source].time.now_s;
+            for &rank in &rejoin.ranks {
+                self.clocks[rank].away_until(source_now);
+            }
+            let group = Group::new(rejoin.ranks.iter().copied().chain([source]));
+            let op = CollectiveOp::BroadcastBytes { root: source };
+            for (rank, timing) in self.run(op, &group, rejoin_bytes.at(step, source)) {
+                self.clocks[rank].finish(timing.own_ready_s, timing.start_s, timing.end_s);
+            }
         }
     }
 
-    fn apply(&mut self, event: PlannedEvent) -> Result<()> {
+    /// The forward and backward passes of `step` of every node present, as the node loop
+    /// charges them (a slow node's at its speed factor).
+    fn compute(&mut self, config: &PlanConfig, step: usize) {
+        let sim: &SimulationConfig = &config.simulation;
+        for (rank, clock) in self.clocks.iter_mut().enumerate() {
+            if self.faults.is_present(rank, step) {
+                let seconds = sim.step_compute_s(rank, step, config.seed, config.step_flops, 0.0);
+                clock.compute(seconds / self.faults.speed_factor(rank, step));
+            }
+        }
+    }
+
+    fn apply(&mut self, event: PlannedEvent, step: usize) -> Result<()> {
         match event {
             PlannedEvent::Call(call) => {
-                for (rank, timing) in self.start(&call)? {
+                for (rank, timing) in self.start(&call, step)? {
                     self.clocks[rank].finish(timing.own_ready_s, timing.start_s, timing.end_s);
                 }
             }
             PlannedEvent::Start { id, call } => {
-                let timings = self.start(&call)?;
+                let timings = self.start(&call, step)?;
                 if self.started.insert(id, timings).is_some() {
                     return Err(GymError::InvalidConfig(format!(
                         "a planned transfer started twice with id {id}"
@@ -125,15 +199,15 @@ impl Cluster {
         Ok(())
     }
 
-    /// Starts `call` on every group, as [`Collective`](crate::Collective) starts a call:
-    /// counted for each member, begun when its last member is ready, holding every
-    /// member's link until it ends. Returns each member's timing, to be waited for.
-    fn start(&mut self, call: &PlannedCall) -> Result<Vec<(usize, TransferTiming)>> {
+    /// Starts `call` of `step` on every group, as [`Collective`](crate::Collective) starts
+    /// a call: each group cut, for each member present, to the present nodes it reaches
+    /// ([`FaultTimeline::members`], as the node's handle cuts it), and each distinct cut
+    /// run once. Returns each member's timing, to be waited for.
+    fn start(&mut self, call: &PlannedCall, step: usize) -> Result<Vec<(usize, TransferTiming)>> {
         let groups = match &call.groups {
             PlannedGroups::World => std::slice::from_ref(&self.world),
             PlannedGroups::Each(groups) => groups.as_slice(),
         };
-        let mut timings = Vec::new();
         for group in groups {
             if let Some(&last) = group.members().last()
                 && last >= self.clocks.len()
@@ -143,30 +217,90 @@ impl Cluster {
                     self.clocks.len()
                 )));
             }
-            let first = timings.len();
-            for &rank in group.members() {
-                self.stats[rank].record(call.op, group, rank, call.payload);
-                let own_ready_s = self.clocks[rank].ready();
-                timings.push((
-                    rank,
-                    TransferTiming {
-                        own_ready_s,
-                        start_s: 0.0,
-                        end_s: 0.0,
-                    },
+        }
+        if self.faults.is_empty() {
+            let mut timings = Vec::new();
+            for group in groups {
+                timings.extend(run(
+                    &mut self.clocks,
+                    &mut self.stats,
+                    &self.network,
+                    call.op,
+                    group,
+                    call.payload,
                 ));
             }
-            let start_s = timings[first..]
-                .iter()
-                .map(|(_, t)| t.own_ready_s)
-                .fold(0.0, f64::max);
-            let end_s = start_s + self.network.collective_time(call.op, group, call.payload);
-            for (rank, timing) in &mut timings[first..] {
-                timing.start_s = start_s;
-                timing.end_s = end_s;
-                self.clocks[*rank].occupy_link(end_s);
+            return Ok(timings);
+        }
+        // The cuts, each run once; a group's members reach each other's cuts alike (reach
+        // is a partition of the present nodes), so cuts of one group are disjoint.
+        let components = self.faults.groups(step);
+        let mut cuts = Vec::new();
+        for group in groups {
+            for component in &components {
+                let cut = group.intersect(component);
+                if cut.size() > 0 {
+                    cuts.push(cut);
+                }
             }
+        }
+        let mut timings = Vec::new();
+        for cut in &cuts {
+            timings.extend(self.run(call.op, cut, call.payload));
         }
         Ok(timings)
     }
+
+    /// [`run`] on this cluster.
+    fn run(
+        &mut self,
+        op: CollectiveOp,
+        group: &Group,
+        payload: u64,
+    ) -> Vec<(usize, TransferTiming)> {
+        run(
+            &mut self.clocks,
+            &mut self.stats,
+            &self.network,
+            op,
+            group,
+            payload,
+        )
+    }
+}
+
+/// Runs one call over `group`: counted for each member, begun when its last member is
+/// ready, holding every member's link until it ends. Returns each member's timing.
+fn run(
+    clocks: &mut [NodeClock],
+    stats: &mut [CommStats],
+    network: &Network,
+    op: CollectiveOp,
+    group: &Group,
+    payload: u64,
+) -> Vec<(usize, TransferTiming)> {
+    let mut timings = Vec::with_capacity(group.size());
+    for &rank in group.members() {
+        stats[rank].record(op, group, rank, payload);
+        let own_ready_s = clocks[rank].ready();
+        timings.push((
+            rank,
+            TransferTiming {
+                own_ready_s,
+                start_s: 0.0,
+                end_s: 0.0,
+            },
+        ));
+    }
+    let start_s = timings
+        .iter()
+        .map(|(_, t)| t.own_ready_s)
+        .fold(0.0, f64::max);
+    let end_s = start_s + network.collective_time(op, group, payload);
+    for (rank, timing) in &mut timings {
+        timing.start_s = start_s;
+        timing.end_s = end_s;
+        clocks[*rank].occupy_link(end_s);
+    }
+    timings
 }

@@ -23,13 +23,44 @@
 //! simulated seconds and bytes as training it (tested for every strategy that plans), and
 //! the same code answers for 7 billion parameters on 10,000 nodes, where nothing is
 //! allocated but one clock per node.
+//!
+//! # Faults
+//!
+//! A plan runs a [`FaultSchedule`] as the node loop does: resolved once
+//! ([`FaultTimeline::resolve`](crate::comm::faults::FaultTimeline::resolve), random faults
+//! drawn from the same modelled compute seconds), then before each step the nodes that come
+//! back catch up with their source's clock (the time between counted as away) and receive
+//! its state ([`PlanConfig::rejoin_bytes`]: one byte broadcast over the source and the
+//! nodes coming back), the nodes present compute (a slow node's speed factor applied), and
+//! every call's group is cut, for each node present, to the nodes it can reach, as
+//! [`Collective::with_present`](crate::Collective::with_present) cuts it: each distinct cut
+//! runs the call, and absent nodes sit out. A transfer started without waiting
+//! ([`PlannedEvent::Start`]) plans under faults when it is waited for within its step; one
+//! still in flight at the end of a step (SPARTA's delay, Streaming DiLoCo's overlap, a
+//! detached broadcast) is refused under faults.
 
 mod engine;
 
+pub use crate::run::peer_state_bytes;
 pub use crate::strategy::traffic::{PlanInfo, PlannedCall, PlannedEvent, PlannedGroups, Traffic};
 pub use engine::plan;
 
 use crate::comm::SimulationConfig;
+use crate::comm::faults::FaultSchedule;
+use std::sync::Arc;
+
+/// Bytes of msgpack's f32: a marker byte and the four bytes of the value.
+const ENCODED_F32_BYTES: f64 = 5.0;
+
+/// An estimate of what a rejoin's source sends ([`RejoinBytes::Each`]) when no node
+/// exists to measure ([`peer_state_bytes`] measures one exactly): `params` model values and
+/// `state_values_per_param` more per parameter (optimizer moments, master copies, error
+/// feedback: [`StrategyConfig::state_values_per_param`](crate::StrategyConfig::state_values_per_param)),
+/// each an encoded f32 (5 bytes). It leaves out the model's buffers (running statistics)
+/// and the few bytes of counters and names, so it is a little low.
+pub fn estimated_rejoin_bytes(params: u64, state_values_per_param: f64) -> u64 {
+    (params as f64 * (1.0 + state_values_per_param.max(0.0)) * ENCODED_F32_BYTES).ceil() as u64
+}
 
 /// What a plan runs: the cluster, the run's length and a node's step.
 #[derive(Debug, Clone)]
@@ -47,4 +78,53 @@ pub struct PlanConfig {
     pub step_flops: f64,
     /// The simulated cluster: network, compute, node speeds, jitter.
     pub simulation: SimulationConfig,
+    /// Nodes that crash, leave and rejoin, run slow, or lose a link, as a training run's
+    /// [`TrainerConfig::faults`](crate::TrainerConfig::faults); `None`: none.
+    pub faults: Option<FaultSchedule>,
+    /// Bytes a node that comes back receives from its source (every strategy's
+    /// [`RejoinPolicy::FromPeer`](crate::RejoinPolicy::FromPeer)): the encoded model and
+    /// strategy state; unused without faults.
+    pub rejoin_bytes: RejoinBytes,
+}
+
+/// The size of the state a rejoin's source sends ([`PlanConfig::rejoin_bytes`]).
+///
+/// A node's encoded state is not a function of the parameter count alone: optimizers create
+/// their moments at their first step (DiLoCo's outer momentum at the first
+/// synchronisation), and small counters encode shorter. A plan of a model that exists can
+/// measure it ([`peer_state_bytes`] of the source's state before the step); at scale it is
+/// estimated ([`estimated_rejoin_bytes`]).
+#[derive(Clone)]
+pub enum RejoinBytes {
+    /// The same size at every rejoin.
+    Each(u64),
+    /// The size of the state node `source` sends before `step`, called as
+    /// `bytes(step, source)`.
+    BySource(Arc<dyn Fn(usize, usize) -> u64 + Send + Sync>),
+}
+
+impl RejoinBytes {
+    /// The bytes `source` sends before `step`.
+    pub fn at(&self, step: usize, source: usize) -> u64 {
+        match self {
+            RejoinBytes::Each(bytes) => *bytes,
+            RejoinBytes::BySource(bytes) => bytes(step, source),
+        }
+    }
+}
+
+impl Default for RejoinBytes {
+    /// Nothing sent (`Each(0)`): for plans without faults.
+    fn default() -> Self {
+        RejoinBytes::Each(0)
+    }
+}
+
+impl std::fmt::Debug for RejoinBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RejoinBytes::Each(bytes) => f.debug_tuple("Each").field(bytes).finish(),
+            RejoinBytes::BySource(_) => f.write_str("BySource(..)"),
+        }
+    }
 }

@@ -24,4 +24,5 @@ mod trainer;
 pub use config::{Autocast, NonFinitePolicy, TrainerConfig};
 pub use data::{DistributedSampler, NodeData, SharedDataset, Split};
 pub use minibatch_probe::{MinibatchChoice, MinibatchProbeConfig, MinibatchTrial};
+pub use rejoin::peer_state_bytes;
 pub use trainer::{FitOutput, Trainer};

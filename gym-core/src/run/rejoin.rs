@@ -15,12 +15,39 @@ use burn::tensor::{Device, Tensor, TensorData};
 use serde::{Deserialize, Serialize};
 
 /// What a peer sends a node that rejoins.
-#[derive(Serialize, Deserialize)]
+#[derive(Deserialize)]
 struct PeerState {
     /// Every float tensor of the peer's model, flat.
     model: Vec<f32>,
     /// The peer's strategy state.
     strategy: StateDict,
+}
+
+/// [`PeerState`] as it is written, borrowing what it sends (the same encoding).
+#[derive(Serialize)]
+struct PeerStateRef<'a> {
+    model: &'a [f32],
+    strategy: &'a StateDict,
+}
+
+/// The bytes a rejoin's source sends: its model's float values (every float tensor, flat)
+/// and its strategy's state, encoded.
+fn encode_peer_state(model: &[f32], strategy: &StateDict) -> Result<Vec<u8>> {
+    rmp_serde::to_vec(&PeerStateRef { model, strategy })
+        .map_err(|e| GymError::Data(format!("cannot encode a node's state: {e}")))
+}
+
+/// The byte size of the state a node sends one that rejoins under
+/// [`RejoinPolicy::FromPeer`]: `model` (every float tensor of its model, flat, as a
+/// [`NodeCheckpoint`](crate::checkpoint::NodeCheckpoint)'s `model`) and `strategy` (what
+/// its [`Strategy::save_state`] wrote), encoded exactly as training encodes them. The
+/// payload a [`plan`](crate::planner::plan) charges for a rejoin
+/// ([`RejoinBytes`](crate::planner::RejoinBytes)).
+///
+/// The size is not a function of the parameter count alone: optimizers create their
+/// moments at their first step, and the encoding writes small counters in fewer bytes.
+pub fn peer_state_bytes(model: &[f32], strategy: &StateDict) -> Result<u64> {
+    Ok(encode_peer_state(model, strategy)?.len() as u64)
 }
 
 /// Takes part in `rejoin` as its source or as one of the nodes coming back: the nodes
@@ -68,16 +95,12 @@ pub(crate) fn rejoin<M: TrainModel>(
     } else {
         let model = replica.model();
         let state = strategy.save_state()?;
-        let peer = PeerState {
-            model: ParamLayout::all_float(model)
-                .flatten(model)
-                .into_data()
-                .try_into_vec::<f32>()
-                .map_err(|e| GymError::Data(format!("model values: {e:?}")))?,
-            strategy: state,
-        };
-        rmp_serde::to_vec(&peer)
-            .map_err(|e| GymError::Data(format!("cannot encode a node's state: {e}")))?
+        let values = ParamLayout::all_float(model)
+            .flatten(model)
+            .into_data()
+            .try_into_vec::<f32>()
+            .map_err(|e| GymError::Data(format!("model values: {e:?}")))?;
+        encode_peer_state(&values, &state)?
     };
     let before = comm.simulated_time().map_or(0.0, |t| t.now_s);
     let received = comm.broadcast_bytes_in(&group, sent, source)?;

@@ -255,4 +255,12 @@ pub trait StrategyConfig: Send + Sync {
             self.name()
         )))
     }
+
+    /// About how many values (f32) per trainable parameter a node's strategy state holds
+    /// besides the model (optimizer moments, master copies, outer momentum), for
+    /// [`planner::estimated_rejoin_bytes`](crate::planner::estimated_rejoin_bytes): what a
+    /// node that rejoins receives. An estimate; `None` (the default): not stated.
+    fn state_values_per_param(&self) -> Option<f64> {
+        None
+    }
 }

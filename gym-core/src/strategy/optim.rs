@@ -119,6 +119,19 @@ burn_optimizers! {
 }
 
 impl OptimizerConfig {
+    /// About how many values per parameter the optimizer keeps (Adam's two moments, a
+    /// momentum, Adan's three), for estimating a node's state
+    /// ([`StrategyConfig::state_values_per_param`](crate::StrategyConfig::state_values_per_param)).
+    /// SGD counts its momentum, which it keeps only when one is set; Adafactor's factored
+    /// moments count as one.
+    pub fn state_values_per_param(&self) -> f64 {
+        match self {
+            OptimizerConfig::Adam(_) | OptimizerConfig::AdamW(_) | OptimizerConfig::Lamb(_) => 2.0,
+            OptimizerConfig::Adan(_) => 3.0,
+            _ => 1.0,
+        }
+    }
+
     /// AdamW with PyTorch's defaults (betas 0.9/0.999, ε 1e-8, weight decay 0.01), which
     /// the original relies on. Burn's `AdamWConfig::new()` has ε 1e-5 and weight decay 1e-4.
     pub fn adamw() -> Self {
@@ -272,6 +285,13 @@ pub struct InnerOptimizerConfig {
 }
 
 impl InnerOptimizerConfig {
+    /// About how many values per parameter the optimizer keeps
+    /// ([`OptimizerConfig::state_values_per_param`] of its main optimizer; groups are not
+    /// told apart).
+    pub fn state_values_per_param(&self) -> f64 {
+        self.optimizer.state_values_per_param()
+    }
+
     /// Appends a parameter group.
     pub fn with_group(mut self, group: OptimizerGroup) -> Self {
         self.groups.push(group);

@@ -1,0 +1,215 @@
+//! The planner runs fault schedules as training does: nodes that leave and rejoin (catching
+//! up with their source's clock and receiving its state), crash, run slow, fail at random,
+//! or lose the link between islands. Each strategy that plans under faults is trained on
+//! four simulated nodes and planned; clocks (with the time away) and bytes agree bit for
+//! bit.
+
+use burn::tensor::Device;
+use gym_core::checkpoint::Checkpoint;
+use gym_core::faults::FaultSchedule;
+use gym_core::planner::{PlanConfig, RejoinBytes, peer_state_bytes, plan};
+use gym_core::{
+    ComputeModel, GymError, Link, Network, NodeData, ParamLayout, RunReport, SimulationConfig,
+    StrategyConfig, Topology, TrainModel, Trainer, TrainerConfig,
+};
+use gym_strategies::{
+    AllReduceConfig, AveragingCommunicatorConfig, DiLoCoCommunicatorConfig, DiLoCoConfig,
+    FedAvgConfig, IndexSelectorKind, SparseCommunicatorConfig, SpartaConfig, SpartaDiLoCoConfig,
+    StreamingDiLoCoConfig,
+};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use tests::{Synthetic, SyntheticBatcher, small_mlp};
+
+const NODES: usize = 4;
+const STEPS: usize = 12;
+const BATCH: usize = 8;
+const SEED: u64 = 5;
+
+/// The planner test's cluster: two islands of two on a slow wide-area link, one node at
+/// half speed, jitter.
+fn cluster() -> SimulationConfig {
+    let wan = Link::symmetric(20e6, 0.02);
+    SimulationConfig::new(
+        Network::switch(Link::symmetric(1e9, 1e-4))
+            .with_topology(Topology::Islands { size: 2, wan }),
+    )
+    .with_compute(ComputeModel::Modelled { flops_per_s: 2e6 })
+    .with_node_speed(vec![1.0, 0.5, 1.0, 0.8])
+    .with_jitter(0.2)
+}
+
+/// Trains `strategy` under `faults` (checkpointing every step into `dir`, which changes
+/// nothing of the run); returns its report and the size of every node's encoded state
+/// before every step after 0, by (step, rank): what a rejoin's source sends.
+fn train(
+    strategy: &dyn StrategyConfig,
+    faults: &FaultSchedule,
+    dir: &std::path::Path,
+) -> (RunReport, BTreeMap<(usize, usize), u64>) {
+    std::fs::remove_dir_all(dir).ok();
+    let data = NodeData::shared(Synthetic::new(1024, 16, 4, 1), Synthetic::new(64, 16, 4, 2));
+    let config = TrainerConfig::new(NODES)
+        .with_max_steps(Some(STEPS))
+        .with_batch_size(BATCH)
+        .with_val_size(Some(0))
+        .with_seed(SEED)
+        .with_simulation(Some(cluster()))
+        .with_faults(Some(faults.clone()))
+        .with_log_dir(Some(dir.to_string_lossy().into_owned()))
+        .with_run_name(Some("run".into()))
+        .with_checkpoint_interval(Some(1))
+        .with_keep_checkpoints(STEPS + 1);
+    let report = Trainer::new(config)
+        .fit(small_mlp, strategy, &data, &SyntheticBatcher)
+        .expect("trains")
+        .report;
+    let mut sizes = BTreeMap::new();
+    for next_step in 1..STEPS {
+        let file = dir.join("run").join(Checkpoint::file_name(next_step));
+        let (checkpoint, _) = Checkpoint::load(&file).expect("a checkpoint");
+        for (rank, node) in checkpoint.nodes.iter().enumerate() {
+            let bytes = peer_state_bytes(&node.model, &node.strategy).unwrap();
+            sizes.insert((next_step, rank), bytes);
+        }
+    }
+    std::fs::remove_dir_all(dir).ok();
+    (report, sizes)
+}
+
+fn planned(
+    strategy: &dyn StrategyConfig,
+    faults: &FaultSchedule,
+    rejoin_bytes: RejoinBytes,
+) -> Result<RunReport, GymError> {
+    let model = small_mlp(&Device::default().autodiff());
+    let layout = ParamLayout::trainable(&model);
+    let config = PlanConfig {
+        num_nodes: NODES,
+        steps: STEPS,
+        seed: SEED,
+        params: layout.num_elements() as u64,
+        step_flops: model.flops_per_example() * BATCH as f64,
+        simulation: cluster(),
+        faults: Some(faults.clone()),
+        rejoin_bytes,
+    };
+    plan(&config, strategy, Some(&layout))
+}
+
+fn strategies() -> Vec<(&'static str, Box<dyn StrategyConfig>)> {
+    let diloco = |h: usize, codec: &str| {
+        DiLoCoConfig::new().with_communicator(
+            DiLoCoCommunicatorConfig::new()
+                .with_sync_interval(h)
+                .with_compression(codec.parse().unwrap()),
+        )
+    };
+    vec![
+        ("allreduce", Box::new(AllReduceConfig::new())),
+        (
+            "allreduce int8",
+            Box::new(AllReduceConfig::new().with_compression("int8".parse().unwrap())),
+        ),
+        ("diloco H=3", Box::new(diloco(3, "none"))),
+        ("diloco H=4 top-k", Box::new(diloco(4, "topk:8/64+int8,ef"))),
+        (
+            "fedavg islands of 2",
+            Box::new(
+                FedAvgConfig::new().with_communicator(
+                    AveragingCommunicatorConfig::new()
+                        .with_sync_interval(2)
+                        .with_island_size(Some(2)),
+                ),
+            ),
+        ),
+        (
+            "sparta random",
+            Box::new(
+                SpartaConfig::new().with_communicator(
+                    SparseCommunicatorConfig::new()
+                        .with_p(0.1)
+                        .with_selector(IndexSelectorKind::Random),
+                ),
+            ),
+        ),
+        ("sparta-diloco", Box::new(SpartaDiLoCoConfig::new())),
+    ]
+}
+
+/// Schedules: a leave and its rejoin, a crash, a slow node, random failures, a cut between
+/// the islands (each half carries on; the smaller side takes the other's state when it
+/// heals), and all at once.
+const FAULTS: &[&str] = &[
+    "leave:1@3+2",
+    "crash:2@5",
+    "slow:2@2+4x0.5",
+    "random:20000/h,down=2",
+    "cut:0-1@4+3",
+    "leave:0@2+3;slow:3@0+12x0.7;cut:0-1@7+2;crash:1@9",
+];
+
+#[test]
+fn planning_under_faults_gives_the_simulated_time_and_bytes_of_training() {
+    let dir = std::env::temp_dir().join(format!("gym-planner-faults-{}", std::process::id()));
+    for (name, strategy) in strategies() {
+        for spec in FAULTS {
+            let faults: FaultSchedule = spec.parse().unwrap();
+            let (trained, sizes) = train(&*strategy, &faults, &dir);
+            let rejoin_bytes =
+                RejoinBytes::BySource(Arc::new(move |step, source| sizes[&(step, source)]));
+            let case = format!("{name} under {spec}");
+            let plan = planned(&*strategy, &faults, rejoin_bytes)
+                .unwrap_or_else(|e| panic!("{case}: {e}"));
+            assert_eq!(plan.simulated, trained.simulated, "{case}: clocks");
+            assert_eq!(plan.comm, trained.comm, "{case}: traffic");
+            assert!(!trained.elastic.faults.is_empty(), "{case}: faults happen");
+        }
+    }
+    // The cases exercise what they are meant to: time away and a rejoin's broadcast.
+    let faults: FaultSchedule = "leave:1@3+2".parse().unwrap();
+    let (trained, _) = train(&AllReduceConfig::new(), &faults, &dir);
+    let away = trained.simulated[1].down_s;
+    assert!(away > 0.0, "{away}");
+    assert!(trained.comm[1].broadcast_calls == 1);
+}
+
+/// Transfers in flight across steps are not run under faults yet: refused, naming the
+/// strategy. Without faults they plan.
+#[test]
+fn overlapped_transfers_under_faults_are_refused_by_name() {
+    let streaming = StreamingDiLoCoConfig::new()
+        .with_sync_interval(4)
+        .with_fragments(2)
+        .with_overlap(1);
+    let faults: FaultSchedule = "leave:1@3+2".parse().unwrap();
+    let delayed = SpartaConfig::new()
+        .with_communicator(SparseCommunicatorConfig::new().with_p(0.1).with_delay(2));
+    for strategy in [&streaming as &dyn StrategyConfig, &delayed] {
+        let err = planned(strategy, &faults, RejoinBytes::Each(1000))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(&format!("`{}`", strategy.name())) && err.contains("fault"),
+            "{err}"
+        );
+        assert!(planned(strategy, &FaultSchedule::default(), RejoinBytes::default()).is_ok());
+    }
+}
+
+/// A schedule the run cannot take is refused as training refuses it.
+#[test]
+fn a_fault_schedule_that_does_not_fit_is_refused() {
+    let strategy = AllReduceConfig::new();
+    for (spec, needle) in [
+        ("crash:7@2", "rank 7"),
+        ("leave:1@30+2", "step 30"),
+        ("crash:0@1;crash:1@1;crash:2@1;crash:3@1", "no node present"),
+    ] {
+        let faults: FaultSchedule = spec.parse().unwrap();
+        let err = planned(&strategy, &faults, RejoinBytes::default())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(needle), "{spec}: {err}");
+    }
+}
