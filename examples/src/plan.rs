@@ -15,8 +15,9 @@ use crate::plot::{Chart, Series};
 use crate::summary::{human_bytes, percent, seconds};
 use clap::Parser;
 use gym_core::comm::simulation::{format_param_count, parse_param_count};
-use gym_core::planner::{PlanConfig, plan};
-use gym_core::{ComputeModel, Network, SimulationConfig};
+use gym_core::faults::FaultSchedule;
+use gym_core::planner::{PlanConfig, RejoinBytes, estimated_rejoin_bytes, plan};
+use gym_core::{ComputeModel, GymError, Network, SimulationConfig};
 use gym_strategies::registry::{StrategyFlags, SyncArgs};
 use serde::Serialize;
 use std::ffi::OsString;
@@ -70,7 +71,11 @@ pub struct PlanArgs {
     /// σ of every node's step-time jitter (lognormal, mean 1, seeded).
     #[arg(long)]
     pub jitter: Option<f64>,
-    /// Faults (as training takes them): not planned yet, refused.
+    /// Faults, as training takes them (a spec or a file: crash:RANK@STEP,
+    /// leave:RANK@STEP+STEPS, slow:RANK@STEP+STEPSxFACTOR, cut:ISLAND-ISLAND@STEP+STEPS,
+    /// random:RATE/h[,down=STEPS|,crash]). A node that rejoins receives an estimate of a
+    /// node's state: 5 bytes (an encoded f32) per parameter for the model and each value its
+    /// strategy keeps per parameter (AdamW's moments, DiLoCo's master and outer momentum).
     #[arg(long, value_name = "SPEC")]
     pub faults: Option<String>,
     /// Seed of the jitter and of shared draws.
@@ -135,13 +140,13 @@ pub struct PlanSummary {
 impl PlanArgs {
     /// The plan these flags describe, or an error naming the flag.
     pub fn config(&self) -> Result<PlanConfig, String> {
-        if self.faults.is_some() {
-            return Err(
-                "--faults: the planner does not run fault schedules yet; plan without \
-                        them, or train a proxy (--charge-as) under faults"
-                    .into(),
-            );
-        }
+        let faults = match &self.faults {
+            None => None,
+            Some(arg) => Some(FaultSchedule::from_arg(arg).map_err(|e| match e {
+                GymError::InvalidConfig(why) => format!("--faults: {why}"),
+                other => format!("--faults: {other}"),
+            })?),
+        };
         if self.num_nodes == 0 {
             return Err("--num-nodes: a plan needs at least one node".into());
         }
@@ -202,6 +207,9 @@ impl PlanArgs {
             params: self.params,
             step_flops,
             simulation,
+            faults,
+            // Set by `plan` from the strategy's state (an estimate).
+            rejoin_bytes: RejoinBytes::default(),
         })
     }
 
@@ -228,9 +236,21 @@ impl PlanArgs {
     /// Plans these flags.
     pub fn plan(&self) -> Result<PlanSummary, String> {
         let start = std::time::Instant::now();
-        let config = self.config()?;
+        let mut config = self.config()?;
         let strategy = self.strategy_flags.build(self.strategy.entry())?;
-        let report = plan(&config, &*strategy, None).map_err(|e| e.to_string())?;
+        // What a node that rejoins receives, estimated: the model and the strategy's state
+        // (two values per parameter, as AdamW's moments, when the strategy does not say).
+        let state = strategy.state_values_per_param().unwrap_or(2.0);
+        config.rejoin_bytes = RejoinBytes::Each(estimated_rejoin_bytes(self.params, state));
+        let report = plan(&config, &*strategy, None).map_err(|e| match e {
+            // A schedule that does not fit the run, or what the planner cannot run under one.
+            GymError::InvalidConfig(why)
+                if config.faults.is_some() && (why.starts_with('`') || why.contains("fault")) =>
+            {
+                format!("--faults: {why}")
+            }
+            other => other.to_string(),
+        })?;
         let got = |v: Option<f64>| v.unwrap_or(0.0);
         let simulated_time_s = got(report.simulated_time_s());
         Ok(PlanSummary {
@@ -304,6 +324,11 @@ impl PlanSummary {
             out,
             "  compute utilisation  {}",
             percent(Some(self.compute_utilisation))
+        );
+        let _ = writeln!(
+            out,
+            "  goodput              {}",
+            percent(Some(self.goodput))
         );
         let _ = writeln!(
             out,

@@ -252,7 +252,11 @@ fn bad_input_is_refused_naming_the_flag_before_any_work() {
         "--network",
     );
     refused(
-        &[&base[..], &ok, &["--faults", "crash:1@5"]].concat(),
+        &[&base[..], &ok, &["--faults", "crash:9@5"]].concat(),
+        "--faults",
+    );
+    refused(
+        &[&base[..], &ok, &["--faults", "bogus"]].concat(),
         "--faults",
     );
     refused(
@@ -276,5 +280,49 @@ fn bad_input_is_refused_naming_the_flag_before_any_work() {
     refused(
         &[&base[..], &ok, &["--network", "halos"]].concat(),
         "--network",
+    );
+}
+
+/// A plan under faults: a node that leaves and rejoins costs goodput (its time away, the
+/// state it receives), printed and in the JSON; a strategy that keeps transfers in flight
+/// across steps is refused under faults, naming it.
+#[test]
+fn a_plan_runs_faults_and_prints_goodput() {
+    let base = [
+        "--params",
+        "100M",
+        "--num-nodes",
+        "8",
+        "--strategy",
+        "diloco",
+        "-H",
+        "10",
+        "--steps",
+        "50",
+        "--step-seconds",
+        "1",
+        "--network",
+        "1gbit:50ms",
+    ];
+    let clean = json(&base);
+    let faulty = json(&[&base[..], &["--faults", "leave:3@12+10;slow:5@0+50x0.5"]].concat());
+    assert!(f(&faulty, "goodput") < f(&clean, "goodput"), "{faulty}");
+    assert!(f(&faulty, "simulated_time_s") > f(&clean, "simulated_time_s"));
+    // The rejoin's broadcast: the model, the inner AdamW's two moments, the master and the
+    // outer momentum, 5 bytes each per parameter, to node 3 (received, so the mean grows).
+    let extra = f(&faulty, "bytes_received_per_node") - f(&clean, "bytes_received_per_node");
+    assert!(extra > 0.0, "{faulty}");
+    let out = plan(&[&base[..], &["--faults", "crash:1@5"]].concat());
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("goodput"), "{text}");
+    let mut streaming_flags = base.to_vec();
+    streaming_flags[5] = "streaming-diloco";
+    streaming_flags.extend(["--faults", "crash:1@5"]);
+    let streaming = plan(&streaming_flags);
+    let err = String::from_utf8_lossy(&streaming.stderr);
+    assert!(
+        !streaming.status.success() && err.contains("--faults") && err.contains("streaming"),
+        "{err}"
     );
 }
