@@ -22,5 +22,5 @@ pub(crate) use logs::{CsvLogs, RunLogs, TensorBoardLogs};
 pub use logs::{UtcTime, default_run_name};
 pub use monitor::RunMonitor;
 pub(crate) use recorder::{EvalKind, NodeStep, Recorder, Records};
-pub use records::{CorrelationRecord, RunReport, TrainRecord, ValRecord};
+pub use records::{CorrelationRecord, FIRST_STEPS_KEPT, RunReport, TrainRecord, ValRecord};
 pub(crate) use reports::{Report, Reporter, exchange};

@@ -2,7 +2,7 @@
 
 use super::logs::RunLogs;
 use super::monitor::RunMonitor;
-use super::records::{CorrelationRecord, TrainRecord, ValRecord};
+use super::records::{CorrelationRecord, FIRST_STEPS_KEPT, TrainRecord, ValRecord};
 use crate::comm::{CommStats, SimulatedTime};
 use crate::error::{GymError, Result};
 use crate::model::EvalMetrics;
@@ -51,6 +51,8 @@ struct RecorderState {
     write_error: Option<GymError>,
     /// Each node's simulated clock after its last reported step.
     last_simulated: Vec<SimulatedTime>,
+    /// Each node's simulated times in the first steps emitted ([`Records::first_steps`]).
+    first_steps: Vec<Vec<SimulatedTime>>,
 }
 
 /// The local and global evaluations of a step, with their example counts, as they arrive.
@@ -168,6 +170,7 @@ impl Recorder {
                 logs,
                 write_error: None,
                 last_simulated: vec![SimulatedTime::default(); num_nodes],
+                first_steps: Vec::new(),
             }),
         }
     }
@@ -243,6 +246,11 @@ impl Recorder {
                 sim_idle_s: p.simulated().map(|(_, s)| s.idle_s / k as f64),
                 skipped: p.skipped,
             };
+            if st.first_steps.len() < FIRST_STEPS_KEPT
+                && let Some(nodes) = p.simulated.iter().copied().collect::<Option<Vec<_>>>()
+            {
+                st.first_steps.push(nodes);
+            }
             st.last_emit = now;
             st.last_step_done = now;
             self.bar.set_position(step as u64 + 1);
@@ -332,6 +340,7 @@ impl Recorder {
             train: std::mem::take(&mut st.train),
             validation,
             correlation: std::mem::take(&mut st.correlation),
+            first_steps: std::mem::take(&mut st.first_steps),
         })
     }
 
@@ -356,6 +365,7 @@ impl Recorder {
                 .filter(|c| c.step <= next_step)
                 .cloned()
                 .collect(),
+            first_steps: Vec::new(),
         }
     }
 
@@ -398,11 +408,14 @@ impl Recorder {
 }
 
 /// What the recorder collected over a run.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub(crate) struct Records {
     pub train: Vec<TrainRecord>,
     pub validation: Vec<ValRecord>,
     pub correlation: Vec<CorrelationRecord>,
+    /// Per step, each node's simulated times, for the first [`FIRST_STEPS_KEPT`] steps
+    /// this call emitted (none in a snapshot: a checkpoint does not keep them).
+    pub first_steps: Vec<Vec<SimulatedTime>>,
 }
 
 /// The mean loss over the nodes that computed a step (NaN if none did).
@@ -459,5 +472,43 @@ mod tests {
         assert_eq!(train[0].bytes_sent, 10);
         assert_eq!((train[0].compute_s, train[1].compute_s), (3.0, 2.0));
         assert_eq!(train[0].strategy_s, 0.5);
+    }
+
+    #[test]
+    fn the_first_steps_keep_each_nodes_simulated_times_of_the_step() {
+        let steps = FIRST_STEPS_KEPT + 3;
+        let r = Recorder::new(2, 8, steps, true, false, RunLogs::default());
+        let mut clocks = [SimulatedTime::default(); 2];
+        for step in 0..steps {
+            for (rank, clock) in clocks.iter_mut().enumerate() {
+                // Node 1 computes twice as long; node 0 waits for it.
+                let compute = 1.0 + rank as f64;
+                clock.compute_s += compute;
+                clock.idle_s += 1.0 - rank as f64;
+                clock.comm_s += 0.5;
+                clock.now_s += 2.5;
+                let node = NodeStep {
+                    loss: Some(1.0),
+                    lr: 0.1,
+                    comm: CommStats::default(),
+                    compute_s: 0.0,
+                    strategy_s: 0.0,
+                    simulated: Some(*clock),
+                    skipped: false,
+                };
+                r.train_step(rank, step, node);
+            }
+        }
+        let first = r.finish().unwrap().first_steps;
+        assert_eq!(first.len(), FIRST_STEPS_KEPT);
+        let step3 = &first[3];
+        assert_eq!(step3.len(), 2);
+        // The step's own seconds, and the clock after it.
+        assert_eq!(
+            (step3[0].compute_s, step3[0].idle_s, step3[0].comm_s),
+            (1.0, 1.0, 0.5)
+        );
+        assert_eq!((step3[1].compute_s, step3[1].idle_s), (2.0, 0.0));
+        assert_eq!(step3[1].now_s, 10.0);
     }
 }

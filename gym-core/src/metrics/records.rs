@@ -142,6 +142,10 @@ impl CorrelationRecord {
     }
 }
 
+/// The steps whose per-node simulated times a [`RunReport`] keeps
+/// ([`RunReport::first_steps`]).
+pub const FIRST_STEPS_KEPT: usize = 32;
+
 /// Everything a run measured. Returned by [`Trainer::fit`](crate::Trainer::fit) (and, its
 /// clocks and traffic only, by [`planner::plan`](crate::planner::plan)).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -188,6 +192,13 @@ pub struct RunReport {
     pub comm: Vec<CommStats>,
     /// Each node's simulated clock at the end; empty without simulated time.
     pub simulated: Vec<SimulatedTime>,
+    /// The first [`FIRST_STEPS_KEPT`] steps this call took (from
+    /// [`start_step`](Self::start_step)), node by node: per step, each node's compute,
+    /// exposed communication, idle and down seconds in that step, and its clock after it
+    /// (`now_s`), in rank order. What a timeline of the run's start draws; empty without
+    /// simulated time.
+    #[serde(default)]
+    pub first_steps: Vec<Vec<SimulatedTime>>,
     /// Seconds spent in `fit` before the first step (replicas, data, logs).
     pub setup_s: f64,
     /// Seconds of the training loop, from the start of the nodes to the last step.

@@ -293,6 +293,7 @@ impl Trainer {
                     train: saved.train.clone(),
                     validation: saved.validation.clone(),
                     correlation: saved.correlation.clone(),
+                    first_steps: Vec::new(),
                 },
                 saved
                     .nodes
