@@ -524,6 +524,15 @@ impl CommonArgs {
         }
     }
 
+    /// [`check_output_folders`](Self::check_output_folders) for a single run, which also
+    /// writes its folder (logs, `summary.json`, `report.html`) under `--log-dir`: that folder
+    /// must be one that can be created or written ([`check_creatable`]; nothing is left
+    /// behind). A series (`compare`, `sweep`) checks its `--out-dir` instead.
+    pub fn check_run_folders(&self) -> Result<(), String> {
+        self.check_output_folders()?;
+        check_creatable("--log-dir", &self.log_dir)
+    }
+
     /// The run's hyper-parameters for TensorBoard, from its resolved flags `run_config`:
     /// every flag but those that only place files or draw output (folders, names, the
     /// progress bar, checkpoints, a series' axes), and of the strategies' flags only those
@@ -572,6 +581,28 @@ pub fn check_writable(flag: &str, dir: &std::path::Path) -> Result<(), String> {
     let probe = dir.join(format!(".write-test-{}", std::process::id()));
     std::fs::write(&probe, b"ok").map_err(refuse)?;
     std::fs::remove_file(&probe).map_err(refuse)
+}
+
+/// Fails unless `dir` exists and a file can be written in it, or can be created: its nearest
+/// existing ancestor is a folder in which a file can be written (a probe, removed). Unlike
+/// [`check_writable`] it creates nothing, so a run refused later leaves no folder. The error
+/// names `flag`, the path and the system's reason.
+pub fn check_creatable(flag: &str, dir: &std::path::Path) -> Result<(), String> {
+    let refuse = |why: String| format!("{flag} {}: cannot be written: {why}", dir.display());
+    let mut existing = dir;
+    while !existing.as_os_str().is_empty() && !existing.exists() {
+        existing = existing.parent().unwrap_or(std::path::Path::new(""));
+    }
+    let existing = match existing.as_os_str().is_empty() {
+        true => std::path::Path::new("."),
+        false => existing,
+    };
+    if !existing.is_dir() {
+        return Err(refuse(format!("{} is not a folder", existing.display())));
+    }
+    let probe = existing.join(format!(".write-test-{}", std::process::id()));
+    std::fs::write(&probe, b"ok").map_err(|e| refuse(e.to_string()))?;
+    std::fs::remove_file(&probe).map_err(|e| refuse(e.to_string()))
 }
 
 /// The network and the node speeds that `--network`, `--topology` and `--node-speed`

@@ -11,6 +11,9 @@
 //!   (log-scale bytes) and, with `--correlation-interval`, `correlation.svg`;
 //! - `metrics.jsonl` (every record, tagged with its strategy and kind), `train.csv`,
 //!   `validation.csv`, `correlation.csv` and `summary.csv`;
+//! - `report.html`: one self-contained page with every run's curves overlaid (loss against
+//!   the step, simulated time and bytes), each node's utilisation, the first steps'
+//!   timelines, and the summaries and flags side by side ([`crate::report`]);
 //! - `run_config.toml`, the resolved configuration (readable by `--config`), and
 //!   `runs/<strategy>/` with each run's own logs, summary, configuration, `result.msgpack` and,
 //!   after Ctrl-C, checkpoint.
@@ -23,6 +26,7 @@
 use crate::cli::{self, CommonArgs, ConfigFile, StrategyName};
 pub use crate::plot::XAxis;
 use crate::plot::{Chart, Series};
+use crate::report::{Report, ReportRun};
 use crate::runner::{BoxError, Runner, TrainTask};
 use crate::series::{self, SeriesDir, Status, Stopped};
 use crate::summary::{RunSummary, human_bytes, percent, proxy_note, seconds};
@@ -182,6 +186,9 @@ pub fn run_with(
         return Err("--strategies names a strategy twice (label variants `LABEL=STRATEGY`)".into());
     }
     let series = SeriesDir::open(&mut args.out_dir, &args.common)?;
+    // The series' folder (its runs go in it) and --tensorboard are refused before any data
+    // is read if they cannot be written.
+    cli::check_creatable("--out-dir", &args.out_dir)?;
     args.common.check_output_folders()?;
     // Every strategy as a value, with its overrides and the fixed places of its logs,
     // before anything is loaded or trained.
@@ -350,6 +357,7 @@ fn write_outputs(
         chart.write_svg(&path)?;
         files.push(path);
     }
+    files.push(write_report(dir, &label, &outcomes, identical_conditions)?);
     if outcomes.iter().any(|o| !o.report.correlation.is_empty()) {
         let path = dir.join("correlation.svg");
         Chart {
@@ -384,6 +392,46 @@ fn write_outputs(
         identical_conditions,
         stopped: None,
     })
+}
+
+/// `report.html`: every run side by side, with its flags.
+fn write_report(
+    dir: &Path,
+    task: &str,
+    outcomes: &[Outcome],
+    identical: bool,
+) -> Result<PathBuf, BoxError> {
+    let configs = outcomes
+        .iter()
+        .map(|o| serde_json::to_value(&o.args))
+        .collect::<Result<Vec<_>, _>>()?;
+    let first = &outcomes[0].report;
+    let mut notes = vec![if identical {
+        format!(
+            "Every run started from the same parameters (fingerprint {:016x}) and read the \
+             same samples in the same order ({:016x}).",
+            first.init_fingerprint, first.data_fingerprint
+        )
+    } else {
+        "WARNING: the runs did not all start from the same parameters and data order.".into()
+    }];
+    let summaries: Vec<&RunSummary> = outcomes.iter().map(|o| &o.summary).collect();
+    notes.extend(proxy_note(&summaries));
+    let report = Report {
+        title: format!("{task}: {} strategies compared", outcomes.len()),
+        runs: outcomes
+            .iter()
+            .zip(&configs)
+            .map(|(o, config)| ReportRun {
+                label: &o.label,
+                summary: &o.summary,
+                report: &o.report,
+                config,
+            })
+            .collect(),
+        notes,
+    };
+    Ok(report.write(dir)?)
 }
 
 /// Bytes each node had sent (mean) before `steps` steps.

@@ -2,8 +2,9 @@
 //! train ([`tasks`]), one runner that fits a task and reports it ([`runner`], [`summary`]),
 //! the shipped network files ([`networks`]), backend selection, the comparison of strategies
 //! ([`compare`], [`plot`]) and grids of runs on a simulated cluster ([`sweep`]), both stopped
-//! by Ctrl-C and continued by `--resume` ([`series`]), and plans at any size without a model
-//! ([`plan`]); a live dashboard ([`tui`]).
+//! by Ctrl-C and continued by `--resume` ([`series`]), plans at any size without a model
+//! ([`plan`]), the self-contained `report.html` of a run or a series ([`report`]) and a live
+//! dashboard ([`tui`]).
 
 #![warn(missing_docs)]
 
@@ -16,6 +17,7 @@ pub mod networks;
 pub mod plan;
 pub mod plan_sweep;
 pub mod plot;
+pub mod report;
 pub mod runner;
 pub mod series;
 pub mod summary;

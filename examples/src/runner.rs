@@ -1,6 +1,6 @@
 //! One way to run a task, shared by every binary and by `compare`: the runner fits the task
-//! with a strategy, writes `summary.json` and `run_config.toml` into the run's folder, and
-//! prints the summary.
+//! with a strategy, writes `summary.json`, `run_config.toml` and `report.html` into the run's
+//! folder, and prints the summary.
 //!
 //! A binary is: parse flags → build the [`Task`] (data, model, batcher; see
 //! [`crate::tasks`]) → hand it to the [`Runner`] with a strategy (a value:
@@ -9,6 +9,7 @@
 use crate::backend;
 use crate::cli::{self, CollectiveKind, CommonArgs, MinibatchSize};
 use crate::plot::{Chart, Series, XAxis};
+use crate::report::{Report, ReportRun};
 use crate::summary::{RunLabels, RunSummary, print_summary};
 use crate::tui::{Dashboard, LiveView};
 use burn::data::dataloader::batcher::Batcher;
@@ -276,6 +277,12 @@ impl Runner {
                     let dir = args.run_dir(&report.run_name);
                     if self.is_rank_zero() {
                         write_and_print(&summary, &dir, run_config)?;
+                        // The report of the steps taken, marked stopped; the failure that
+                        // stopped the run (a full disk, say) is the error to report.
+                        if let Err(report_error) = write_report(&summary, report, &dir, run_config)
+                        {
+                            eprintln!("warning: {report_error}");
+                        }
                     }
                 }
                 return Err(e);
@@ -295,6 +302,7 @@ impl Runner {
             loss_chart(&out.report, args.x_axis, &summary).write_svg(&dir.join("loss.svg"))?;
             gym_core::model::save_for_pytorch(&out.model, &dir.join("model.safetensors"))?;
             write_and_print(&summary, &dir, run_config)?;
+            write_report(&summary, &out.report, &dir, run_config)?;
         }
         Ok(Finished {
             model: out.model,
@@ -319,6 +327,23 @@ fn write_and_print(
     print_summary(summary);
     println!("logs              {}", dir.display());
     Ok(())
+}
+
+/// Writes a run's `report.html` into `dir` ([`crate::report`]): the steps it took, its
+/// status saying how it ended.
+fn write_report(
+    summary: &RunSummary,
+    report: &RunReport,
+    dir: &std::path::Path,
+    run_config: &serde_json::Value,
+) -> std::io::Result<PathBuf> {
+    Report::single(ReportRun {
+        label: &summary.run_name,
+        summary,
+        report,
+        config: run_config,
+    })
+    .write(dir)
 }
 
 /// A run's train loss (mean over nodes) and validation loss (the averaged model) against
@@ -393,7 +418,7 @@ pub fn train_main<A: serde::Serialize>(
     let interrupt = ctrl_c_flag();
     let run = || -> Result<RunResult, BoxError> {
         // An output folder that cannot be written is refused before any data is read.
-        common.check_output_folders()?;
+        common.check_run_folders()?;
         let runner = Runner::new(process_start).with_interrupt(interrupt.clone());
         let task = task()?;
         let strategy = common.strategy_config()?;

@@ -8,7 +8,9 @@
 //! `time_to_target.svg` and `simulated_time.svg` against the node count (one line per
 //! strategy, interval and network), `final_loss.svg` against the node count, `val_loss.svg`
 //! (every run's validation loss against the step or, `--x-axis examples`, the examples seen)
-//! and `val_loss_vs_time_<network>.svg` (against simulated time).
+//! and `val_loss_vs_time_<network>.svg` (against simulated time), and `report.html`, every
+//! cell's curves, utilisation, first steps and flags on one self-contained page
+//! ([`crate::report`]).
 //!
 //! A `--config` file's `[at_nodes.<K>]` table gives flags for the cells of K nodes only:
 //! the DiLoCo scaling experiment's learning rate, warmup and dropout per node count.
@@ -23,6 +25,7 @@
 
 use crate::cli::{self, CollectiveKind, CommonArgs, StrategyName};
 use crate::plot::{Chart, Series};
+use crate::report::{Report, ReportRun};
 use crate::runner::{BoxError, Runner};
 use crate::series::{self, SeriesDir, Status, Stopped};
 use crate::summary::{RunSummary, percent, seconds};
@@ -102,6 +105,8 @@ pub struct Cell {
     pub status: Status,
     /// Whether an earlier call ran it (`--resume`; read back, not trained).
     pub skipped: bool,
+    /// Its resolved flags (its `run_config.toml`), as JSON.
+    pub config: serde_json::Value,
 }
 
 impl Cell {
@@ -175,6 +180,9 @@ pub fn run_with(argv: &[OsString], interrupt: Option<Arc<AtomicBool>>) -> Result
         return Err(format!("--global-batch {b} does not split over {k} nodes").into());
     }
     let series = SeriesDir::open(&mut args.out_dir, &args.common)?;
+    // The series' folder (its runs go in it) and --tensorboard are refused before any data
+    // is read if they cannot be written.
+    cli::check_creatable("--out-dir", &args.out_dir)?;
     args.common.check_output_folders()?;
     // Every cell's flags, checked before anything is trained.
     let mut plan = Vec::new();
@@ -261,6 +269,7 @@ pub fn run_with(argv: &[OsString], interrupt: Option<Arc<AtomicBool>>) -> Result
             skipped: done.skipped,
             report: done.report,
             summary: done.summary,
+            config,
         });
         if stopped.is_some() {
             break;
@@ -488,6 +497,22 @@ fn write_outputs(args: &SweepArgs, label: &str, cells: Vec<Cell>) -> Result<Swee
         chart.write_svg(&path)?;
         files.push(path);
     }
+    let names: Vec<String> = cells.iter().map(Cell::name).collect();
+    let report = Report {
+        title: format!("{label}: a sweep of {} runs", cells.len()),
+        runs: cells
+            .iter()
+            .zip(&names)
+            .map(|(c, name)| ReportRun {
+                label: name,
+                summary: &c.summary,
+                report: &c.report,
+                config: &c.config,
+            })
+            .collect(),
+        notes: crate::summary::proxy_note(&summaries).into_iter().collect(),
+    };
+    files.push(report.write(dir)?);
     println!("{table}");
     Ok(Sweep {
         cells,

@@ -110,6 +110,8 @@ fn print_sample(cli: &Cli, model: &Gpt, codec: &TextCodec) -> Result<(), BoxErro
 }
 
 fn train(cli: &Cli, process_start: Instant) -> Result<(), BoxError> {
+    // An output folder that cannot be written is refused before any text is read.
+    cli.common.check_run_folders()?;
     let runner = Runner::new(process_start);
     let gpt = tasks::gpt(cli.common.data_dir.as_deref(), &cli.gpt)?;
     // Checked before training, so a bad prompt or size fails in a second, not after the run.
