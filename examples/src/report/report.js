@@ -441,8 +441,10 @@
       } else if (kind === "loss-time") {
         var marks = [];
         runs.forEach(function (r, i) {
-          if (r.time_to_target !== null && r.target !== null) {
-            marks.push({ x: r.time_to_target, y: r.target,
+          // On the evaluation that first reached the target.
+          var at = r.val.loss.findIndex(function (l) { return l !== null && l <= r.target; });
+          if (r.time_to_target !== null && r.target !== null && at >= 0) {
+            marks.push({ x: r.time_to_target, y: r.val.loss[at],
                          color: runs.length === 1 ? "#d62728" : COLORS[i % COLORS.length],
                          title: r.label + ": loss " + r.target + " at " + secs(r.time_to_target) });
           }
