@@ -51,14 +51,14 @@
   function bytes(b) {
     var units = ["B", "KiB", "MiB", "GiB", "TiB"], i = 0;
     while (b >= 1024 && i < units.length - 1) { b /= 1024; i++; }
-    return (i ? b.toFixed(2) : b.toFixed(0)) + " " + units[i];
+    return (i ? +b.toPrecision(3) : b.toFixed(0)) + " " + units[i];
   }
   function secs(s) {
     if (s >= 3600) { return Math.floor(s / 3600) + " h " + Math.floor((s % 3600) / 60) + " min"; }
     if (s >= 60) { return Math.floor(s / 60) + " min " + (s % 60).toFixed(0) + " s"; }
-    if (s >= 1 || s === 0) { return s.toFixed(2) + " s"; }
-    if (s >= 1e-3) { return (s * 1e3).toFixed(2) + " ms"; }
-    return (s * 1e6).toFixed(1) + " µs";
+    if (s >= 1 || s === 0) { return +s.toPrecision(3) + " s"; }
+    if (s >= 1e-3) { return +(s * 1e3).toPrecision(3) + " ms"; }
+    return +(s * 1e6).toPrecision(3) + " µs";
   }
 
   // A map from [d0, d1] (log10 of it when log) onto [r0, r1], and back.
