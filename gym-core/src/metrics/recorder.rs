@@ -477,7 +477,7 @@ mod tests {
     #[test]
     fn the_first_steps_keep_each_nodes_simulated_times_of_the_step() {
         let steps = FIRST_STEPS_KEPT + 3;
-        let r = Recorder::new(2, 8, steps, true, false, RunLogs::default());
+        let r = Recorder::new(2, 8, steps, true, false, RunLogs::default(), None);
         let mut clocks = [SimulatedTime::default(); 2];
         for step in 0..steps {
             for (rank, clock) in clocks.iter_mut().enumerate() {
