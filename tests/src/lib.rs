@@ -13,6 +13,8 @@ use gym_core::{
 use gym_models::{Mlp, MlpConfig};
 use std::path::PathBuf;
 
+pub mod trace_file;
+
 /// `<repo>/../shared/data/<name>`, or `$GYM_DATA_DIR/<name>`. Panics with a clear message
 /// when the folder is missing: these tests must not pass silently without their data.
 pub fn shared_data(name: &str) -> PathBuf {

@@ -65,6 +65,7 @@ pub mod network;
 mod pending;
 mod quorum;
 pub mod simulation;
+pub mod trace;
 pub mod transport;
 
 pub use clock::SimulatedTime;

@@ -1,6 +1,7 @@
 //! What a run measures: the records of every step, evaluation and correlation, the
 //! recorder that collects them from the nodes in step order (and draws the progress bar),
-//! live monitors ([`RunMonitor`]), the run folder's CSV logs and TensorBoard event files ([`tfevents`]), replica correlation, fingerprints, and what faults cost
+//! live monitors ([`RunMonitor`]), the run folder's CSV logs, TensorBoard event files
+//! ([`tfevents`]) and timeline ([`trace`]), replica correlation, fingerprints, and what faults cost
 //! ([`ledger`]).
 //!
 //! Uses: [`crate::comm`] for the counters and clocks it records, [`crate::strategy`] for
@@ -15,6 +16,7 @@ mod recorder;
 mod records;
 mod reports;
 pub mod tfevents;
+pub mod trace;
 
 pub use correlation::mean_pairwise_correlation;
 pub(crate) use fingerprint::Fingerprint;

@@ -212,6 +212,10 @@ pub struct RunReport {
     /// The last checkpoint written, if any.
     #[serde(default)]
     pub checkpoint: Option<PathBuf>,
+    /// The run's timeline (`trace.json`), if one was written
+    /// ([`TrainerConfig::trace`](crate::TrainerConfig::trace)).
+    #[serde(default)]
+    pub trace: Option<PathBuf>,
     /// The faults in effect and the work they cost each node.
     #[serde(default)]
     pub elastic: ElasticReport,

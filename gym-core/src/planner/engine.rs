@@ -4,14 +4,20 @@
 use super::{PlanConfig, PlanInfo, PlannedCall, PlannedEvent, PlannedGroups, RejoinBytes};
 use crate::comm::clock::NodeClock;
 use crate::comm::faults::FaultTimeline;
+use crate::comm::trace::{CallInfo, NodeTimeline, group_text};
 use crate::comm::{
     CollectiveOp, CommStats, ComputeModel, Group, Network, SimulationConfig, TransferTiming,
 };
 use crate::error::{GymError, Result};
 use crate::metrics::RunReport;
+use crate::metrics::trace::{MAX_TRACE_EVENTS, Trace};
 use crate::state::params::ParamLayout;
 use crate::strategy::StrategyConfig;
 use std::collections::HashMap;
+use std::sync::Arc;
+
+/// A member's timing of a call, and the call while tracing.
+type Started = (usize, TransferTiming, Option<Arc<CallInfo>>);
 
 /// Plans `strategy` on `config`: every node's simulated clock and traffic after
 /// `config.steps` steps, as a [`RunReport`] whose [`simulated`](RunReport::simulated) and
@@ -32,6 +38,33 @@ pub fn plan(
     strategy: &dyn StrategyConfig,
     layout: Option<&ParamLayout>,
 ) -> Result<RunReport> {
+    run_plan(config, strategy, layout, false).map(|(report, _)| report)
+}
+
+/// [`plan`], and the plan's timeline: every node's compute, exposed communication, idle
+/// and down time span by span, and its link's transfers, as the clock charged them (the
+/// spans a training run of the same set-up records with
+/// [`TrainerConfig::trace`](crate::TrainerConfig::trace)). Write it with [`Trace::write`].
+pub fn plan_traced(
+    config: &PlanConfig,
+    strategy: &dyn StrategyConfig,
+    layout: Option<&ParamLayout>,
+) -> Result<(RunReport, Trace)> {
+    let (report, timelines) = run_plan(config, strategy, layout, true)?;
+    let trace = Trace::new(timelines, &report.simulated, &config.simulation)
+        .with_meta("source", "plan".into())
+        .with_meta("strategy", strategy.name().into())
+        .with_meta("steps", config.steps.into());
+    Ok((report, trace))
+}
+
+/// Plans, recording every node's timeline when `traced`.
+fn run_plan(
+    config: &PlanConfig,
+    strategy: &dyn StrategyConfig,
+    layout: Option<&ParamLayout>,
+    traced: bool,
+) -> Result<(RunReport, Vec<NodeTimeline>)> {
     let bad = |why: String| Err(GymError::InvalidConfig(why));
     if config.num_nodes == 0 {
         return bad("a plan needs at least one node (`num_nodes` is 0)".into());
@@ -59,8 +92,17 @@ pub fn plan(
     let faults = resolve_faults(config)?;
     let mut traffic = strategy.traffic(&info)?;
     let mut cluster = Cluster::new(config, faults);
+    if traced {
+        let budget = (MAX_TRACE_EVENTS / config.num_nodes).max(16);
+        for clock in &mut cluster.clocks {
+            clock.start_trace(budget);
+        }
+    }
     let mut events = Vec::new();
     for step in 0..config.steps {
+        for clock in &mut cluster.clocks {
+            clock.begin_step(step);
+        }
         cluster.rejoin(step, &config.rejoin_bytes);
         cluster.compute(config, step);
         events.clear();
@@ -76,13 +118,19 @@ pub fn plan(
             ));
         }
     }
-    Ok(RunReport {
+    let report = RunReport {
         num_nodes: config.num_nodes,
         steps: config.steps,
         comm: cluster.stats,
         simulated: cluster.clocks.iter().map(|c| c.time).collect(),
         ..RunReport::default()
-    })
+    };
+    let timelines = cluster
+        .clocks
+        .into_iter()
+        .filter_map(|c| c.trace.map(|t| t.into_timeline()))
+        .collect();
+    Ok((report, timelines))
 }
 
 /// The run's fault timeline, resolved as the trainer resolves it: random faults drawn from
@@ -119,7 +167,7 @@ struct Cluster {
     world: Group,
     network: Network,
     faults: FaultTimeline,
-    started: HashMap<u64, Vec<(usize, TransferTiming)>>,
+    started: HashMap<u64, Vec<Started>>,
 }
 
 impl Cluster {
@@ -152,8 +200,10 @@ impl Cluster {
             }
             let group = Group::new(rejoin.ranks.iter().copied().chain([source]));
             let op = CollectiveOp::BroadcastBytes { root: source };
-            for (rank, timing) in self.run(op, &group, rejoin_bytes.at(step, source)) {
-                self.clocks[rank].finish(timing.own_ready_s, timing.start_s, timing.end_s);
+            let payload = rejoin_bytes.at(step, source);
+            for (rank, t, call) in self.run(op, &group, payload, Some("rejoin")) {
+                let clock = &mut self.clocks[rank];
+                clock.finish(t.own_ready_s, t.start_s, t.end_s, call.as_ref());
             }
         }
     }
@@ -173,8 +223,9 @@ impl Cluster {
     fn apply(&mut self, event: PlannedEvent, step: usize) -> Result<()> {
         match event {
             PlannedEvent::Call(call) => {
-                for (rank, timing) in self.start(&call, step)? {
-                    self.clocks[rank].finish(timing.own_ready_s, timing.start_s, timing.end_s);
+                for (rank, t, call) in self.start(&call, step)? {
+                    let clock = &mut self.clocks[rank];
+                    clock.finish(t.own_ready_s, t.start_s, t.end_s, call.as_ref());
                 }
             }
             PlannedEvent::Start { id, call } => {
@@ -191,8 +242,9 @@ impl Cluster {
                         "a plan waits for transfer {id}, never started"
                     ))
                 })?;
-                for (rank, timing) in timings {
-                    self.clocks[rank].finish(timing.own_ready_s, timing.start_s, timing.end_s);
+                for (rank, t, call) in timings {
+                    let clock = &mut self.clocks[rank];
+                    clock.finish(t.own_ready_s, t.start_s, t.end_s, call.as_ref());
                 }
             }
         }
@@ -203,7 +255,7 @@ impl Cluster {
     /// a call: each group cut, for each member present, to the present nodes it reaches
     /// ([`FaultTimeline::members`], as the node's handle cuts it), and each distinct cut
     /// run once. Returns each member's timing, to be waited for.
-    fn start(&mut self, call: &PlannedCall, step: usize) -> Result<Vec<(usize, TransferTiming)>> {
+    fn start(&mut self, call: &PlannedCall, step: usize) -> Result<Vec<Started>> {
         let groups = match &call.groups {
             PlannedGroups::World => std::slice::from_ref(&self.world),
             PlannedGroups::Each(groups) => groups.as_slice(),
@@ -221,14 +273,8 @@ impl Cluster {
         if self.faults.is_empty() {
             let mut timings = Vec::new();
             for group in groups {
-                timings.extend(run(
-                    &mut self.clocks,
-                    &mut self.stats,
-                    &self.network,
-                    call.op,
-                    group,
-                    call.payload,
-                ));
+                let one = (call.op, group, call.payload, None);
+                timings.extend(run(&mut self.clocks, &mut self.stats, &self.network, one));
             }
             return Ok(timings);
         }
@@ -246,7 +292,7 @@ impl Cluster {
         }
         let mut timings = Vec::new();
         for cut in &cuts {
-            timings.extend(self.run(call.op, cut, call.payload));
+            timings.extend(self.run(call.op, cut, call.payload, None));
         }
         Ok(timings)
     }
@@ -257,50 +303,61 @@ impl Cluster {
         op: CollectiveOp,
         group: &Group,
         payload: u64,
-    ) -> Vec<(usize, TransferTiming)> {
-        run(
-            &mut self.clocks,
-            &mut self.stats,
-            &self.network,
-            op,
-            group,
-            payload,
-        )
+        purpose: Option<&'static str>,
+    ) -> Vec<Started> {
+        let call = (op, group, payload, purpose);
+        run(&mut self.clocks, &mut self.stats, &self.network, call)
     }
 }
 
-/// Runs one call over `group`: counted for each member, begun when its last member is
-/// ready, holding every member's link until it ends. Returns each member's timing.
+/// Runs one call, `(op, group, payload, purpose)` (`purpose`, for a trace: `rejoin`;
+/// `None`: the strategy's): counted for each member, begun when its last member is ready,
+/// holding every member's link until it ends. Returns each member's timing (and, while
+/// tracing, the call, its transfer drawn on each member's link track).
 fn run(
     clocks: &mut [NodeClock],
     stats: &mut [CommStats],
     network: &Network,
-    op: CollectiveOp,
-    group: &Group,
-    payload: u64,
-) -> Vec<(usize, TransferTiming)> {
+    (op, group, payload, purpose): (CollectiveOp, &Group, u64, Option<&'static str>),
+) -> Vec<Started> {
     let mut timings = Vec::with_capacity(group.size());
     for &rank in group.members() {
         stats[rank].record(op, group, rank, payload);
         let own_ready_s = clocks[rank].ready();
-        timings.push((
-            rank,
-            TransferTiming {
-                own_ready_s,
-                start_s: 0.0,
-                end_s: 0.0,
-            },
-        ));
+        let timing = TransferTiming {
+            own_ready_s,
+            start_s: 0.0,
+            end_s: 0.0,
+        };
+        timings.push((rank, timing, None));
     }
     let start_s = timings
         .iter()
-        .map(|(_, t)| t.own_ready_s)
+        .map(|(_, t, _)| t.own_ready_s)
         .fold(0.0, f64::max);
     let end_s = start_s + network.collective_time(op, group, payload);
-    for (rank, timing) in &mut timings {
+    // While tracing, the group's name and algorithm, once for all its members.
+    let traced = group
+        .members()
+        .first()
+        .is_some_and(|&r| clocks[r].trace.is_some());
+    let name: Option<Arc<str>> = traced.then(|| group_text(group.members()).into());
+    let algorithm = if traced {
+        network.algorithm(op, group)
+    } else {
+        ""
+    };
+    for (rank, timing, info) in &mut timings {
         timing.start_s = start_s;
         timing.end_s = end_s;
-        clocks[*rank].occupy_link(end_s);
+        let clock = &mut clocks[*rank];
+        clock.occupy_link(end_s);
+        let (sent, name) = (stats[*rank].bytes_sent, name.clone());
+        let named = move || name.expect("named while tracing");
+        *info = clock.trace_call(named, Some((start_s, end_s)), |name| CallInfo {
+            purpose,
+            ..CallInfo::new((op, group, *rank), payload, sent, algorithm, name)
+        });
     }
     timings
 }

@@ -43,7 +43,7 @@ mod engine;
 
 pub use crate::run::peer_state_bytes;
 pub use crate::strategy::traffic::{PlanInfo, PlannedCall, PlannedEvent, PlannedGroups, Traffic};
-pub use engine::plan;
+pub use engine::{plan, plan_traced};
 
 use crate::comm::SimulationConfig;
 use crate::comm::faults::FaultSchedule;

@@ -53,6 +53,12 @@ pub struct TrainerConfig {
     ///
     /// [`Trainer::with_hparams`]: crate::Trainer::with_hparams
     pub tensorboard_dir: Option<String>,
+    /// Write the run's timeline to `<log_dir>/<run_name>/trace.json`, a Chrome trace that
+    /// Perfetto's UI opens: every node's compute, exposed communication, idle and down time
+    /// on the simulated clock, the transfers on its link, and the loss
+    /// ([`metrics::trace`](crate::metrics::trace)). Needs a `log_dir` and a `simulation`.
+    #[config(default = false)]
+    pub trace: bool,
     /// Draw a progress bar on stderr.
     #[config(default = false)]
     pub progress: bool,
@@ -192,6 +198,14 @@ impl TrainerConfig {
         }
         if let Some(sim) = &self.simulation {
             sim.validate(self.num_nodes)?;
+        }
+        if self.trace && self.simulation.is_none() {
+            return bad(
+                "`trace` needs a `simulation`: a timeline is drawn on simulated time".into(),
+            );
+        }
+        if self.trace && self.log_dir.is_none() {
+            return bad("`trace` needs a `log_dir`: `trace.json` goes in the run's folder".into());
         }
         Ok(())
     }

@@ -132,6 +132,7 @@ where
             break stopping;
         }
         current_step.store(step, Ordering::SeqCst);
+        comm.begin_step(step);
         // Nodes leave and come back between steps, as the fault timeline says.
         let faults = &plan.faults;
         let changes = !faults.is_empty() && step > 0;

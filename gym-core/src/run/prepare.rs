@@ -415,6 +415,7 @@ impl RunFacts {
             wall_s: self.fit_start.elapsed().as_secs_f64(),
             interrupted_at,
             checkpoint,
+            trace: None,
             elastic: ElasticReport {
                 faults: faults.events().to_vec(),
                 nodes: ends.iter().map(|e| e.ledger).collect(),
@@ -438,6 +439,7 @@ fn identity<M: TrainModel>(
             "run_name",
             "log_dir",
             "tensorboard_dir",
+            "trace",
             "progress",
             "kernel_threads_per_node",
             "checkpoint_interval",

@@ -103,7 +103,9 @@ pub(crate) fn rejoin<M: TrainModel>(
         encode_peer_state(&values, &state)?
     };
     let before = comm.simulated_time().map_or(0.0, |t| t.now_s);
-    let received = comm.broadcast_bytes_in(&group, sent, source)?;
+    let received = comm
+        .with_purpose("rejoin")
+        .broadcast_bytes_in(&group, sent, source)?;
     if !returning {
         return Ok(());
     }

@@ -7,6 +7,7 @@ use super::config::TrainerConfig;
 use super::data::NodeData;
 use super::node::{NodeShared, NodeStart, run_node};
 use super::prepare::Prepared;
+use crate::comm::SimulationConfig;
 use crate::comm::clock::SimulatedTime;
 use crate::comm::cost::CommStats;
 use crate::comm::transport::{ThreadTransport, Transport};
@@ -14,6 +15,7 @@ use crate::comm::{Collective, run_on_threads};
 use crate::error::{GymError, Result};
 use crate::metrics::RunMonitor;
 use crate::metrics::ledger::NodeLedger;
+use crate::metrics::trace::{MAX_TRACE_EVENTS, Trace};
 use crate::metrics::{Records, RunReport, default_run_name, exchange};
 use crate::model::TrainModel;
 use crate::strategy::StrategyConfig;
@@ -184,6 +186,7 @@ impl Trainer {
             for (asked, what) in [
                 (cfg.faults.is_some(), "a fault schedule"),
                 (self.interrupt.is_some(), "an interrupt flag"),
+                (cfg.trace, "a trace"),
             ] {
                 if asked {
                     return Err(GymError::InvalidConfig(format!(
@@ -274,6 +277,19 @@ impl Trainer {
                 node.restore(saved.nodes[rank].comm, saved.nodes[rank].clock);
             }
         }
+        if cfg.trace {
+            let budget = (MAX_TRACE_EVENTS / k).max(16);
+            for node in &nodes {
+                node.start_trace(budget);
+            }
+        }
+        let trace = TraceTarget {
+            dir: facts.log_dir.clone().filter(|_| cfg.trace),
+            simulation: cfg.simulation.as_ref(),
+            strategy: strategy.name(),
+            run_name: facts.run_name.clone(),
+            start_step: plan.start_step,
+        };
         let checkpoint_dir = cfg
             .checkpoint_dir
             .as_ref()
@@ -368,7 +384,11 @@ impl Trainer {
                 .iter()
                 .position(|e| matches!(e, GymError::NodeFailed { rank, .. } if *rank == first))
                 .unwrap_or(0);
-            return Err(errors.swap_remove(pos));
+            let error = errors.swap_remove(pos);
+            // The timeline up to the failure, marked as such (its own failure second).
+            let failed = [("failed", error.to_string().into())];
+            let _ = trace.write(&nodes, None, &failed);
+            return Err(error);
         }
         let loop_s = recorder.loop_seconds();
         let records = recorder.finish()?;
@@ -388,7 +408,7 @@ impl Trainer {
         let checkpoint = checkpoints
             .as_ref()
             .and_then(CheckpointWriter::last_written);
-        let report = facts.report(
+        let mut report = facts.report(
             records,
             loop_s,
             ends,
@@ -396,7 +416,16 @@ impl Trainer {
             stop.stopped_at(),
             checkpoint,
         );
-        if let Some(cause) = stop.take_failure() {
+        let failure = stop.take_failure();
+        let mut ended = Vec::new();
+        if let Some(step) = report.interrupted_at {
+            ended.push(("interrupted_at_step", step.into()));
+        }
+        if let Some(cause) = &failure {
+            ended.push(("failed", cause.to_string().into()));
+        }
+        report.trace = trace.write(&nodes, Some(&report), &ended)?;
+        if let Some(cause) = failure {
             return Err(GymError::Stopped {
                 step: report.steps_done(),
                 source: Box::new(cause),
@@ -416,6 +445,56 @@ impl Trainer {
 struct RunStart {
     name: String,
     resume_step: Option<usize>,
+}
+
+/// Where and how a run writes its timeline.
+struct TraceTarget<'a> {
+    /// The run's folder, when the run records a trace.
+    dir: Option<PathBuf>,
+    simulation: Option<&'a SimulationConfig>,
+    strategy: String,
+    run_name: String,
+    start_step: usize,
+}
+
+impl TraceTarget<'_> {
+    /// Writes `trace.json` from the timelines `nodes` recorded (which ends them), with the
+    /// loss of `report` and `ended` (how the run ended) in its metadata; returns its path.
+    fn write(
+        &self,
+        nodes: &[Collective],
+        report: Option<&RunReport>,
+        ended: &[(&str, serde_json::Value)],
+    ) -> Result<Option<PathBuf>> {
+        let (Some(dir), Some(simulation)) = (&self.dir, self.simulation) else {
+            return Ok(None);
+        };
+        let timelines = nodes.iter().filter_map(Collective::take_trace).collect();
+        let clocks: Vec<SimulatedTime> = nodes
+            .iter()
+            .map(|n| n.simulated_time().unwrap_or_default())
+            .collect();
+        let mut trace = Trace::new(timelines, &clocks, simulation)
+            .with_meta("source", "training".into())
+            .with_meta("run_name", self.run_name.clone().into())
+            .with_meta("strategy", self.strategy.clone().into());
+        if let Some(report) = report {
+            trace = trace
+                .with_records(&report.train, &report.validation)
+                .with_meta("steps", report.steps.into());
+        }
+        if self.start_step > 0 {
+            // Each node's tracks start where the checkpoint left its clock.
+            trace = trace.with_meta("resumed_at_step", self.start_step.into());
+        }
+        for (key, value) in ended {
+            trace = trace.with_meta(key, value.clone());
+        }
+        std::fs::create_dir_all(dir).map_err(|e| GymError::io(dir, e))?;
+        let path = dir.join("trace.json");
+        trace.write(&path)?;
+        Ok(Some(path))
+    }
 }
 
 /// What a node ends a run with that the report needs.

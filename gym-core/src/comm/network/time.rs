@@ -34,6 +34,42 @@ impl Network {
         }
     }
 
+    /// The algorithm [`collective_time`](Self::collective_time) times `op` on `group` with:
+    /// `ring` (all-reduce, all-gather), `chain` (broadcast), `dissemination` (barrier) on one
+    /// switch or inside one island or region; `hierarchical` across islands or regions;
+    /// `relay` through a relay; `decision` for a quorum; `local` for a group of one.
+    pub fn algorithm(&self, op: CollectiveOp, group: &Group) -> &'static str {
+        let members = group.members();
+        if op == CollectiveOp::Quorum {
+            return "decision";
+        }
+        if members.len() <= 1 {
+            return "local";
+        }
+        let one_island = match &self.topology {
+            Topology::Relay => return "relay",
+            Topology::Switch => true,
+            Topology::Islands { size, .. } => {
+                members[0] / size == members[members.len() - 1] / size
+            }
+            Topology::Regions(regions) => {
+                let first = regions.region(members[0]);
+                members.iter().all(|&m| regions.region(m) == first)
+            }
+        };
+        if !one_island {
+            return "hierarchical";
+        }
+        match op {
+            CollectiveOp::AllReduce(_) | CollectiveOp::AllGather | CollectiveOp::AllGatherBytes => {
+                "ring"
+            }
+            CollectiveOp::Broadcast { .. } | CollectiveOp::BroadcastBytes { .. } => "chain",
+            CollectiveOp::Barrier => "dissemination",
+            CollectiveOp::Quorum => "decision",
+        }
+    }
+
     /// Collectives among `members` grouped in `islands`: on one switch when they are all in
     /// one island, hierarchical otherwise.
     fn across_time(

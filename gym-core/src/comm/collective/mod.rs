@@ -9,10 +9,13 @@ use super::group::{CollectiveOp, Group, ReduceOp};
 use super::network::Network;
 use super::pending::{Pending, TransferTiming};
 use super::quorum::QuorumRule;
+use super::trace::{CallInfo, group_text};
 use super::transport::{Contribution, Delivery, Exchanged, Header, Transport};
 use crate::error::CollectiveError;
 use burn::tensor::{Device, Tensor, TensorData};
 use std::sync::{Arc, Mutex, MutexGuard};
+
+mod tracing;
 
 /// Communication between the nodes of one run, as seen by one node (rank).
 ///
@@ -41,6 +44,8 @@ pub struct Collective {
     present: Option<Group>,
     /// How training payloads are charged, for a proxy of a bigger model.
     scale: Option<PayloadScale>,
+    /// Why this handle's calls are made, for a trace (`rejoin`); `None`: the strategy's.
+    purpose: Option<&'static str>,
 }
 
 /// A node's simulated network, clock and counters, shared by its handles.
@@ -86,6 +91,7 @@ impl Collective {
             observer: false,
             present: None,
             scale: None,
+            purpose: None,
         }
     }
 
@@ -239,11 +245,18 @@ impl Collective {
             .collect();
         let (taken, close) = rule.select(&arrivals);
         let taken = Group::new(taken);
-        if self.timed() {
+        if let Some(network) = self.node.network.as_ref().filter(|_| self.timed()) {
             let mut clock = lock(&self.node.clock);
             clock.occupy_link(close);
+            // Stats after the clock: the order of every lock of both.
+            let name = || group_text(group.members()).into();
+            let call = clock.trace_call(name, None, |name| {
+                let (op, bytes) = (CollectiveOp::Quorum, self.stats().bytes_sent);
+                let algorithm = network.algorithm(op, &group);
+                CallInfo::new((op, &group, self.rank), 0, bytes, algorithm, name)
+            });
             if taken.contains(self.rank) {
-                clock.finish(own_ready, close, close);
+                clock.finish(own_ready, close, close, call.as_ref());
             } else {
                 // Left out: the round closed without this node, which stops its late work.
                 clock.abort_to(close);
@@ -401,7 +414,7 @@ impl Collective {
     /// taken in the resumed run: it charges the clock as the original would have.
     pub fn resume_pending(&self, timing: TransferTiming) -> Pending<()> {
         if self.timed() {
-            self.pending((), timing)
+            self.pending((), timing, None)
         } else {
             Pending::ready(())
         }
@@ -460,7 +473,8 @@ impl Collective {
     pub fn restore(&self, stats: CommStats, clock: Option<(SimulatedTime, f64)>) {
         lock(&self.node.stats)[0] = stats;
         if let Some((time, link_free_s)) = clock {
-            *lock(&self.node.clock) = NodeClock { time, link_free_s };
+            let mut c = lock(&self.node.clock);
+            (c.time, c.link_free_s) = (time, link_free_s);
         }
     }
 
@@ -535,12 +549,25 @@ impl Collective {
             }
             _ => None,
         };
-        Ok(match timing {
-            Some(timing) => {
-                lock(&self.node.clock).occupy_link(timing.end_s);
-                self.pending(exchanged.delivery, timing)
+        Ok(match (timing, &self.node.network) {
+            (Some(timing), Some(network)) => {
+                let mut clock = lock(&self.node.clock);
+                clock.occupy_link(timing.end_s);
+                let transfer = Some((timing.start_s, timing.end_s));
+                let text = || group_text(group.members()).into();
+                let call = clock.trace_call(text, transfer, |name| {
+                    let (call, bytes) = ((op, group, self.rank), self.stats().bytes_sent);
+                    let algorithm = network.algorithm(op, group);
+                    let info = CallInfo::new(call, payload, bytes, algorithm, name);
+                    CallInfo {
+                        purpose: self.purpose,
+                        ..info
+                    }
+                });
+                drop(clock);
+                self.pending(exchanged.delivery, timing, call)
             }
-            None => Pending::ready(exchanged.delivery),
+            _ => Pending::ready(exchanged.delivery),
         })
     }
 
@@ -602,13 +629,20 @@ impl Collective {
         Ok((exchanged, payload))
     }
 
-    /// `value`, whose wait charges this node's clock for a transfer timed as `timing`.
-    fn pending<T>(&self, value: T, timing: TransferTiming) -> Pending<T> {
+    /// `value`, whose wait charges this node's clock for a transfer timed as `timing`
+    /// (`call`: the call, while tracing).
+    fn pending<T>(
+        &self,
+        value: T,
+        timing: TransferTiming,
+        call: Option<Arc<CallInfo>>,
+    ) -> Pending<T> {
         let node = self.node.clone();
         Pending::new(
             value,
             Box::new(move || {
-                lock(&node.clock).finish(timing.own_ready_s, timing.start_s, timing.end_s)
+                let (ready, start, end) = (timing.own_ready_s, timing.start_s, timing.end_s);
+                lock(&node.clock).finish(ready, start, end, call.as_ref())
             }),
             timing,
         )
