@@ -223,6 +223,11 @@ pub struct CommonArgs {
     /// hyper-parameters. View with `tensorboard --logdir DIR`.
     #[arg(long, value_name = "DIR")]
     pub tensorboard: Option<PathBuf>,
+    /// Write the run's timeline as `trace.json` in its folder: every node's compute, exposed
+    /// communication, idle and down time on the simulated clock, its link's transfers and
+    /// the loss, as a Chrome trace (open it at ui.perfetto.dev). Needs --network.
+    #[arg(long)]
+    pub trace: bool,
     /// Validation examples per intermediate evaluation (0: none; the final one uses all).
     #[arg(long, default_value_t = 512)]
     pub val_size: usize,
@@ -368,6 +373,7 @@ impl CommonArgs {
                     .as_ref()
                     .map(|d| d.to_string_lossy().into_owned()),
             )
+            .with_trace(self.trace)
             .with_progress(!self.no_progress)
             .with_kernel_threads_per_node(self.kernel_threads_per_node)
             .with_correlation_interval(self.correlation_interval)
@@ -439,6 +445,9 @@ impl CommonArgs {
         if self.memory_budget.is_some() && self.minibatch_size != Some(MinibatchSize::Auto) {
             return Err("--memory-budget applies to --minibatch-size auto".into());
         }
+        if self.trace && self.network.is_none() {
+            return Err("--trace needs --network (simulated time)".into());
+        }
         self.check_charge_as()
     }
 
@@ -479,6 +488,7 @@ impl CommonArgs {
                 ("--jitter", self.jitter.is_some()),
                 ("--target-loss", self.target_loss.is_some()),
                 ("--charge-as", self.charge_as.is_some()),
+                ("--trace", self.trace),
             ];
             return match set.iter().find(|(_, given)| *given) {
                 Some((flag, _)) => Err(format!("{flag} needs --network (simulated time)")),
@@ -542,6 +552,7 @@ impl CommonArgs {
             "config",
             "log_dir",
             "tensorboard",
+            "trace",
             "data_dir",
             "run_name",
             "out_dir",

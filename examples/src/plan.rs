@@ -16,7 +16,7 @@ use crate::summary::{human_bytes, percent, seconds};
 use clap::Parser;
 use gym_core::comm::simulation::{format_param_count, parse_param_count};
 use gym_core::faults::FaultSchedule;
-use gym_core::planner::{PlanConfig, RejoinBytes, estimated_rejoin_bytes, plan};
+use gym_core::planner::{PlanConfig, RejoinBytes, estimated_rejoin_bytes, plan, plan_traced};
 use gym_core::{ComputeModel, GymError, Network, SimulationConfig};
 use gym_strategies::registry::{StrategyFlags, SyncArgs};
 use serde::Serialize;
@@ -88,6 +88,12 @@ pub struct PlanArgs {
     /// repeat for a grid.
     #[arg(long, value_name = "KEY=V1,V2")]
     pub sweep: Vec<String>,
+    /// Write the plan's timeline to FILE: every node's compute, exposed communication and
+    /// idle time on the simulated clock and its link's transfers, as a Chrome trace (open it
+    /// at ui.perfetto.dev), as a training run's `--trace` writes it. Not with
+    /// --sweep.
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
     /// Where a sweep writes `results.md` and `utilisation_vs_bandwidth.svg`.
     #[arg(long, default_value = "plan-sweep")]
     pub out_dir: PathBuf,
@@ -135,6 +141,9 @@ pub struct PlanSummary {
     pub wall_time_s: f64,
     /// Peak resident memory of this process, where the OS reports it.
     pub peak_rss_bytes: Option<u64>,
+    /// The timeline written (`--trace`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace: Option<PathBuf>,
 }
 
 impl PlanArgs {
@@ -242,7 +251,11 @@ impl PlanArgs {
         // (two values per parameter, as AdamW's moments, when the strategy does not say).
         let state = strategy.state_values_per_param().unwrap_or(2.0);
         config.rejoin_bytes = RejoinBytes::Each(estimated_rejoin_bytes(self.params, state));
-        let report = plan(&config, &*strategy, None).map_err(|e| match e {
+        let planned = match &self.trace {
+            None => plan(&config, &*strategy, None).map(|report| (report, None)),
+            Some(_) => plan_traced(&config, &*strategy, None).map(|(r, t)| (r, Some(t))),
+        };
+        let (report, trace) = planned.map_err(|e| match e {
             // A schedule that does not fit the run, or what the planner cannot run under one.
             GymError::InvalidConfig(why)
                 if config.faults.is_some() && (why.starts_with('`') || why.contains("fault")) =>
@@ -251,6 +264,12 @@ impl PlanArgs {
             }
             other => other.to_string(),
         })?;
+        if let (Some(trace), Some(file)) = (trace, &self.trace) {
+            trace
+                .with_meta("network", self.network.clone().into())
+                .write(file)
+                .map_err(|e| format!("--trace: {e}"))?;
+        }
         let got = |v: Option<f64>| v.unwrap_or(0.0);
         let simulated_time_s = got(report.simulated_time_s());
         Ok(PlanSummary {
@@ -273,6 +292,7 @@ impl PlanArgs {
                 .map(|t| t as f64 * config.steps as f64 / simulated_time_s.max(f64::MIN_POSITIVE)),
             wall_time_s: start.elapsed().as_secs_f64(),
             peak_rss_bytes: crate::summary::peak_rss_bytes(),
+            trace: self.trace.clone(),
         })
     }
 }
@@ -338,6 +358,9 @@ impl PlanSummary {
         if let Some(t) = self.tokens_per_s {
             let _ = writeln!(out, "  tokens per second    {t:.0}");
         }
+        if let Some(file) = &self.trace {
+            let _ = writeln!(out, "  timeline             {}", file.display());
+        }
         out
     }
 }
@@ -353,6 +376,9 @@ pub fn run(argv: &[OsString]) -> Result<String, String> {
         } else {
             summary.text()
         });
+    }
+    if args.trace.is_some() {
+        return Err("--trace writes one plan's timeline: leave it out of a --sweep".into());
     }
     let axes = args
         .sweep
