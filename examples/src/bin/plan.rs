@@ -7,14 +7,17 @@
 //!     --tokens-per-step 4M --node-tflops h100 --mfu 0.4
 //! ```
 //!
-//! See [`examples::plan`] for the flags, `--json` and `--sweep`.
+//! See [`examples::plan`] for the flags and `--json`, [`examples::plan_sweep`] for
+//! `--sweep`.
 
+use clap::Parser;
+use examples::plan::PlanArgs;
 use std::ffi::OsString;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
     let argv: Vec<OsString> = std::env::args_os().collect();
-    match examples::plan::run(&argv) {
+    match run(&argv) {
         Ok(out) => {
             print!("{out}");
             ExitCode::SUCCESS
@@ -24,4 +27,18 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// One plan, printed as text or `--json`, or a sweep's table.
+fn run(argv: &[OsString]) -> Result<String, String> {
+    let args = PlanArgs::try_parse_from(argv).map_err(|e| e.to_string())?;
+    if !args.sweep.is_empty() {
+        return examples::plan_sweep::sweep(&args, argv);
+    }
+    let summary = args.plan()?;
+    Ok(if args.json {
+        serde_json::to_string(&summary).expect("serialises") + "\n"
+    } else {
+        summary.text()
+    })
 }
