@@ -26,6 +26,7 @@ fn bench_suite_writes_every_named_figure() {
     config.startup_k = Some(2);
     config.scratch_dir = scratch.join("runs");
     config.command = "cargo test --test bench".into();
+    config.plan_bin = Some(PathBuf::from(env!("CARGO_BIN_EXE_plan")));
 
     let result = bench_suite::run_suite(&config).expect("the suite runs");
     let path = scratch.join("suite.json");
@@ -60,6 +61,8 @@ fn bench_suite_writes_every_named_figure() {
         names.push(format!("{op}_vs_memcpy_1mb_k2"));
     }
     names.push("allreduce_vs_memcpy_all_1mb_k2".to_string());
+    names.push("plan_10k_nodes_1k_rounds_s".to_string());
+    names.push("plan_10k_nodes_1k_rounds_peak_rss_bytes".to_string());
     // The precision part: each model in f32 and bf16 on the default backend.
     for model in ["mlp", "cnn", "gpt"] {
         for key in ["f32_step_ms", "bf16_step_ms", "bf16_vs_f32"] {
@@ -86,7 +89,7 @@ fn bench_suite_writes_every_named_figure() {
         assert!((ratio - 1.0).abs() < 1e-9, "{model}: {ratio}");
     }
     // One table per part, each captioned with the machine and the command.
-    assert_eq!(result.tables.len(), 5);
+    assert_eq!(result.tables.len(), 6);
     for table in &result.tables {
         assert!(table.caption.contains(&result.machine.machine));
         assert!(table.caption.contains("cargo test --test bench"));

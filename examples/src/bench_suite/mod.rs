@@ -177,8 +177,9 @@ pub struct SuiteConfig {
     pub scratch_dir: PathBuf,
     /// The command line, as the captions quote it.
     pub command: String,
-    /// Run the planner's row (10,000 nodes, 1,000 rounds; the `plan` binary beside this one).
-    pub planner: bool,
+    /// The `plan` binary of the planner's row (10,000 nodes, 1,000 rounds); `None` skips
+    /// the row.
+    pub plan_bin: Option<PathBuf>,
 }
 
 impl SuiteConfig {
@@ -205,7 +206,7 @@ impl SuiteConfig {
             startup_k: Some(16),
             mnist_bin,
             mpi_bench: None,
-            planner: true,
+            plan_bin: None,
             mnist_dir,
             gpt_dir,
             scratch_dir: std::env::temp_dir()
@@ -370,8 +371,8 @@ pub fn run_suite(config: &SuiteConfig) -> Result<SuiteResult, BoxError> {
         children::children(config, &mut out);
         std::fs::remove_dir_all(&config.scratch_dir).ok();
     }
-    if config.planner {
-        planner::planner(config, &mut out)?;
+    if let Some(plan) = &config.plan_bin {
+        planner::planner(plan, config, &mut out)?;
     }
     Ok(out)
 }

@@ -7,6 +7,7 @@
 use super::{SuiteConfig, SuiteResult, SuiteTable, caption};
 use crate::runner::BoxError;
 use std::fmt::Write as _;
+use std::path::Path;
 use std::process::Command;
 
 /// Nodes, outer rounds and H of the row.
@@ -14,9 +15,12 @@ const NODES: usize = 10_000;
 const ROUNDS: usize = 1_000;
 const H: usize = 100;
 
-/// Runs the planner row with the `plan` binary beside this one.
-pub(super) fn planner(config: &SuiteConfig, out: &mut SuiteResult) -> Result<(), BoxError> {
-    let plan = std::env::current_exe()?.with_file_name("plan");
+/// Runs the planner row with the `plan` binary at `plan`.
+pub(super) fn planner(
+    plan: &Path,
+    config: &SuiteConfig,
+    out: &mut SuiteResult,
+) -> Result<(), BoxError> {
     let steps = (ROUNDS * H).to_string();
     let args = [
         "--params",
@@ -40,7 +44,7 @@ pub(super) fn planner(config: &SuiteConfig, out: &mut SuiteResult) -> Result<(),
         "--json",
     ];
     eprintln!("planner: {} {}", plan.display(), args.join(" "));
-    let child = Command::new(&plan).args(args).output()?;
+    let child = Command::new(plan).args(args).output()?;
     if !child.status.success() {
         return Err(format!(
             "{} failed: {}",

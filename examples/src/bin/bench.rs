@@ -266,7 +266,13 @@ fn suite_main(cli: &Cli, mnist: Option<PathBuf>) -> ExitCode {
     config.collective_reps = a.suite_reps;
     config.rss_ks = a.suite_rss_ks.clone();
     config.startup_k = (a.suite_startup_k > 0).then_some(a.suite_startup_k);
-    config.planner = !a.suite_no_planner;
+    config.plan_bin = (!a.suite_no_planner)
+        .then(|| {
+            std::env::current_exe()
+                .ok()
+                .map(|e| e.with_file_name("plan"))
+        })
+        .flatten();
     config.command = command_line();
     // With the `mpi` feature and `mpirun` at hand, the bandwidth part adds MPI rows.
     #[cfg(feature = "mpi")]
