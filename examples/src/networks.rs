@@ -1,4 +1,4 @@
-//! The network files shipped in the repository's `networks/` folder, embedded so that
+//! The network files shipped in the repository's `examples/networks/` folder, embedded so that
 //! `--network NAME` works from any folder, and how `--network` tells a network file from a
 //! link spec.
 
@@ -14,11 +14,11 @@ use std::path::Path;
 ///   speeds.
 /// * `consumer-internet`: home broadband peers on three continents, 12 nodes.
 pub const NETWORK_FILES: [(&str, &str); 3] = [
-    ("aws-dtfm", include_str!("../../networks/aws-dtfm.toml")),
-    ("halos", include_str!("../../networks/halos.toml")),
+    ("aws-dtfm", include_str!("../networks/aws-dtfm.toml")),
+    ("halos", include_str!("../networks/halos.toml")),
     (
         "consumer-internet",
-        include_str!("../../networks/consumer-internet.toml"),
+        include_str!("../networks/consumer-internet.toml"),
     ),
 ];
 
@@ -39,7 +39,7 @@ pub fn network_file(arg: &str) -> Option<Result<NetworkFile, NetworkFileError>> 
     if let Some((name, text)) = NETWORK_FILES.iter().find(|(name, _)| *name == arg) {
         return Some(NetworkFile::parse(
             text,
-            &format!("networks/{name}.toml (shipped as `{name}`)"),
+            &format!("examples/networks/{name}.toml (shipped as `{name}`)"),
         ));
     }
     let path = Path::new(arg);

@@ -7,7 +7,7 @@ use gym_core::comm::{CollectiveOp, Group, ReduceOp};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-/// The repository root, where `networks/` is.
+/// The repository root, where `examples/networks/` is.
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
@@ -33,7 +33,7 @@ fn mnist(log_dir: &Path, extra: &[&str]) -> Output {
         .expect("the mnist binary runs")
 }
 
-/// A run on `networks/consumer-internet.toml` (12 nodes in 3 regions) is charged the
+/// A run on `examples/networks/consumer-internet.toml` (12 nodes in 3 regions) is charged the
 /// hierarchical all-reduce of the file's network for each of its 2 steps.
 #[test]
 fn a_network_file_drives_the_simulated_clock() {
@@ -44,7 +44,7 @@ fn a_network_file_drives_the_simulated_clock() {
             "--num-nodes",
             "12",
             "--network",
-            "networks/consumer-internet.toml",
+            "examples/networks/consumer-internet.toml",
         ],
     );
     assert!(
@@ -59,7 +59,7 @@ fn a_network_file_drives_the_simulated_clock() {
     // The ring counts 2(k−1)/k of the buffer sent per all-reduce.
     let sent = summary["bytes_sent_per_node"].as_f64().unwrap();
     let n = sent / steps / (2.0 * (k - 1.0) / k);
-    let file = NetworkFile::read(&repo_root().join("networks/consumer-internet.toml")).unwrap();
+    let file = NetworkFile::read(&repo_root().join("examples/networks/consumer-internet.toml")).unwrap();
     let per_step = file.network().collective_time(
         CollectiveOp::AllReduce(ReduceOp::Mean),
         &Group::world(12),

@@ -91,17 +91,17 @@ fn network_file_presets_read() {
     let presets = [
         (
             "aws-dtfm",
-            include_str!("../../../../../networks/aws-dtfm.toml"),
+            include_str!("../../../../../examples/networks/aws-dtfm.toml"),
             64,
         ),
         (
             "halos",
-            include_str!("../../../../../networks/halos.toml"),
+            include_str!("../../../../../examples/networks/halos.toml"),
             16,
         ),
         (
             "consumer-internet",
-            include_str!("../../../../../networks/consumer-internet.toml"),
+            include_str!("../../../../../examples/networks/consumer-internet.toml"),
             12,
         ),
     ];
