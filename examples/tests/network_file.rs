@@ -59,7 +59,8 @@ fn a_network_file_drives_the_simulated_clock() {
     // The ring counts 2(k−1)/k of the buffer sent per all-reduce.
     let sent = summary["bytes_sent_per_node"].as_f64().unwrap();
     let n = sent / steps / (2.0 * (k - 1.0) / k);
-    let file = NetworkFile::read(&repo_root().join("examples/networks/consumer-internet.toml")).unwrap();
+    let file =
+        NetworkFile::read(&repo_root().join("examples/networks/consumer-internet.toml")).unwrap();
     let per_step = file.network().collective_time(
         CollectiveOp::AllReduce(ReduceOp::Mean),
         &Group::world(12),
