@@ -14,6 +14,7 @@ use gym_models::{Mlp, MlpConfig};
 use std::path::PathBuf;
 
 pub mod trace_file;
+pub mod twin;
 
 /// `<repo>/../shared/data/<name>`, or `$GYM_DATA_DIR/<name>`. Panics with a clear message
 /// when the folder is missing: these tests must not pass silently without their data.

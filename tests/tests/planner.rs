@@ -6,33 +6,18 @@
 use burn::tensor::Device;
 use gym_core::planner::{PlanConfig, plan};
 use gym_core::{
-    ComputeModel, GymError, Link, Network, NodeData, ParamLayout, RunReport, SimulationConfig,
-    StrategyConfig, Topology, TrainModel, Trainer, TrainerConfig,
+    GymError, NodeData, ParamLayout, RunReport, SimulationConfig, StrategyConfig, Trainer,
+    TrainerConfig,
 };
 use gym_strategies::{
     AllReduceConfig, AveragingCommunicatorConfig, CompressionConfig, DiLoCoCommunicatorConfig,
     DiLoCoConfig, FedAvgConfig, IndexSelectorKind, SparseCommunicatorConfig, SpartaConfig,
     SpartaDiLoCoConfig, StreamingDiLoCoConfig,
 };
+use tests::twin::{BATCH, NODES, SEED, cluster, mlp_plan};
 use tests::{Synthetic, SyntheticBatcher, small_mlp};
 
-const NODES: usize = 4;
 const STEPS: usize = 12;
-const BATCH: usize = 8;
-const SEED: u64 = 5;
-
-/// A slow wide-area network on which the MLP's traffic costs about as much as its compute;
-/// two islands of two, one node at half speed, jitter.
-fn cluster() -> SimulationConfig {
-    let wan = Link::symmetric(20e6, 0.02);
-    SimulationConfig::new(
-        Network::switch(Link::symmetric(1e9, 1e-4))
-            .with_topology(Topology::Islands { size: 2, wan }),
-    )
-    .with_compute(ComputeModel::Modelled { flops_per_s: 2e6 })
-    .with_node_speed(vec![1.0, 0.5, 1.0, 0.8])
-    .with_jitter(0.2)
-}
 
 fn train(strategy: &dyn StrategyConfig, sim: &SimulationConfig) -> RunReport {
     let data = NodeData::shared(Synthetic::new(1024, 16, 4, 1), Synthetic::new(64, 16, 4, 2));
@@ -53,18 +38,7 @@ fn planned(
     sim: &SimulationConfig,
     exact_layout: bool,
 ) -> Result<RunReport, GymError> {
-    let model = small_mlp(&Device::default().autodiff());
-    let layout = ParamLayout::trainable(&model);
-    let config = PlanConfig {
-        num_nodes: NODES,
-        steps: STEPS,
-        seed: SEED,
-        params: layout.num_elements() as u64,
-        step_flops: model.flops_per_example() * BATCH as f64,
-        simulation: sim.clone(),
-        faults: None,
-        rejoin_bytes: Default::default(),
-    };
+    let (config, layout) = mlp_plan(sim.clone(), STEPS);
     plan(&config, strategy, exact_layout.then_some(&layout))
 }
 

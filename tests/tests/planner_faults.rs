@@ -4,14 +4,10 @@
 //! four simulated nodes and planned; clocks (with the time away) and bytes agree bit for
 //! bit.
 
-use burn::tensor::Device;
 use gym_core::checkpoint::Checkpoint;
 use gym_core::faults::FaultSchedule;
 use gym_core::planner::{PlanConfig, RejoinBytes, peer_state_bytes, plan};
-use gym_core::{
-    ComputeModel, GymError, Link, Network, NodeData, ParamLayout, RunReport, SimulationConfig,
-    StrategyConfig, Topology, TrainModel, Trainer, TrainerConfig,
-};
+use gym_core::{GymError, NodeData, RunReport, StrategyConfig, Trainer, TrainerConfig};
 use gym_strategies::{
     AllReduceConfig, AveragingCommunicatorConfig, DiLoCoCommunicatorConfig, DiLoCoConfig,
     FedAvgConfig, IndexSelectorKind, SparseCommunicatorConfig, SpartaConfig, SpartaDiLoCoConfig,
@@ -19,25 +15,10 @@ use gym_strategies::{
 };
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use tests::twin::{BATCH, NODES, SEED, cluster, mlp_plan};
 use tests::{Synthetic, SyntheticBatcher, small_mlp};
 
-const NODES: usize = 4;
 const STEPS: usize = 12;
-const BATCH: usize = 8;
-const SEED: u64 = 5;
-
-/// The planner test's cluster: two islands of two on a slow wide-area link, one node at
-/// half speed, jitter.
-fn cluster() -> SimulationConfig {
-    let wan = Link::symmetric(20e6, 0.02);
-    SimulationConfig::new(
-        Network::switch(Link::symmetric(1e9, 1e-4))
-            .with_topology(Topology::Islands { size: 2, wan }),
-    )
-    .with_compute(ComputeModel::Modelled { flops_per_s: 2e6 })
-    .with_node_speed(vec![1.0, 0.5, 1.0, 0.8])
-    .with_jitter(0.2)
-}
 
 /// Trains `strategy` under `faults` (checkpointing every step into `dir`, which changes
 /// nothing of the run); returns its report and the size of every node's encoded state
@@ -82,17 +63,11 @@ fn planned(
     faults: &FaultSchedule,
     rejoin_bytes: RejoinBytes,
 ) -> Result<RunReport, GymError> {
-    let model = small_mlp(&Device::default().autodiff());
-    let layout = ParamLayout::trainable(&model);
+    let (config, layout) = mlp_plan(cluster(), STEPS);
     let config = PlanConfig {
-        num_nodes: NODES,
-        steps: STEPS,
-        seed: SEED,
-        params: layout.num_elements() as u64,
-        step_flops: model.flops_per_example() * BATCH as f64,
-        simulation: cluster(),
         faults: Some(faults.clone()),
         rejoin_bytes,
+        ..config
     };
     plan(&config, strategy, Some(&layout))
 }

@@ -6,37 +6,17 @@
 //! a fault draws `down` time and a rejoin's transfer; a trace past its cap merges steps and
 //! keeps every sum.
 
-use burn::tensor::Device;
 use gym_core::faults::FaultSchedule;
 use gym_core::planner::{PlanConfig, RejoinBytes, plan_traced};
-use gym_core::{
-    ComputeModel, Link, Network, NodeData, ParamLayout, RunReport, SimulatedTime, SimulationConfig,
-    StrategyConfig, Topology, TrainModel, Trainer, TrainerConfig,
-};
+use gym_core::{NodeData, RunReport, SimulatedTime, StrategyConfig, Trainer, TrainerConfig};
 use gym_strategies::{
     AllReduceConfig, DiLoCoCommunicatorConfig, DiLoCoConfig, StreamingDiLoCoConfig,
 };
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use tests::trace_file::{self, CATEGORIES, NodeTrack};
+use tests::twin::{BATCH, NODES, SEED, cluster, mlp_plan};
 use tests::{Synthetic, SyntheticBatcher, small_mlp};
-
-const NODES: usize = 4;
-const BATCH: usize = 8;
-const SEED: u64 = 5;
-
-/// Two islands of two on a slow wide-area link, node 1 at half speed, node 3 at 0.8,
-/// jitter: the planner test's cluster.
-fn cluster() -> SimulationConfig {
-    let wan = Link::symmetric(20e6, 0.02);
-    SimulationConfig::new(
-        Network::switch(Link::symmetric(1e9, 1e-4))
-            .with_topology(Topology::Islands { size: 2, wan }),
-    )
-    .with_compute(ComputeModel::Modelled { flops_per_s: 2e6 })
-    .with_node_speed(vec![1.0, 0.5, 1.0, 0.8])
-    .with_jitter(0.2)
-}
 
 fn streaming() -> StreamingDiLoCoConfig {
     StreamingDiLoCoConfig::new()
@@ -85,17 +65,11 @@ fn traced_plan(
     max_events: Option<usize>,
     (faults, rejoin_bytes): (Option<FaultSchedule>, u64),
 ) -> (RunReport, Value) {
-    let model = small_mlp(&Device::default().autodiff());
-    let layout = ParamLayout::trainable(&model);
+    let (config, layout) = mlp_plan(cluster(), steps);
     let config = PlanConfig {
-        num_nodes: NODES,
-        steps,
-        seed: SEED,
-        params: layout.num_elements() as u64,
-        step_flops: model.flops_per_example() * BATCH as f64,
-        simulation: cluster(),
         faults,
         rejoin_bytes: RejoinBytes::Each(rejoin_bytes),
+        ..config
     };
     let (report, trace) = plan_traced(&config, strategy, Some(&layout)).expect("plans");
     let dir = temp_dir(&format!("plan-{steps}"));
