@@ -398,6 +398,25 @@ fn describe_probe(choice: &MinibatchChoice, nodes: usize) -> String {
     )
 }
 
+/// Sets the allocator for a run of `nodes` node threads, each with a kernel pool of
+/// `kernel_threads` (see [`gym_core::allocator::fit_to_threads`]): for many threads, starts
+/// the program again without glibc's per-thread caches, and says so on stderr.
+pub fn fit_allocator_to_nodes(nodes: usize, kernel_threads: usize) {
+    use gym_core::allocator::{MANY_THREADS_TUNABLES, ThreadCaches, fit_to_threads};
+    let threads = nodes.saturating_mul(1 + kernel_threads);
+    match fit_to_threads(threads) {
+        Ok(ThreadCaches::Off) => eprintln!(
+            "allocator: glibc's per-thread caches off for {threads} node threads \
+             (GLIBC_TUNABLES={MANY_THREADS_TUNABLES})"
+        ),
+        Ok(_) => {}
+        Err(e) => eprintln!(
+            "allocator: could not restart without glibc's per-thread caches ({e}); \
+             going on with them"
+        ),
+    }
+}
+
 /// The whole of a binary that trains one task: builds the task with `task`, trains it with
 /// the strategy `common` names, and returns the exit status (printing the error, if any).
 /// `cli` is every flag of the binary, saved as the run's `run_config.toml`.
@@ -406,12 +425,14 @@ fn describe_probe(choice: &MinibatchChoice, nodes: usize) -> String {
 /// checkpoint, the logs and `summary.json` (with `interrupted_at_step`), prints the command
 /// that resumes it, and exits with status 130; a second Ctrl-C exits at once. Flags the
 /// strategy does not take (a quorum without DiLoCo) exit with status 2, as clap's errors.
+/// A run of many nodes starts the program again first ([`fit_allocator_to_nodes`]).
 pub fn train_main<A: serde::Serialize>(
     process_start: Instant,
     cli: &A,
     common: &CommonArgs,
     task: impl FnOnce() -> Result<Box<dyn TrainTask>, BoxError>,
 ) -> ExitCode {
+    fit_allocator_to_nodes(common.num_nodes, common.kernel_threads_per_node);
     // A flag the strategy does not take is a bad command line, refused before any data
     // is loaded.
     cli::exit_on_strategy_flag_error(common);

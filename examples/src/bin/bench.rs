@@ -311,6 +311,7 @@ fn show(result: &bench_suite::SuiteResult, cli: &Cli) -> Result<(), ExitCode> {
 /// `bench --soak`: runs the soak, prints its table, writes `--json`; fails if the soak does.
 fn soak_main(cli: &Cli) -> ExitCode {
     let a = &cli.soak_args;
+    examples::runner::fit_allocator_to_nodes(a.soak_nodes, 1); // a kernel thread per node
     let mut config = SoakConfig::new();
     config.steps = a.soak_steps;
     config.nodes = a.soak_nodes;

@@ -210,7 +210,7 @@ pub struct CommonArgs {
     /// Log the mean pairwise correlation of the replicas every this many steps (K ≥ 2).
     #[arg(long)]
     pub correlation_interval: Option<usize>,
-    /// Threads each node's tensor kernels may use (0: share all node threads).
+    /// Threads each node's tensor kernels may use (0: share rayon's global pool, a thread per core).
     #[arg(long, default_value_t = 1)]
     pub kernel_threads_per_node: usize,
     /// Devices to spread the nodes over, comma-separated: rank r runs on entry r mod the

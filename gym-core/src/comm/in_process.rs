@@ -121,27 +121,53 @@ impl InProcessGroup {
     }
 }
 
-/// Runs `f` once per node of `nodes`, all at once, on a dedicated pool with exactly one
-/// thread per node (a blocking collective on a pool with fewer threads than nodes would
-/// deadlock). A node that panics aborts the transport, so the others return instead of
+/// Runs `f` once per node of `nodes`, all at once, each on an OS thread of its own named
+/// `gym-node-<rank>` (a blocking collective needs every member running, so nodes cannot
+/// share threads). A node that panics aborts the transport, so the others return instead of
 /// waiting; its entry is `Err(panic message)`.
+///
+/// The threads are plain scoped threads, not a rayon pool: a rayon worker that waits (for
+/// its node's kernel pool, say) steals from every other worker of its pool, and each steal
+/// pins crossbeam's epoch, whose collector walks every registered thread. With one worker
+/// per node that cost grows with the square of the nodes: at 1,024 nodes it was half of
+/// all CPU time (`perf`, `bench --soak`).
 pub fn run_on_threads<T: Send>(
     nodes: &[Collective],
     f: impl Fn(Collective) -> T + Sync,
 ) -> Result<Vec<Result<T, String>>, std::io::Error> {
-    let ranks: Vec<usize> = nodes.iter().map(Collective::rank).collect();
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(nodes.len())
-        .thread_name(move |i| format!("gym-node-{}", ranks[i]))
-        .build()
-        .map_err(std::io::Error::other)?;
-    Ok(pool.broadcast(|ctx| {
-        let node = nodes[ctx.index()].clone();
-        let (rank, transport) = (node.rank(), node.transport().clone());
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(node))).map_err(|panic| {
-            let msg = crate::error::panic_message(&*panic);
-            transport.abort(rank, format!("panic: {msg}"));
-            msg
-        })
-    }))
+    let f = &f;
+    std::thread::scope(|scope| {
+        let mut handles = Vec::with_capacity(nodes.len());
+        for node in nodes {
+            let (rank, transport) = (node.rank(), node.transport().clone());
+            let node = node.clone();
+            let on_panic = transport.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("gym-node-{rank}"))
+                .spawn_scoped(scope, move || {
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(node))).map_err(
+                        |panic| {
+                            let msg = crate::error::panic_message(&*panic);
+                            on_panic.abort(rank, format!("panic: {msg}"));
+                            msg
+                        },
+                    )
+                });
+            match spawned {
+                Ok(handle) => handles.push(handle),
+                Err(e) => {
+                    // The nodes already started would wait for this one forever.
+                    transport.abort(rank, format!("cannot start its thread: {e}"));
+                    for started in handles {
+                        let _ = started.join();
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("node thread ended".into())))
+            .collect())
+    })
 }

@@ -66,7 +66,7 @@ pub struct TrainerConfig {
     /// flattened float tensors (spec §2.9; needs 2 nodes or more). `None`: never.
     pub correlation_interval: Option<usize>,
     /// Threads each node's tensor kernels may use (a pool of its own); 0 lets them spread
-    /// over the pool of all node threads.
+    /// over rayon's global pool (one thread per core), shared by all nodes.
     #[config(default = 1)]
     pub kernel_threads_per_node: usize,
     /// The cluster to simulate time on (network, compute, stragglers); `None`: no

@@ -507,9 +507,9 @@ pub(super) struct NodeEnd {
 }
 
 /// Runs `work`, node `rank`'s loop, on a pool of `threads` threads of its own (0: on the
-/// calling thread's pool). Burn's CPU kernels split work with rayon, in the pool of the
-/// calling thread; a node's own small pool keeps that work from spreading over the other
-/// nodes' threads (see `kernel_threads_per_node`).
+/// calling thread, whose kernels then use rayon's global pool). Burn's CPU kernels split
+/// work with rayon, in the pool of the calling thread; a node's own small pool keeps that
+/// work from spreading over the other nodes (see `kernel_threads_per_node`).
 fn on_node_pool<T: Send>(
     rank: usize,
     threads: usize,
