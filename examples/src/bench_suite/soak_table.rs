@@ -20,6 +20,8 @@ pub fn soak_result(
         tables: Vec::new(),
     };
     let t = &report.traffic;
+    // Set by `fit_to_threads`'s restart, or by the user.
+    let tunables = std::env::var("GLIBC_TUNABLES").unwrap_or_default();
     let figures = [
         ("soak_nodes", report.nodes as f64),
         ("soak_steps", report.steps as f64),
@@ -56,6 +58,10 @@ pub fn soak_result(
         ("soak_bytes_balanced", f64::from(u8::from(t.balanced()))),
         ("soak_allreduce_calls", t.all_reduce_calls as f64),
         ("soak_broadcast_calls", t.broadcast_calls as f64),
+        (
+            "soak_thread_caches_off",
+            f64::from(u8::from(tunables.contains("tcache_count=0"))),
+        ),
     ];
     for (name, v) in figures {
         out.figures.insert(name.to_string(), v);
@@ -102,7 +108,7 @@ pub fn soak_result(
          allocated and not freed (a counting allocator), which allocator caches and \
          fragmentation do not inflate. Bytes are the run's counted traffic summed over nodes \
          ({} all-reduce and {} broadcast calls, counted per member): balanced when every byte \
-         sent is received.",
+         sent is received. Allocator: {}.",
         config.nodes,
         config.batch_size,
         config.sync_interval,
@@ -116,6 +122,11 @@ pub fn soak_result(
         report.record_bytes,
         t.all_reduce_calls,
         t.broadcast_calls,
+        if tunables.is_empty() {
+            "glibc's defaults, per-thread caches on".to_string()
+        } else {
+            format!("`GLIBC_TUNABLES={tunables}`")
+        },
     );
     out.tables.push(SuiteTable {
         caption: caption_for("Soak", &config.command, &out.machine, &note),
