@@ -8,7 +8,7 @@ use crate::outer::OuterRecord;
 use crate::outer::{OuterOptimizer, default_outer_optimizer};
 use burn::config::Config;
 use burn::tensor::Tensor;
-use gym_core::planner::{PlanInfo, PlannedEvent, Traffic};
+use gym_core::planner::{PlanInfo, PlannedEvent, PlannedQuorum, Traffic};
 use gym_core::state::fields::Record;
 use gym_core::{
     Group, GymError, InnerOptimizerConfig, NodeInfo, OptimizerConfig, QuorumRule, Replica, Result,
@@ -121,23 +121,38 @@ impl CommunicationModuleConfig for DiLoCoCommunicatorConfig {
 }
 
 impl DiLoCoCommunicatorConfig {
-    /// Every H-th step, one mean of the pseudo-gradient over the world. A quorum's rounds
-    /// depend on arrival times the schedule cannot see: refused.
+    /// Every H-th step, one mean of the pseudo-gradient over the world, or with a quorum
+    /// Decoupled DiLoCo's round ([`PlannedEvent::Quorum`]: the mean over the nodes that
+    /// arrive in time, then the first of them sends the others the mean, `4·params` bytes
+    /// as an f32 tensor); the steps between leave their work unmerged.
     fn planned(&self, info: &PlanInfo<'_>) -> Result<Box<dyn Traffic>> {
-        if self.quorum.is_some() {
-            return Err(GymError::InvalidConfig(
-                "DiLoCo with a quorum cannot be planned yet: who is left out depends on \
-                 arrival times"
-                    .into(),
-            ));
+        if let Some(rule) = &self.quorum {
+            rule.validate()
+                .map_err(|why| GymError::InvalidConfig(format!("DiLoCo: `quorum`: {why}")))?;
         }
         let (op, payload) = self.compression.planned_mean(info.params)?;
-        let h = self.sync_interval;
+        let (h, quorum) = (self.sync_interval, self.quorum);
+        if h == 0 {
+            return Err(GymError::InvalidConfig(
+                "DiLoCo: `sync_interval` must be at least 1".into(),
+            ));
+        }
+        let catch_up = 4 * info.params;
         Ok(Box::new(
             move |step: usize, events: &mut Vec<PlannedEvent>| {
-                if is_sync_step(step, h) {
-                    events.push(PlannedEvent::world(op, payload));
+                if !is_sync_step(step, h) {
+                    events.push(PlannedEvent::Unmerged);
+                    return Ok(());
                 }
+                events.push(match quorum {
+                    None => PlannedEvent::world(op, payload),
+                    Some(rule) => PlannedEvent::Quorum(PlannedQuorum {
+                        rule,
+                        op,
+                        payload,
+                        catch_up,
+                    }),
+                });
                 Ok(())
             },
         ))

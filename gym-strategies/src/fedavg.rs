@@ -115,7 +115,7 @@ impl CommunicationModuleConfig for AveragingCommunicatorConfig {
 
 impl AveragingCommunicatorConfig {
     /// Every H-th step, one mean of the parameters within each island (the world without
-    /// islands).
+    /// islands); the steps between leave their work unmerged.
     fn planned(&self, info: &PlanInfo<'_>) -> Result<Box<dyn Traffic>> {
         let (op, payload) = self.compression.planned_mean(info.params)?;
         let (h, island_size, seed, k) = (
@@ -127,6 +127,9 @@ impl AveragingCommunicatorConfig {
         Ok(Box::new(
             move |step: usize, events: &mut Vec<PlannedEvent>| {
                 if !is_sync_step(step, h) || k == 1 {
+                    if k > 1 {
+                        events.push(PlannedEvent::Unmerged);
+                    }
                     return Ok(());
                 }
                 let groups = match island_size {

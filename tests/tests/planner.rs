@@ -1,13 +1,13 @@
 //! The planner gives the simulated seconds and bytes of training, for every strategy that
 //! plans: each one trained on four simulated nodes (stragglers, jitter, islands, started
-//! transfers that overlap compute) and planned from its traffic schedule alone, compared
-//! bit for bit.
+//! transfers that overlap compute, quorums that leave the late nodes out) and planned from
+//! its traffic schedule alone, compared bit for bit, with the work each node lost.
 
 use burn::tensor::Device;
 use gym_core::planner::{PlanConfig, plan};
 use gym_core::{
-    GymError, NodeData, ParamLayout, RunReport, SimulationConfig, StrategyConfig, Trainer,
-    TrainerConfig,
+    GymError, NodeData, ParamLayout, QuorumRule, RunReport, SimulationConfig, StrategyConfig,
+    Trainer, TrainerConfig,
 };
 use gym_strategies::{
     AllReduceConfig, AveragingCommunicatorConfig, CompressionConfig, DiLoCoCommunicatorConfig,
@@ -50,6 +50,26 @@ fn sparta(p: f64, delay: usize, selector: IndexSelectorKind) -> SpartaConfig {
             .with_selector(selector),
     )
 }
+
+/// DiLoCo every `h` steps through `codec` whose outer steps wait for a quorum under `rule`.
+fn diloco_quorum(h: usize, codec: &str, rule: QuorumRule) -> DiLoCoConfig {
+    DiLoCoConfig::new().with_communicator(
+        DiLoCoCommunicatorConfig::new()
+            .with_sync_interval(h)
+            .with_compression(codec.parse().unwrap())
+            .with_quorum(Some(rule)),
+    )
+}
+
+/// A quorum of 2 and a grace window, which takes a third node in some rounds and not in
+/// others on the twin cluster.
+const GRACE: QuorumRule = QuorumRule::Grace {
+    min: 2,
+    grace_s: 0.01,
+};
+
+/// The fastest three of four.
+const FASTEST: QuorumRule = QuorumRule::Fastest { count: 3 };
 
 fn strategies() -> Vec<(&'static str, Box<dyn StrategyConfig>)> {
     let int8: CompressionConfig = "int8".parse().unwrap();
@@ -124,6 +144,14 @@ fn strategies() -> Vec<(&'static str, Box<dyn StrategyConfig>)> {
                 ),
             ),
         ),
+        (
+            "diloco H=3 quorum 2, grace",
+            Box::new(diloco_quorum(3, "none", GRACE)),
+        ),
+        (
+            "diloco H=2 fastest 3, int8",
+            Box::new(diloco_quorum(2, "int8", FASTEST)),
+        ),
     ]
 }
 
@@ -135,11 +163,55 @@ fn planning_gives_the_simulated_time_and_bytes_of_training() {
         let plan = planned(&*strategy, &sim, true).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(plan.simulated, trained.simulated, "{name}: clocks");
         assert_eq!(plan.comm, trained.comm, "{name}: traffic");
+        assert_eq!(plan.elastic, trained.elastic, "{name}: work lost");
+        assert_eq!(plan.goodput(), trained.goodput(), "{name}: goodput");
         assert!(
             trained.simulated_comm_s().unwrap() > 0.0,
             "{name}: the case exercises communication"
         );
     }
+}
+
+/// The quorum cases leave nodes out, not always the same number, and the plan follows:
+/// without the quorum the clocks differ, and the late nodes' lost work lowers the goodput.
+#[test]
+fn a_quorum_is_decided_from_the_planned_clocks() {
+    let sim = cluster();
+    for rule in [GRACE, FASTEST] {
+        let quorum = diloco_quorum(3, "none", rule);
+        let trained = train(&quorum, &sim);
+        let lost = trained.elastic.total();
+        assert!(lost.discarded_steps > 0, "{rule}: someone is late");
+        let plan = planned(&quorum, &sim, true).unwrap();
+        assert_eq!(plan.elastic, trained.elastic, "{rule}");
+        let all = planned(
+            &quorum
+                .clone()
+                .with_communicator(quorum.communicator.clone().with_quorum(None)),
+            &sim,
+            true,
+        )
+        .unwrap();
+        assert_ne!(
+            plan.simulated, all.simulated,
+            "{rule}: the quorum changes the clocks"
+        );
+        assert!(
+            plan.goodput().unwrap() < plan.compute_utilisation().unwrap(),
+            "{rule}"
+        );
+    }
+    // The grace window takes a third node in some rounds only: rounds of 2 and of 3.
+    let trained = train(&diloco_quorum(3, "none", GRACE), &sim);
+    let late: Vec<u64> = trained
+        .elastic
+        .nodes
+        .iter()
+        .map(|n| n.discarded_steps)
+        .collect();
+    let rounds = (STEPS / 3) as u64;
+    let left_out: u64 = late.iter().sum::<u64>() / 3;
+    assert!(left_out > rounds && left_out < 2 * rounds, "{late:?}");
 }
 
 /// Without the model's layout, a cyclic selection still counts exactly, and a random one

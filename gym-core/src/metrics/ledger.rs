@@ -28,14 +28,36 @@ impl NodeLedger {
     /// After a step the node computed in `compute_s` simulated seconds (0 if untimed), of
     /// which its strategy's step took `undone_s` back (a round closed without it).
     pub fn computed(&mut self, strategy: &mut dyn Strategy, compute_s: f64, undone_s: f64) {
+        let discarded = strategy.take_discarded();
+        let committed = !discarded && strategy.committed();
+        self.settle(compute_s, undone_s, discarded, committed);
+    }
+
+    /// [`computed`](Self::computed) with the strategy's answers given: the step dropped the
+    /// node's unmerged work (`discarded`), or left all of it merged (`committed`). What a
+    /// [`plan`](crate::planner::plan) books from a strategy's schedule.
+    pub(crate) fn settle(
+        &mut self,
+        compute_s: f64,
+        undone_s: f64,
+        discarded: bool,
+        committed: bool,
+    ) {
         self.pending_steps += 1;
         self.pending_compute_s += compute_s - undone_s;
-        if strategy.take_discarded() {
+        if discarded {
             self.discard();
-        } else if strategy.committed() {
+        } else if committed {
             self.pending_steps = 0;
             self.pending_compute_s = 0.0;
         }
+    }
+
+    /// Sets the steps computed since the work was last merged, and their compute, as a
+    /// plan reckons them at its end.
+    pub(crate) fn set_pending(&mut self, steps: u64, compute_s: f64) {
+        self.pending_steps = steps;
+        self.pending_compute_s = compute_s;
     }
 
     /// The unmerged work is lost (the node leaves, or takes a peer's state over its own).

@@ -1,7 +1,8 @@
 //! The planner's loop: every node's clock, stepped through a strategy's [`Traffic`] with
 //! the clock and cost code of training.
 
-use super::{PlanConfig, PlanInfo, PlannedCall, PlannedEvent, PlannedGroups, RejoinBytes};
+use super::ledger::Ledgers;
+use super::{PlanConfig, PlanInfo, PlannedCall, PlannedEvent, PlannedGroups};
 use crate::comm::clock::NodeClock;
 use crate::comm::faults::FaultTimeline;
 use crate::comm::trace::{CallInfo, NodeTimeline, group_text};
@@ -17,7 +18,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 /// A member's timing of a call, and the call while tracing.
-type Started = (usize, TransferTiming, Option<Arc<CallInfo>>);
+pub(super) type Started = (usize, TransferTiming, Option<Arc<CallInfo>>);
 
 /// Plans `strategy` on `config`: every node's simulated clock and traffic after
 /// `config.steps` steps, as a [`RunReport`] whose [`simulated`](RunReport::simulated) and
@@ -31,8 +32,9 @@ type Started = (usize, TransferTiming, Option<Arc<CallInfo>>);
 /// Refuses, naming the setting: no nodes, no steps, no parameters, a step's FLOPs that are
 /// negative or not finite, a simulated cluster that does not fit `num_nodes`, a strategy
 /// without a [`Traffic`](super::Traffic) schedule, a fault schedule that does not resolve
-/// for the run (as training refuses it; random faults need a modelled compute), and a
-/// strategy that keeps a transfer in flight from one step to the next under faults.
+/// for the run (as training refuses it; random faults need a modelled compute), and a node
+/// that comes back with nobody to copy its state from while it holds a transfer started
+/// and not yet waited for (see [the module](super#faults)).
 pub fn plan(
     config: &PlanConfig,
     strategy: &dyn StrategyConfig,
@@ -103,26 +105,22 @@ fn run_plan(
         for clock in &mut cluster.clocks {
             clock.begin_step(step);
         }
-        cluster.rejoin(step, &config.rejoin_bytes);
+        cluster.rejoin(step, &config.rejoin_bytes)?;
         cluster.compute(config, step);
         events.clear();
         traffic.step(step, &mut events)?;
         for event in events.drain(..) {
             cluster.apply(event, step)?;
         }
-        if !cluster.faults.is_empty() && !cluster.started.is_empty() {
-            return bad(format!(
-                "strategy `{}` keeps transfers in flight across steps (after step {step}); \
-                 the planner does not run those under a fault schedule yet",
-                strategy.name()
-            ));
-        }
+        cluster.ledgers.settle(config, step);
     }
+    let elastic = cluster.ledgers.finish(config, &cluster.faults);
     let report = RunReport {
         num_nodes: config.num_nodes,
         steps: config.steps,
         comm: cluster.stats,
         simulated: cluster.clocks.iter().map(|c| c.time).collect(),
+        elastic,
         ..RunReport::default()
     };
     let timelines = cluster
@@ -159,19 +157,23 @@ fn resolve_faults(config: &PlanConfig) -> Result<FaultTimeline> {
     )
 }
 
-/// Every node's clock and counters, the fault timeline, and the transfers started and not
-/// yet waited for.
-struct Cluster {
-    clocks: Vec<NodeClock>,
-    stats: Vec<CommStats>,
-    world: Group,
-    network: Network,
-    faults: FaultTimeline,
-    started: HashMap<u64, Vec<Started>>,
+/// Every node's clock, counters and ledger, the fault timeline, and the transfers started
+/// and not yet waited for.
+pub(super) struct Cluster {
+    pub clocks: Vec<NodeClock>,
+    pub stats: Vec<CommStats>,
+    pub world: Group,
+    pub network: Network,
+    pub faults: FaultTimeline,
+    /// By handle, each member's share of a started call (under faults: each node's that
+    /// holds it, a copy of its source's for a node that came back).
+    pub started: HashMap<u64, Vec<Started>>,
+    pub ledgers: Ledgers,
 }
 
 impl Cluster {
     fn new(config: &PlanConfig, faults: FaultTimeline) -> Self {
+        let stepwise = !faults.is_empty();
         Cluster {
             clocks: vec![NodeClock::default(); config.num_nodes],
             stats: vec![CommStats::default(); config.num_nodes],
@@ -179,32 +181,7 @@ impl Cluster {
             network: config.simulation.network.clone(),
             faults,
             started: HashMap::new(),
-        }
-    }
-
-    /// The nodes that come back before `step`, as the node loop brings them back: each
-    /// catches up with its source's clock (the time between counted as away), then the
-    /// source broadcasts its state (`rejoin_bytes`) to them, counted and timed. Nodes that
-    /// come back with nobody to copy from just carry on.
-    fn rejoin(&mut self, step: usize, rejoin_bytes: &RejoinBytes) {
-        if self.faults.is_empty() || step == 0 {
-            return;
-        }
-        for rejoin in self.faults.rejoins(step) {
-            let Some(source) = rejoin.source else {
-                continue;
-            };
-            let source_now = self.clocks[source].time.now_s;
-            for &rank in &rejoin.ranks {
-                self.clocks[rank].away_until(source_now);
-            }
-            let group = Group::new(rejoin.ranks.iter().copied().chain([source]));
-            let op = CollectiveOp::BroadcastBytes { root: source };
-            let payload = rejoin_bytes.at(step, source);
-            for (rank, t, call) in self.run(op, &group, payload, Some("rejoin")) {
-                let clock = &mut self.clocks[rank];
-                clock.finish(t.own_ready_s, t.start_s, t.end_s, call.as_ref());
-            }
+            ledgers: Ledgers::new(config.num_nodes, stepwise),
         }
     }
 
@@ -221,10 +198,14 @@ impl Cluster {
             return;
         }
         for (rank, clock) in self.clocks.iter_mut().enumerate() {
+            let mut computed = None;
             if self.faults.is_present(rank, step) {
                 let seconds = sim.step_compute_s(rank, step, config.seed, config.step_flops, 0.0);
-                clock.compute(seconds / self.faults.speed_factor(rank, step));
+                let seconds = seconds / self.faults.speed_factor(rank, step);
+                clock.compute(seconds);
+                computed = Some(seconds);
             }
+            self.ledgers.computes(rank, computed);
         }
     }
 
@@ -250,11 +231,23 @@ impl Cluster {
                         "a plan waits for transfer {id}, never started"
                     ))
                 })?;
+                // Under faults, a node away does not wait: its share stays with it (until
+                // it takes a peer's state).
+                let mut kept = Vec::new();
                 for (rank, t, call) in timings {
-                    let clock = &mut self.clocks[rank];
-                    clock.finish(t.own_ready_s, t.start_s, t.end_s, call.as_ref());
+                    if self.faults.is_empty() || self.faults.is_present(rank, step) {
+                        let clock = &mut self.clocks[rank];
+                        clock.finish(t.own_ready_s, t.start_s, t.end_s, call.as_ref());
+                    } else {
+                        kept.push((rank, t, call));
+                    }
+                }
+                if !kept.is_empty() {
+                    self.started.insert(id, kept);
                 }
             }
+            PlannedEvent::Quorum(round) => self.quorum_round(&round, step),
+            PlannedEvent::Unmerged => self.ledgers.unmerged(),
         }
         Ok(())
     }
@@ -306,7 +299,7 @@ impl Cluster {
     }
 
     /// [`run`] on this cluster.
-    fn run(
+    pub(super) fn run(
         &mut self,
         op: CollectiveOp,
         group: &Group,

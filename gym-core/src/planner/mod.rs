@@ -34,15 +34,39 @@
 //! nodes coming back), the nodes present compute (a slow node's speed factor applied), and
 //! every call's group is cut, for each node present, to the nodes it can reach, as
 //! [`Collective::with_present`](crate::Collective::with_present) cuts it: each distinct cut
-//! runs the call, and absent nodes sit out. A transfer started without waiting
-//! ([`PlannedEvent::Start`]) plans under faults when it is waited for within its step; one
-//! still in flight at the end of a step (SPARTA's delay, Streaming DiLoCo's overlap, a
-//! detached broadcast) is refused under faults.
+//! runs the call, and absent nodes sit out.
+//!
+//! A transfer started without waiting ([`PlannedEvent::Start`]) is held by each node that
+//! took part, as a training node's strategy holds it in its state: a node away when it is
+//! due does not wait for it, and a node that comes back and takes a peer's state drops its
+//! own (never waited for; its link stays busy until they end) and holds the peer's
+//! instead, waited for with the peer's timing, as a training node waits for the transfers
+//! of a state it loaded. A node that comes back with nobody to copy from while it holds
+//! one is refused: what it waits for next depends on the strategy's own state.
+//!
+//! # Quorums
+//!
+//! A quorum round ([`PlannedEvent::Quorum`], Decoupled DiLoCo) is decided from the nodes'
+//! clocks by the rule training applies ([`QuorumRule::select`](crate::QuorumRule::select)
+//! on every member's arrival), so a plan leaves out the nodes a training run leaves out.
+//!
+//! # Lost work
+//!
+//! A plan books every node's ledger ([`NodeLedger`](crate::NodeLedger)) as
+//! the node loop does: the steps a node was away, the work dropped when it leaves, takes a
+//! peer's state, or is late for a quorum (from [`PlannedEvent::Unmerged`], the strategy's
+//! word on which steps leave work unmerged), so its [`RunReport::elastic`](crate::RunReport::elastic)
+//! and goodput are a training run's.
 
 mod engine;
+mod ledger;
+mod quorum;
+mod rejoin;
 
 pub use crate::run::peer_state_bytes;
-pub use crate::strategy::traffic::{PlanInfo, PlannedCall, PlannedEvent, PlannedGroups, Traffic};
+pub use crate::strategy::traffic::{
+    PlanInfo, PlannedCall, PlannedEvent, PlannedGroups, PlannedQuorum, Traffic,
+};
 pub use engine::{plan, plan_traced};
 
 use crate::comm::SimulationConfig;

@@ -2,7 +2,7 @@
 //! each step, over which groups, with how many bytes — what the
 //! [`planner`](crate::planner) charges on the simulated clock without tensors.
 
-use crate::comm::{CollectiveOp, Group};
+use crate::comm::{CollectiveOp, Group, QuorumRule};
 use crate::error::Result;
 use crate::state::params::ParamLayout;
 
@@ -60,11 +60,42 @@ pub enum PlannedEvent {
         /// The call.
         call: PlannedCall,
     },
-    /// Waits for the started call `id` ([`Pending::wait`](crate::Pending::wait)).
+    /// Waits for the started call `id` ([`Pending::wait`](crate::Pending::wait)). Under a
+    /// fault schedule, each node present waits for its own share of the call, or, if it
+    /// took a peer's state when it came back, for the peer's (as a training node waits for
+    /// the transfer its loaded state holds); a node that did not take part waits for none.
     Wait {
         /// The handle the call was started with.
         id: u64,
     },
+    /// A round that proceeds with the nodes that arrive in time (Decoupled DiLoCo's outer
+    /// step): see [`PlannedQuorum`].
+    Quorum(PlannedQuorum),
+    /// After this step, the nodes' work since their last merged step is not yet merged into
+    /// the shared model ([`Strategy::committed`](crate::Strategy::committed) is false): a
+    /// node that leaves, takes a peer's state, or is left out of a quorum before a step
+    /// without this event loses it. A step without it merges everything.
+    Unmerged,
+}
+
+/// A quorum round over every node present (each part of a cut cluster on its own), as
+/// [`Collective::quorum_in`](crate::Collective::quorum_in) and DiLoCo run it: the members
+/// that arrive in time under `rule` are decided from their simulated clocks (each member's
+/// arrival: when it is ready for a call); those taken wait, idle, until the quorum closes,
+/// and those left out stop at the close (the compute they had charged after it is taken
+/// back). The quorum then makes `op` among itself with `payload` bytes each, and, when some
+/// were left out, its first member sends them `catch_up` bytes (a broadcast over the late
+/// members and itself), which they wait for and it does not.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlannedQuorum {
+    /// Who the round waits for.
+    pub rule: QuorumRule,
+    /// The call the quorum makes (its mean).
+    pub op: CollectiveOp,
+    /// Bytes in each quorum member's buffer for `op`.
+    pub payload: u64,
+    /// Bytes of the broadcast to the members left out (the round's result).
+    pub catch_up: u64,
 }
 
 impl PlannedEvent {
