@@ -11,7 +11,7 @@
 //! one line per strategy (`--out-dir`; [`crate::plan_sweep`]).
 
 use crate::cli::{StrategyName, network_and_speeds};
-use crate::summary::{human_bytes, percent, seconds};
+use crate::summary::{ElasticSummary, human_bytes, percent, seconds};
 use clap::Parser;
 use gym_core::comm::simulation::{format_param_count, parse_param_count};
 use gym_core::faults::FaultSchedule;
@@ -130,9 +130,16 @@ pub struct PlanSummary {
     pub simulated_idle_s: f64,
     /// Compute ÷ (compute + exposed communication + idle).
     pub compute_utilisation: f64,
-    /// Simulated compute that went into the model ÷ node-time held (without faults, the
+    /// Simulated compute that went into the model ÷ node-time held: every node's compute
+    /// less the work faults and quorums dropped, as training books it (without either, the
     /// compute utilisation).
     pub goodput: f64,
+    /// Node-steps that did not go into the model: steps nodes were away, and steps whose
+    /// work was dropped (a node left or took a peer's state before it was merged, or was
+    /// late for a quorum).
+    pub node_steps_lost: u64,
+    /// What the faults and quorums cost, over all nodes, as a training run's `elastic`.
+    pub elastic: ElasticSummary,
     /// Tokens per simulated second, when the tokens per step are known.
     pub tokens_per_s: Option<f64>,
     /// Seconds the plan took here.
@@ -285,6 +292,8 @@ impl PlanArgs {
             simulated_idle_s: got(report.simulated_idle_s()),
             compute_utilisation: got(report.compute_utilisation()),
             goodput: got(report.goodput()),
+            node_steps_lost: report.node_steps_lost(),
+            elastic: ElasticSummary::new(&report),
             tokens_per_s: self
                 .tokens_per_step
                 .map(|t| t as f64 * config.steps as f64 / simulated_time_s.max(f64::MIN_POSITIVE)),
@@ -348,6 +357,14 @@ impl PlanSummary {
             "  goodput              {}",
             percent(Some(self.goodput))
         );
+        if self.node_steps_lost > 0 {
+            let e = &self.elastic;
+            let _ = writeln!(
+                out,
+                "  node-steps lost      {} ({} away, {} discarded)",
+                self.node_steps_lost, e.node_steps_absent, e.node_steps_discarded
+            );
+        }
         let _ = writeln!(
             out,
             "  bytes sent per node  {}",

@@ -284,8 +284,8 @@ fn bad_input_is_refused_naming_the_flag_before_any_work() {
 }
 
 /// A plan under faults: a node that leaves and rejoins costs goodput (its time away, the
-/// state it receives), printed and in the JSON; a strategy that keeps transfers in flight
-/// across steps is refused under faults, naming it.
+/// state it receives, the work it drops), printed and in the JSON; strategies that keep
+/// transfers in flight across steps plan under faults too.
 #[test]
 fn a_plan_runs_faults_and_prints_goodput() {
     let base = [
@@ -312,17 +312,97 @@ fn a_plan_runs_faults_and_prints_goodput() {
     // outer momentum, 5 bytes each per parameter, to node 3 (received, so the mean grows).
     let extra = f(&faulty, "bytes_received_per_node") - f(&clean, "bytes_received_per_node");
     assert!(extra > 0.0, "{faulty}");
+    // Node 3 is away for steps 12 to 21 and drops the two steps of its round before it.
+    assert_eq!(faulty["node_steps_lost"], 12, "{faulty}");
+    assert_eq!(faulty["elastic"]["node_steps_absent"], 10, "{faulty}");
+    assert_eq!(faulty["elastic"]["rejoins"], 1, "{faulty}");
+    assert_eq!(clean["node_steps_lost"], 0, "{clean}");
     let out = plan(&[&base[..], &["--faults", "crash:1@5"]].concat());
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("goodput"), "{text}");
-    let mut streaming_flags = base.to_vec();
-    streaming_flags[5] = "streaming-diloco";
-    streaming_flags.extend(["--faults", "crash:1@5"]);
-    let streaming = plan(&streaming_flags);
-    let err = String::from_utf8_lossy(&streaming.stderr);
     assert!(
-        !streaming.status.success() && err.contains("--faults") && err.contains("streaming"),
+        text.contains("goodput") && text.contains("node-steps lost"),
+        "{text}"
+    );
+    // Fragments in flight (Streaming DiLoCo) and delayed means (SPARTA) plan under faults.
+    for strategy in [
+        &[
+            "--strategy",
+            "streaming-diloco",
+            "-H",
+            "10",
+            "--overlap",
+            "2",
+        ][..],
+        &["--strategy", "sparta", "--sparta-delay", "2"],
+    ] {
+        // Without DiLoCo's `-H 10`.
+        let mut flags = base.to_vec();
+        flags.drain(4..8);
+        flags.extend(strategy);
+        let clean = json(&flags);
+        flags.extend(["--faults", "leave:3@12+10"]);
+        let faulty = json(&flags);
+        assert!(f(&faulty, "goodput") < f(&clean, "goodput"), "{faulty}");
+        assert!(f(&faulty, "node_steps_lost") >= 10.0, "{faulty}");
+    }
+}
+
+/// DiLoCo's quorum flags plan: the outer steps leave out the nodes that arrive late on the
+/// planned clocks (here node 7, at half speed), whose rounds are lost, so the goodput falls
+/// below the compute utilisation; a bad quorum is refused naming its flag.
+#[test]
+fn a_plan_takes_diloco_s_quorum() {
+    let base = [
+        "--params",
+        "100M",
+        "--num-nodes",
+        "8",
+        "--strategy",
+        "diloco",
+        "-H",
+        "10",
+        "--steps",
+        "50",
+        "--step-seconds",
+        "1",
+        "--network",
+        "1gbit:50ms",
+        "--node-speed",
+        "1,1,1,1,1,1,1,0.5",
+    ];
+    let all = json(&base);
+    for quorum in [
+        &["--min-quorum", "7", "--grace", "0.5"][..],
+        &["--fastest", "7"],
+    ] {
+        let late = json(&[&base[..], quorum].concat());
+        // Five rounds, each dropping node 7's ten steps.
+        assert_eq!(late["node_steps_lost"], 50, "{quorum:?}: {late}");
+        assert_eq!(
+            late["elastic"]["node_steps_discarded"], 50,
+            "{quorum:?}: {late}"
+        );
+        assert!(
+            f(&late, "goodput") < f(&late, "compute_utilisation"),
+            "{quorum:?}: {late}"
+        );
+        // Nobody waits for the slow node: the run is shorter than waiting for everyone.
+        assert!(
+            f(&late, "simulated_time_s") < f(&all, "simulated_time_s"),
+            "{quorum:?}: {late} vs {all}"
+        );
+    }
+    // A grace window that covers the slow node takes it in: nothing lost.
+    let wide = json(&[&base[..], &["--min-quorum", "7", "--grace", "100"]].concat());
+    assert_eq!(wide["node_steps_lost"], 0, "{wide}");
+    // With faults too.
+    let faulty = [&base[..], &["--fastest", "6", "--faults", "leave:2@12+10"]].concat();
+    assert!(json(&faulty)["node_steps_lost"].as_u64().unwrap() > 50);
+    let out = plan(&[&base[..], &["--min-quorum", "0"]].concat());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--min-quorum"),
         "{err}"
     );
 }
