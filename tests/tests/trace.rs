@@ -8,7 +8,9 @@
 
 use gym_core::faults::FaultSchedule;
 use gym_core::planner::{PlanConfig, RejoinBytes, plan_traced};
-use gym_core::{NodeData, RunReport, SimulatedTime, StrategyConfig, Trainer, TrainerConfig};
+use gym_core::{
+    NodeData, QuorumRule, RunReport, SimulatedTime, StrategyConfig, Trainer, TrainerConfig,
+};
 use gym_strategies::{
     AllReduceConfig, DiLoCoCommunicatorConfig, DiLoCoConfig, StreamingDiLoCoConfig,
 };
@@ -277,6 +279,46 @@ fn trace_of_a_fault_draws_the_time_away_and_the_rejoin() {
     let (plan_report, planned) = traced_plan(&diloco, 8, None, (Some(faults), state));
     assert_eq!(plan_report.simulated, report.simulated);
     let (trained, plan) = (node_events(&trace), node_events(&planned));
+    assert_eq!(trained.len(), plan.len());
+    for (a, b) in trained.iter().zip(&plan) {
+        assert_eq!(a, b);
+    }
+}
+
+/// DiLoCo with a quorum (H = 3, a quorum of 2 and a 10 ms grace window): the late nodes'
+/// tracks are cut back to the close and draw the catch-up broadcast; the plan, deciding
+/// the quorum from its own clocks, draws the same events.
+#[test]
+fn trace_of_a_quorum_draws_the_late_nodes_as_training_does() {
+    let diloco = DiLoCoConfig::new().with_communicator(
+        DiLoCoCommunicatorConfig::new()
+            .with_sync_interval(3)
+            .with_quorum(Some(QuorumRule::Grace {
+                min: 2,
+                grace_s: 0.01,
+            })),
+    );
+    let config = TrainerConfig::new(NODES)
+        .with_max_steps(Some(9))
+        .with_simulation(Some(cluster()));
+    let (report, trace) = traced_fit("quorum", config, &diloco);
+    assert!(
+        report.elastic.total().discarded_steps > 0,
+        "someone is late"
+    );
+    let tracks = trace_file::main_tracks(&trace);
+    assert_sums(&tracks, &report.simulated);
+    let (plan_report, planned) = traced_plan(&diloco, 9, None, (None, 0));
+    assert_eq!(plan_report.simulated, report.simulated);
+    assert_sums(&trace_file::main_tracks(&planned), &plan_report.simulated);
+    let (trained, plan) = (node_events(&trace), node_events(&planned));
+    // The quorum's wait and the late nodes' catch-up broadcast are drawn.
+    assert!(
+        trained
+            .iter()
+            .any(|e| e["args"].to_string().contains("quorum"))
+    );
+    assert!(trained.iter().any(|e| e["name"] == "broadcast"));
     assert_eq!(trained.len(), plan.len());
     for (a, b) in trained.iter().zip(&plan) {
         assert_eq!(a, b);
