@@ -123,6 +123,20 @@ pub enum GymError {
         /// The report of the steps done.
         report: Box<crate::metrics::RunReport>,
     },
+    /// A plan of `strategy` whose traffic follows each parameter's shape (DeMo's DCT chunks,
+    /// PowerSGD's rank-r factors) was asked for by size alone: give the trainable
+    /// parameters' shapes ([`PlanConfig::shapes`](crate::planner::PlanConfig::shapes), the
+    /// model's layout, or the `plan` binary's `--model`).
+    #[error(
+        "{strategy} cannot be planned without the parameters' shapes: {why}; give them \
+         (`shapes` of the plan, the model's layout, or `--model`)"
+    )]
+    PlanNeedsShapes {
+        /// What cannot be planned (a strategy or a compression).
+        strategy: String,
+        /// Why its traffic follows the shapes.
+        why: &'static str,
+    },
     /// Writing logs or reading files failed.
     #[error("I/O error on {path}: {source}")]
     Io {

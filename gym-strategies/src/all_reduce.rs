@@ -5,7 +5,7 @@ use crate::compress::{CompressionConfig, Compressor};
 use burn::config::Config;
 use burn::tensor::Tensor;
 use gym_core::InnerOptimizerRecord;
-use gym_core::planner::{PlanInfo, PlannedEvent, Traffic};
+use gym_core::planner::{PlanInfo, PlannedEvent, PlannedGroups, Traffic};
 use gym_core::state::fields::Record;
 use gym_core::{
     InnerOptimizer, InnerOptimizerConfig, NodeInfo, Replica, Result, StateDict, StepContext,
@@ -62,10 +62,10 @@ impl StrategyConfig for AllReduceConfig {
 
     /// Every step: one mean of the gradient over the world.
     fn traffic(&self, info: &PlanInfo<'_>) -> Result<Box<dyn Traffic>> {
-        let (op, payload) = self.compression.planned_mean(info.params)?;
+        let mut means = self.compression.planned_means(info)?;
         Ok(Box::new(
             move |_step: usize, events: &mut Vec<PlannedEvent>| {
-                events.push(PlannedEvent::world(op, payload));
+                means.push(&PlannedGroups::World, events);
                 Ok(())
             },
         ))

@@ -8,7 +8,7 @@ use crate::outer::OuterRecord;
 use crate::outer::{OuterOptimizer, default_outer_optimizer};
 use burn::config::Config;
 use burn::tensor::Tensor;
-use gym_core::planner::{PlanInfo, PlannedEvent, PlannedQuorum, Traffic};
+use gym_core::planner::{PlanInfo, PlannedEvent, PlannedGroups, PlannedQuorum, Traffic};
 use gym_core::state::fields::Record;
 use gym_core::{
     Group, GymError, InnerOptimizerConfig, NodeInfo, OptimizerConfig, QuorumRule, Replica, Result,
@@ -84,17 +84,7 @@ impl CommunicationModuleConfig for DiLoCoCommunicatorConfig {
                 "DiLoCo: `sync_interval` must be at least 1".into(),
             ));
         }
-        if let Some(rule) = &self.quorum {
-            rule.validate()
-                .map_err(|why| GymError::InvalidConfig(format!("DiLoCo: `quorum`: {why}")))?;
-            if matches!(self.compression, CompressionConfig::PowerSgd(_)) {
-                return Err(GymError::InvalidConfig(
-                    "DiLoCo: a quorum with PowerSGD compression is not supported (a late node \
-                     would miss the shared low-rank state)"
-                        .into(),
-                ));
-            }
-        }
+        self.check_quorum()?;
         Ok(Box::new(DiLoCoCommunicator {
             quorum: self.quorum,
             uncommitted: false,
@@ -121,38 +111,59 @@ impl CommunicationModuleConfig for DiLoCoCommunicatorConfig {
 }
 
 impl DiLoCoCommunicatorConfig {
+    /// Refuses a quorum rule out of range, and a quorum with PowerSGD compression.
+    fn check_quorum(&self) -> Result<()> {
+        if let Some(rule) = &self.quorum {
+            rule.validate()
+                .map_err(|why| GymError::InvalidConfig(format!("DiLoCo: `quorum`: {why}")))?;
+            if matches!(self.compression, CompressionConfig::PowerSgd(_)) {
+                return Err(GymError::InvalidConfig(
+                    "DiLoCo: a quorum with PowerSGD compression is not supported (a late node \
+                     would miss the shared low-rank state)"
+                        .into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Every H-th step, one mean of the pseudo-gradient over the world, or with a quorum
     /// Decoupled DiLoCo's round ([`PlannedEvent::Quorum`]: the mean over the nodes that
     /// arrive in time, then the first of them sends the others the mean, `4·params` bytes
     /// as an f32 tensor); the steps between leave their work unmerged.
     fn planned(&self, info: &PlanInfo<'_>) -> Result<Box<dyn Traffic>> {
-        if let Some(rule) = &self.quorum {
-            rule.validate()
-                .map_err(|why| GymError::InvalidConfig(format!("DiLoCo: `quorum`: {why}")))?;
-        }
-        let (op, payload) = self.compression.planned_mean(info.params)?;
-        let (h, quorum) = (self.sync_interval, self.quorum);
+        self.check_quorum()?;
+        let mut means = self.compression.planned_means(info)?;
+        // A quorum's mean is one call (PowerSGD, its calls dependent, is refused above).
+        let quorum = match self.quorum {
+            Some(rule) => {
+                let (op, payload) = self.compression.planned_mean(info.params)?;
+                let catch_up = 4 * info.params;
+                Some(PlannedQuorum {
+                    rule,
+                    op,
+                    payload,
+                    catch_up,
+                })
+            }
+            None => None,
+        };
+        let h = self.sync_interval;
         if h == 0 {
             return Err(GymError::InvalidConfig(
                 "DiLoCo: `sync_interval` must be at least 1".into(),
             ));
         }
-        let catch_up = 4 * info.params;
         Ok(Box::new(
             move |step: usize, events: &mut Vec<PlannedEvent>| {
                 if !is_sync_step(step, h) {
                     events.push(PlannedEvent::Unmerged);
                     return Ok(());
                 }
-                events.push(match quorum {
-                    None => PlannedEvent::world(op, payload),
-                    Some(rule) => PlannedEvent::Quorum(PlannedQuorum {
-                        rule,
-                        op,
-                        payload,
-                        catch_up,
-                    }),
-                });
+                match &quorum {
+                    None => means.push(&PlannedGroups::World, events),
+                    Some(round) => events.push(PlannedEvent::Quorum(round.clone())),
+                }
                 Ok(())
             },
         ))

@@ -5,7 +5,7 @@ use crate::communicate::{
 };
 use crate::compress::{CompressionConfig, Compressor};
 use burn::config::Config;
-use gym_core::planner::{PlanInfo, PlannedCall, PlannedEvent, PlannedGroups, Traffic};
+use gym_core::planner::{PlanInfo, PlannedEvent, PlannedGroups, Traffic};
 use gym_core::rng::derive_seed;
 use gym_core::state::fields::Record;
 use gym_core::{
@@ -117,7 +117,7 @@ impl AveragingCommunicatorConfig {
     /// Every H-th step, one mean of the parameters within each island (the world without
     /// islands); the steps between leave their work unmerged.
     fn planned(&self, info: &PlanInfo<'_>) -> Result<Box<dyn Traffic>> {
-        let (op, payload) = self.compression.planned_mean(info.params)?;
+        let mut means = self.compression.planned_means(info)?;
         let (h, island_size, seed, k) = (
             self.sync_interval,
             self.island_size,
@@ -140,11 +140,7 @@ impl AveragingCommunicatorConfig {
                     ),
                     _ => PlannedGroups::World,
                 };
-                events.push(PlannedEvent::Call(PlannedCall {
-                    op,
-                    groups,
-                    payload,
-                }));
+                means.push(&groups, events);
                 Ok(())
             },
         ))

@@ -4,6 +4,7 @@
 use crate::AllReduceConfig;
 use crate::compress::{CompressionConfig, PowerSgdCompressionConfig};
 use burn::config::Config;
+use gym_core::planner::{PlanInfo, Traffic};
 use gym_core::{InnerOptimizerConfig, NodeInfo, Result, Strategy, StrategyConfig};
 
 /// The strategy's name, on the command line and in logs.
@@ -76,6 +77,17 @@ impl StrategyConfig for PowerSgdConfig {
 
     fn init(&self, node: &NodeInfo<'_>) -> Result<Box<dyn Strategy>> {
         self.all_reduce().init(node)
+    }
+
+    /// [`AllReduceConfig`]'s: every step, PowerSGD's calls, sized from the parameters'
+    /// shapes (refused without them).
+    fn traffic(&self, info: &PlanInfo<'_>) -> Result<Box<dyn Traffic>> {
+        self.all_reduce().traffic(info)
+    }
+
+    /// The optimizer's.
+    fn state_values_per_param(&self) -> Option<f64> {
+        self.all_reduce().state_values_per_param()
     }
 }
 /// PowerSGD in the product's registry: its flags and how they build it.

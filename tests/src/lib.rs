@@ -15,6 +15,7 @@ use std::path::PathBuf;
 
 pub mod trace_file;
 pub mod twin;
+pub mod twin_strategies;
 
 /// `<repo>/../shared/data/<name>`, or `$GYM_DATA_DIR/<name>`. Panics with a clear message
 /// when the folder is missing: these tests must not pass silently without their data.

@@ -6,15 +6,15 @@
 use burn::tensor::Device;
 use gym_core::planner::{PlanConfig, plan};
 use gym_core::{
-    GymError, NodeData, ParamLayout, QuorumRule, RunReport, SimulationConfig, StrategyConfig,
-    Trainer, TrainerConfig,
+    GymError, NodeData, ParamLayout, RunReport, SimulationConfig, StrategyConfig, Trainer,
+    TrainerConfig,
 };
-use gym_strategies::{
-    AllReduceConfig, AveragingCommunicatorConfig, CompressionConfig, DiLoCoCommunicatorConfig,
-    DiLoCoConfig, FedAvgConfig, IndexSelectorKind, SparseCommunicatorConfig, SpartaConfig,
-    SpartaDiLoCoConfig, StreamingDiLoCoConfig,
-};
+use gym_strategies::compress::PowerSgdCompressionConfig;
+use gym_strategies::{AllReduceConfig, DeMoConfig, IndexSelectorKind, PowerSgdConfig};
 use tests::twin::{BATCH, NODES, SEED, cluster, mlp_plan};
+use tests::twin_strategies::{
+    FASTEST, GRACE, diloco_quorum, shaped_strategies, sparta, strategies,
+};
 use tests::{Synthetic, SyntheticBatcher, small_mlp};
 
 const STEPS: usize = 12;
@@ -42,122 +42,9 @@ fn planned(
     plan(&config, strategy, exact_layout.then_some(&layout))
 }
 
-fn sparta(p: f64, delay: usize, selector: IndexSelectorKind) -> SpartaConfig {
-    SpartaConfig::new().with_communicator(
-        SparseCommunicatorConfig::new()
-            .with_p(p)
-            .with_delay(delay)
-            .with_selector(selector),
-    )
-}
-
-/// DiLoCo every `h` steps through `codec` whose outer steps wait for a quorum under `rule`.
-fn diloco_quorum(h: usize, codec: &str, rule: QuorumRule) -> DiLoCoConfig {
-    DiLoCoConfig::new().with_communicator(
-        DiLoCoCommunicatorConfig::new()
-            .with_sync_interval(h)
-            .with_compression(codec.parse().unwrap())
-            .with_quorum(Some(rule)),
-    )
-}
-
-/// A quorum of 2 and a grace window, which takes a third node in some rounds and not in
-/// others on the twin cluster.
-const GRACE: QuorumRule = QuorumRule::Grace {
-    min: 2,
-    grace_s: 0.01,
-};
-
-/// The fastest three of four.
-const FASTEST: QuorumRule = QuorumRule::Fastest { count: 3 };
-
-fn strategies() -> Vec<(&'static str, Box<dyn StrategyConfig>)> {
-    let int8: CompressionConfig = "int8".parse().unwrap();
-    let topk: CompressionConfig = "topk:8/64+int8,ef".parse().unwrap();
-    vec![
-        ("allreduce", Box::new(AllReduceConfig::new())),
-        (
-            "allreduce int8",
-            Box::new(AllReduceConfig::new().with_compression(int8)),
-        ),
-        (
-            "diloco H=3",
-            Box::new(
-                DiLoCoConfig::new()
-                    .with_communicator(DiLoCoCommunicatorConfig::new().with_sync_interval(3)),
-            ),
-        ),
-        (
-            "diloco H=4 top-k",
-            Box::new(
-                DiLoCoConfig::new().with_communicator(
-                    DiLoCoCommunicatorConfig::new()
-                        .with_sync_interval(4)
-                        .with_compression(topk),
-                ),
-            ),
-        ),
-        (
-            "sparta random",
-            Box::new(sparta(0.1, 0, IndexSelectorKind::Random)),
-        ),
-        (
-            "sparta delayed 2, partitioned",
-            Box::new(sparta(0.25, 2, IndexSelectorKind::Partitioned)),
-        ),
-        (
-            "diloco H=3 bf16 ring",
-            Box::new(
-                DiLoCoConfig::new().with_communicator(
-                    DiLoCoCommunicatorConfig::new()
-                        .with_sync_interval(3)
-                        .with_compression("bf16".parse().unwrap()),
-                ),
-            ),
-        ),
-        ("sparta-diloco", Box::new(SpartaDiLoCoConfig::new())),
-        (
-            "streaming diloco F=2 H=4 overlap 1",
-            Box::new(
-                StreamingDiLoCoConfig::new()
-                    .with_sync_interval(4)
-                    .with_fragments(2)
-                    .with_overlap(1),
-            ),
-        ),
-        (
-            "streaming diloco F=3 H=6 int8 no overlap",
-            Box::new(
-                StreamingDiLoCoConfig::new()
-                    .with_sync_interval(6)
-                    .with_fragments(3)
-                    .with_compression(int8),
-            ),
-        ),
-        (
-            "fedavg islands of 2",
-            Box::new(
-                FedAvgConfig::new().with_communicator(
-                    AveragingCommunicatorConfig::new()
-                        .with_sync_interval(2)
-                        .with_island_size(Some(2)),
-                ),
-            ),
-        ),
-        (
-            "diloco H=3 quorum 2, grace",
-            Box::new(diloco_quorum(3, "none", GRACE)),
-        ),
-        (
-            "diloco H=2 fastest 3, int8",
-            Box::new(diloco_quorum(2, "int8", FASTEST)),
-        ),
-    ]
-}
-
 #[test]
 fn planning_gives_the_simulated_time_and_bytes_of_training() {
-    for (name, strategy) in strategies() {
+    for (name, strategy) in strategies().into_iter().chain(shaped_strategies()) {
         let sim = cluster();
         let trained = train(&*strategy, &sim);
         let plan = planned(&*strategy, &sim, true).unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -247,6 +134,7 @@ fn a_plan_refuses_what_it_cannot_run() {
         steps: STEPS,
         seed: SEED,
         params: ParamLayout::trainable(&model).num_elements() as u64,
+        shapes: None,
         step_flops: 1e6,
         simulation: sim.clone(),
         faults: None,
@@ -297,8 +185,64 @@ fn a_plan_refuses_what_it_cannot_run() {
         &strategy,
         "node_speed",
     );
+    // Shapes that do not add up to the parameters.
+    refused(
+        PlanConfig {
+            shapes: Some(vec![vec![16, 32], vec![32]]),
+            ..base.clone()
+        },
+        &strategy,
+        "`shapes` hold 544 values",
+    );
+    // PowerSGD and DeMo by size alone: the shapes are needed, said by a typed error.
     let powersgd = AllReduceConfig::new().with_compression("powersgd:2".parse().unwrap());
-    refused(base.clone(), &powersgd, "PowerSGD");
-    let demo = gym_strategies::DeMoConfig::new();
-    refused(base, &demo, "cannot be planned");
+    for shaped in [
+        &powersgd as &dyn StrategyConfig,
+        &PowerSgdConfig::new(),
+        &DeMoConfig::new(),
+    ] {
+        let err = plan(&base, shaped, None).unwrap_err();
+        assert!(
+            matches!(err, GymError::PlanNeedsShapes { .. }),
+            "{}: {err}",
+            shaped.name()
+        );
+        assert!(err.to_string().contains("shapes"), "{err}");
+    }
+}
+
+/// DeMo's and PowerSGD's payloads follow the shapes: given the shapes alone (no layout),
+/// the plan is training's; a plan with another top-k, chunk or rank is not.
+#[test]
+fn shaped_payloads_plan_from_the_shapes_alone_and_follow_the_settings() {
+    let sim = cluster();
+    let (config, layout) = mlp_plan(sim.clone(), STEPS);
+    let shapes: Vec<Vec<usize>> = layout.entries().iter().map(|e| e.shape.clone()).collect();
+    let by_shapes = PlanConfig {
+        shapes: Some(shapes),
+        ..config
+    };
+    let powersgd = |rank: usize| {
+        PowerSgdConfig::new().with_compression(PowerSgdCompressionConfig::new().with_rank(rank))
+    };
+    let cases: [(&dyn StrategyConfig, &dyn StrategyConfig); 3] = [
+        (
+            &DeMoConfig::new(),
+            &DeMoConfig::new().with_compression_topk(31),
+        ),
+        (
+            &DeMoConfig::new().with_compression_chunk(4),
+            &DeMoConfig::new().with_compression_chunk(8),
+        ),
+        (&powersgd(2), &powersgd(3)),
+    ];
+    for (strategy, other) in cases {
+        let trained = train(strategy, &sim);
+        let plan_ = plan(&by_shapes, strategy, None).unwrap();
+        assert_eq!(plan_.simulated, trained.simulated, "{}", strategy.name());
+        assert_eq!(plan_.comm, trained.comm, "{}", strategy.name());
+        let wrong = plan(&by_shapes, other, None).unwrap();
+        assert_ne!(wrong.comm, trained.comm, "{}", strategy.name());
+        assert_ne!(wrong.simulated, trained.simulated, "{}", strategy.name());
+    }
 }

@@ -1,34 +1,31 @@
 //! The planner runs fault schedules as training does: nodes that leave and rejoin (catching
 //! up with their source's clock and receiving its state, with the transfers it holds in
 //! flight), crash, run slow, fail at random, or lose the link between islands. Each
-//! strategy that plans is trained on four simulated nodes and planned; clocks (with the
+//! strategy that plans (DeMo and PowerSGD from the model's shapes) is trained on four simulated nodes and planned; clocks (with the
 //! time away), bytes and the work each node lost agree bit for bit.
 
-use gym_core::checkpoint::Checkpoint;
 use gym_core::faults::FaultSchedule;
-use gym_core::planner::{PlanConfig, RejoinBytes, peer_state_bytes, plan};
+use gym_core::planner::{PlanConfig, RejoinBytes, plan};
 use gym_core::{GymError, NodeData, QuorumRule, RunReport, StrategyConfig, Trainer, TrainerConfig};
 use gym_strategies::{
     AllReduceConfig, AveragingCommunicatorConfig, DiLoCoCommunicatorConfig, DiLoCoConfig,
     FedAvgConfig, IndexSelectorKind, SparseCommunicatorConfig, SpartaConfig, SpartaDiLoCoConfig,
     StreamingDiLoCoConfig,
 };
-use std::collections::BTreeMap;
-use std::sync::Arc;
-use tests::twin::{BATCH, NODES, SEED, cluster, mlp_plan};
+use tests::twin::{BATCH, NODES, SEED, checkpointed, cluster, mlp_plan, state_sizes};
+use tests::twin_strategies::shaped_strategies;
 use tests::{Synthetic, SyntheticBatcher, small_mlp};
 
 const STEPS: usize = 12;
 
 /// Trains `strategy` under `faults` (checkpointing every step into `dir`, which changes
 /// nothing of the run); returns its report and the size of every node's encoded state
-/// before every step after 0, by (step, rank): what a rejoin's source sends.
+/// before every step after 0: what a rejoin's source sends.
 fn train(
     strategy: &dyn StrategyConfig,
     faults: &FaultSchedule,
     dir: &std::path::Path,
-) -> (RunReport, BTreeMap<(usize, usize), u64>) {
-    std::fs::remove_dir_all(dir).ok();
+) -> (RunReport, RejoinBytes) {
     let data = NodeData::shared(Synthetic::new(1024, 16, 4, 1), Synthetic::new(64, 16, 4, 2));
     let config = TrainerConfig::new(NODES)
         .with_max_steps(Some(STEPS))
@@ -36,26 +33,12 @@ fn train(
         .with_val_size(Some(0))
         .with_seed(SEED)
         .with_simulation(Some(cluster()))
-        .with_faults(Some(faults.clone()))
-        .with_log_dir(Some(dir.to_string_lossy().into_owned()))
-        .with_run_name(Some("run".into()))
-        .with_checkpoint_interval(Some(1))
-        .with_keep_checkpoints(STEPS + 1);
-    let report = Trainer::new(config)
+        .with_faults(Some(faults.clone()));
+    let report = Trainer::new(checkpointed(config, STEPS, dir))
         .fit(small_mlp, strategy, &data, &SyntheticBatcher)
         .expect("trains")
         .report;
-    let mut sizes = BTreeMap::new();
-    for next_step in 1..STEPS {
-        let file = dir.join("run").join(Checkpoint::file_name(next_step));
-        let (checkpoint, _) = Checkpoint::load(&file).expect("a checkpoint");
-        for (rank, node) in checkpoint.nodes.iter().enumerate() {
-            let bytes = peer_state_bytes(&node.model, &node.strategy).unwrap();
-            sizes.insert((next_step, rank), bytes);
-        }
-    }
-    std::fs::remove_dir_all(dir).ok();
-    (report, sizes)
+    (report, state_sizes(STEPS, dir))
 }
 
 fn planned(
@@ -176,12 +159,10 @@ const FAULTS: &[&str] = &[
 #[test]
 fn planning_under_faults_gives_the_simulated_time_and_bytes_of_training() {
     let dir = std::env::temp_dir().join(format!("gym-planner-faults-{}", std::process::id()));
-    for (name, strategy) in strategies() {
+    for (name, strategy) in strategies().into_iter().chain(shaped_strategies()) {
         for spec in FAULTS {
             let faults: FaultSchedule = spec.parse().unwrap();
-            let (trained, sizes) = train(&*strategy, &faults, &dir);
-            let rejoin_bytes =
-                RejoinBytes::BySource(Arc::new(move |step, source| sizes[&(step, source)]));
+            let (trained, rejoin_bytes) = train(&*strategy, &faults, &dir);
             let case = format!("{name} under {spec}");
             let plan = planned(&*strategy, &faults, rejoin_bytes)
                 .unwrap_or_else(|e| panic!("{case}: {e}"));

@@ -84,12 +84,19 @@ fn run_plan(
         ));
     }
     config.simulation.validate(config.num_nodes)?;
+    let from_layout: Option<Vec<Vec<usize>>> =
+        layout.map(|l| l.entries().iter().map(|e| e.shape.clone()).collect());
+    let shapes = config.shapes.as_deref().or(from_layout.as_deref());
+    if let Some(shapes) = shapes {
+        check_shapes(shapes, config.params, from_layout.as_deref())?;
+    }
     let info = PlanInfo {
         world_size: config.num_nodes,
         max_steps: config.steps,
         seed: config.seed,
         params: config.params,
         layout,
+        shapes,
     };
     let faults = resolve_faults(config)?;
     let mut traffic = strategy.traffic(&info)?;
@@ -129,6 +136,42 @@ fn run_plan(
         .filter_map(|c| c.trace.map(|t| t.into_timeline()))
         .collect();
     Ok((report, timelines))
+}
+
+/// Refuses `shapes` whose elements do not add up to `params`, or that differ from the
+/// layout's shapes (`from_layout`) when both are given.
+fn check_shapes(
+    shapes: &[Vec<usize>],
+    params: u64,
+    from_layout: Option<&[Vec<usize>]>,
+) -> Result<()> {
+    let bad = |why: String| Err(GymError::InvalidConfig(why));
+    let mut total: u64 = 0;
+    for (i, shape) in shapes.iter().enumerate() {
+        let numel = shape
+            .iter()
+            .try_fold(1u64, |n, &d| n.checked_mul(d as u64))
+            .filter(|&n| n > 0);
+        match numel.and_then(|n| total.checked_add(n)) {
+            Some(sum) => total = sum,
+            None => {
+                return bad(format!(
+                    "`shapes`: tensor {i} ({shape:?}) has no elements or too many"
+                ));
+            }
+        }
+    }
+    if total != params {
+        return bad(format!(
+            "`shapes` hold {total} values but `params` is {params}"
+        ));
+    }
+    if let Some(layout) = from_layout
+        && layout != shapes
+    {
+        return bad("`shapes` differ from the shapes of the layout given with them".into());
+    }
+    Ok(())
 }
 
 /// The run's fault timeline, resolved as the trainer resolves it: random faults drawn from

@@ -97,6 +97,12 @@ pub struct PlanConfig {
     pub seed: u64,
     /// Trainable parameters.
     pub params: u64,
+    /// The trainable parameters' shapes, in the model's layout order (Burn's visit order, as
+    /// [`ParamLayout::trainable`](crate::ParamLayout::trainable) lists them), when known
+    /// without the model (e.g. from a model's configuration); their elements must add up to
+    /// `params`. A strategy whose payload follows each tensor's shape (DeMo, PowerSGD)
+    /// plans only with them, or with the layout given to [`plan`]. `None`: by size alone.
+    pub shapes: Option<Vec<Vec<usize>>>,
     /// FLOPs of one node's step (its forward and backward passes), charged through
     /// [`SimulationConfig::step_compute_s`] as a training run charges them.
     pub step_flops: f64,

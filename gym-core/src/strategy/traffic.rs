@@ -22,6 +22,12 @@ pub struct PlanInfo<'a> {
     /// layout (which elements a selector draws) follows it exactly when given, and uses
     /// the expected size otherwise (documented by the strategy).
     pub layout: Option<&'a ParamLayout>,
+    /// The trainable parameters' shapes, in layout order, when known (from
+    /// [`PlanConfig::shapes`](crate::planner::PlanConfig::shapes) or from `layout`): a
+    /// schedule whose payload follows each tensor's shape (DeMo, PowerSGD) needs them, and
+    /// refuses with [`GymError::PlanNeedsShapes`](crate::GymError::PlanNeedsShapes)
+    /// without.
+    pub shapes: Option<&'a [Vec<usize>]>,
 }
 
 /// Which nodes take part in a planned call: the world (every node), or disjoint groups

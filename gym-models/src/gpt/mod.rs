@@ -269,6 +269,39 @@ impl GptConfig {
         })
     }
 
+    /// The shapes of the trainable parameters of the model these sizes build, in Burn's
+    /// visit order (the order [`ParamLayout::trainable`](gym_core::ParamLayout::trainable)
+    /// lists them): the token and position embeddings, each block's LayerNorms and
+    /// projections (weights `[in, out]`, then biases), and the final LayerNorm. Computed
+    /// from the sizes alone, without allocating a weight: what a plan of a model too large
+    /// to build here needs ([`gym_core::planner::PlanConfig::shapes`]).
+    pub fn param_shapes(&self) -> Vec<Vec<usize>> {
+        let d = self.n_embd;
+        let layer_norm = |shapes: &mut Vec<Vec<usize>>| {
+            shapes.push(vec![d]);
+            if self.bias {
+                shapes.push(vec![d]);
+            }
+        };
+        let linear = |shapes: &mut Vec<Vec<usize>>, d_in: usize, d_out: usize| {
+            shapes.push(vec![d_in, d_out]);
+            if self.bias {
+                shapes.push(vec![d_out]);
+            }
+        };
+        let mut shapes = vec![vec![self.vocab_size, d], vec![self.block_size, d]];
+        for _ in 0..self.n_layer {
+            layer_norm(&mut shapes);
+            linear(&mut shapes, d, 3 * d);
+            linear(&mut shapes, d, d);
+            layer_norm(&mut shapes);
+            linear(&mut shapes, d, 4 * d);
+            linear(&mut shapes, 4 * d, d);
+        }
+        layer_norm(&mut shapes);
+        shapes
+    }
+
     /// Parameters of the model these sizes build, excluding the position embedding
     /// (nanoGPT's `get_num_params()`); the LM head adds none, being tied to the token
     /// embedding.

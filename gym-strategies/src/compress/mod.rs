@@ -18,16 +18,17 @@
 mod bits;
 pub mod codec;
 mod formats;
+mod planned;
 pub mod powersgd;
 mod quantizer;
 
 pub use codec::{Codec, ErrorFeedback};
 pub use quantizer::Quantizer;
 
+pub use planned::PlannedMeans;
 pub use powersgd::{PowerSgdCompressionConfig, PowerSgdCompressor};
 
 use burn::tensor::{Tensor, TensorData};
-use gym_core::comm::CollectiveOp;
 use gym_core::rng::derive_seed;
 use gym_core::state::fields::{Record, Values};
 use gym_core::{Group, GymError, NodeInfo, Pending, ReduceOp, Result, StateDict, StepContext};
@@ -96,28 +97,6 @@ impl CompressionConfig {
                 }
             }
             CompressionConfig::PowerSgd(p) => p.validate(),
-        }
-    }
-
-    /// The call a mean of `n` f32 values over a group makes, as sizes, for a plan
-    /// ([`gym_core::planner`]): the exact mean is one all-reduce of `4n` bytes; a codec's
-    /// all-gathers each member's code ([`Codec::encoded_len`]). PowerSGD's payload follows
-    /// each matrix's shape, which a plan by size does not know: refused.
-    pub fn planned_mean(&self, n: u64) -> Result<(CollectiveOp, u64)> {
-        self.validate()?;
-        let all_reduce = CollectiveOp::AllReduce(ReduceOp::Mean);
-        match self.route() {
-            Route::Exact => Ok((all_reduce, 4 * n)),
-            Route::Bf16Ring => Ok((all_reduce, 2 * n)),
-            Route::Gather(codec) => Ok((
-                CollectiveOp::AllGatherBytes,
-                codec.encoded_len(n as usize) as u64,
-            )),
-            Route::PowerSgd => Err(GymError::InvalidConfig(
-                "PowerSGD compression cannot be planned: its payload follows each matrix's \
-                 shape, which a plan by size does not know"
-                    .into(),
-            )),
         }
     }
 

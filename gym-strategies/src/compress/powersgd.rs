@@ -38,6 +38,7 @@
 use super::missing;
 use super::{Compressor, PendingMean, to_host};
 use burn::tensor::{Tensor, TensorData};
+use gym_core::comm::CollectiveOp;
 use gym_core::rng::derive_seed;
 use gym_core::state::fields::{Record, Values};
 use gym_core::{
@@ -163,18 +164,53 @@ impl PowerSgdCompressionConfig {
         })
     }
 
+    /// How a parameter of `shape` travels: `Some((n, m, r))`, compressed as an `n×m`
+    /// matrix at rank `r`, or `None`, as it is. Training's compressor and a plan's calls
+    /// ([`planned_calls`](Self::planned_calls)) both follow it.
+    fn factors(&self, shape: &[usize]) -> Option<(usize, usize, usize)> {
+        let numel: usize = shape.iter().product();
+        let n = shape.first().copied().unwrap_or(0);
+        let m = numel.checked_div(n).unwrap_or(0);
+        let r = self.rank.min(n).min(m);
+        let compress = shape.len() >= 2
+            && r > 0
+            && ((n + m) * r) as f64 * self.min_compression_rate < (n * m) as f64;
+        compress.then_some((n, m, r))
+    }
+
+    /// The calls of one compressed mean of parameters shaped `shapes` (layout order), as
+    /// sizes, in the order the compressor makes them, each waited for at once: the exact
+    /// mean of the uncompressed parameters (`4·Σ numel` bytes, if any), then, if some
+    /// matrix is compressed, the sums of every `P` (`4·Σ n·r`) and of every `Q`
+    /// (`4·Σ m·r`).
+    pub fn planned_calls(&self, shapes: &[Vec<usize>]) -> Vec<(CollectiveOp, u64)> {
+        let (mut uncompressed, mut p, mut q) = (0u64, 0u64, 0u64);
+        for shape in shapes {
+            match self.factors(shape) {
+                Some((n, m, r)) => {
+                    p += (n * r) as u64;
+                    q += (m * r) as u64;
+                }
+                None => uncompressed += shape.iter().product::<usize>() as u64,
+            }
+        }
+        let mut calls = Vec::new();
+        if uncompressed > 0 {
+            calls.push((CollectiveOp::AllReduce(ReduceOp::Mean), 4 * uncompressed));
+        }
+        if p > 0 {
+            calls.push((CollectiveOp::AllReduce(ReduceOp::Sum), 4 * p));
+            calls.push((CollectiveOp::AllReduce(ReduceOp::Sum), 4 * q));
+        }
+        calls
+    }
+
     /// Which parameters are compressed (as matrices), and which travel as they are.
     fn plan(&self, layout: &ParamLayout) -> (Vec<Matrix>, Vec<(usize, usize)>) {
         let mut matrices = Vec::new();
         let mut uncompressed = Vec::new();
         for e in layout.entries() {
-            let n = e.shape.first().copied().unwrap_or(0);
-            let m = e.numel.checked_div(n).unwrap_or(0);
-            let r = self.rank.min(n).min(m);
-            let compress = e.shape.len() >= 2
-                && r > 0
-                && ((n + m) * r) as f64 * self.min_compression_rate < (n * m) as f64;
-            if compress {
+            if let Some((n, m, r)) = self.factors(&e.shape) {
                 matrices.push(Matrix {
                     offset: e.offset,
                     n,

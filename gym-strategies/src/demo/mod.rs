@@ -35,7 +35,9 @@ use burn::optim::lr_scheduler::module_lr_scheduler::ModuleLrScheduler;
 use burn::tensor::{Tensor, TensorData};
 use codec::{IndexWidth, SparseCoefficients, read_index, top_k_per_chunk};
 use dct::{ChunkGrid, Dct};
+use gym_core::comm::CollectiveOp;
 use gym_core::optim::{check_learning_rate, check_max_norm, clip_grad_norm};
+use gym_core::planner::{PlanInfo, PlannedEvent, Traffic};
 use gym_core::state::fields::{Bytes, Record, Values};
 use gym_core::{
     GymError, LrScheduleConfig, NodeInfo, ParamLayout, Replica, Result, StateDict, StepContext,
@@ -117,8 +119,22 @@ struct ParamState {
 impl ParamState {
     /// Bytes of this parameter's share of the payload.
     fn payload_bytes(&self) -> usize {
-        self.grid.num_chunks() * self.k * (self.width.bytes() + 4)
+        wire_bytes(&self.grid, self.k, self.width)
     }
+}
+
+/// How a parameter of `shape` travels: its chunk grid, the coefficients sent per chunk
+/// and the width of their indices. Training's state and a plan's payload both follow it.
+fn wire(shape: &[usize], chunk: usize, topk: usize) -> (ChunkGrid, usize, IndexWidth) {
+    let grid = ChunkGrid::new(shape, chunk);
+    let k = topk.clamp(1, grid.chunk_len().max(1));
+    (grid, k, IndexWidth::for_chunk_len(grid.chunk_len()))
+}
+
+/// Bytes of one parameter's share of the payload: `chunks · k` indices and as many f32
+/// values.
+fn wire_bytes(grid: &ChunkGrid, k: usize, width: IndexWidth) -> usize {
+    grid.num_chunks() * k * (width.bytes() + 4)
 }
 
 /// Buffers reused from step to step (one parameter at a time).
@@ -158,6 +174,44 @@ impl StrategyConfig for DeMoConfig {
 
     fn init(&self, node: &NodeInfo<'_>) -> Result<Box<dyn Strategy>> {
         Ok(Box::new(DeMo::new(self, node)?))
+    }
+
+    /// Every step, one all-gather of every node's coefficients over the world:
+    /// [`payload_bytes`](Self::payload_bytes) of the parameters' shapes, which it needs
+    /// (refused with [`GymError::PlanNeedsShapes`] without).
+    fn traffic(&self, info: &PlanInfo<'_>) -> Result<Box<dyn Traffic>> {
+        self.validate()?;
+        let shapes = info.shapes.ok_or(GymError::PlanNeedsShapes {
+            strategy: "DeMo".into(),
+            why: "it sends the top-k DCT coefficients of every chunk of each tensor",
+        })?;
+        let payload = self.payload_bytes(shapes);
+        Ok(Box::new(
+            move |_step: usize, events: &mut Vec<PlannedEvent>| {
+                events.push(PlannedEvent::world(CollectiveOp::AllGatherBytes, payload));
+                Ok(())
+            },
+        ))
+    }
+
+    /// The parameters and the buffer δ.
+    fn state_values_per_param(&self) -> Option<f64> {
+        Some(1.0)
+    }
+}
+
+impl DeMoConfig {
+    /// Bytes each node contributes to a step's all-gather for parameters shaped `shapes`:
+    /// per tensor, `chunks · k` indices of its [`IndexWidth`] and as many f32 values, as a
+    /// node built with them sends ([`DeMo::payload_bytes`]).
+    pub fn payload_bytes(&self, shapes: &[Vec<usize>]) -> u64 {
+        shapes
+            .iter()
+            .map(|shape| {
+                let (grid, k, width) = wire(shape, self.compression_chunk, self.compression_topk);
+                wire_bytes(&grid, k, width) as u64
+            })
+            .sum()
     }
 }
 
@@ -305,13 +359,12 @@ impl DeMo {
             .entries()
             .iter()
             .map(|entry| {
-                let grid = ChunkGrid::new(&entry.shape, chunk);
-                let k = topk.clamp(1, grid.chunk_len().max(1));
+                let (grid, k, width) = wire(&entry.shape, chunk, topk);
                 ParamState {
                     offset: entry.offset,
                     grid,
                     k,
-                    width: IndexWidth::for_chunk_len(grid.chunk_len()),
+                    width,
                     delta: vec![0.0; entry.numel],
                     sent: SparseCoefficients {
                         k,

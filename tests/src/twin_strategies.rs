@@ -1,0 +1,182 @@
+//! The strategies the twins ([`crate::twin`]) are trained and planned with: every strategy
+//! and codec that plans by size, and those whose traffic follows the parameters' shapes
+//! (DeMo, PowerSGD).
+
+use gym_core::{QuorumRule, StrategyConfig};
+use gym_strategies::{
+    AllReduceConfig, AveragingCommunicatorConfig, CompressionConfig, DeMoConfig,
+    DiLoCoCommunicatorConfig, DiLoCoConfig, FedAvgConfig, IndexSelectorKind, PowerSgdConfig,
+    SparseCommunicatorConfig, SpartaConfig, SpartaDiLoCoConfig, StreamingDiLoCoConfig,
+};
+
+/// SPARTA averaging a fraction `p` of the parameters, `delay` steps late, drawn by
+/// `selector`.
+pub fn sparta(p: f64, delay: usize, selector: IndexSelectorKind) -> SpartaConfig {
+    SpartaConfig::new().with_communicator(
+        SparseCommunicatorConfig::new()
+            .with_p(p)
+            .with_delay(delay)
+            .with_selector(selector),
+    )
+}
+
+/// DiLoCo every `h` steps through `codec` whose outer steps wait for a quorum under `rule`.
+pub fn diloco_quorum(h: usize, codec: &str, rule: QuorumRule) -> DiLoCoConfig {
+    DiLoCoConfig::new().with_communicator(
+        DiLoCoCommunicatorConfig::new()
+            .with_sync_interval(h)
+            .with_compression(codec.parse().unwrap())
+            .with_quorum(Some(rule)),
+    )
+}
+
+/// A quorum of 2 and a grace window, which takes a third node in some rounds and not in
+/// others on the twin cluster.
+pub const GRACE: QuorumRule = QuorumRule::Grace {
+    min: 2,
+    grace_s: 0.01,
+};
+
+/// The fastest three of four.
+pub const FASTEST: QuorumRule = QuorumRule::Fastest { count: 3 };
+
+/// Every strategy and codec that plans by size (with the layout for SPARTA's draws and
+/// Streaming DiLoCo's fragments): the cases the twins are trained and planned with.
+pub fn strategies() -> Vec<(&'static str, Box<dyn StrategyConfig>)> {
+    let int8: CompressionConfig = "int8".parse().unwrap();
+    let topk: CompressionConfig = "topk:8/64+int8,ef".parse().unwrap();
+    vec![
+        ("allreduce", Box::new(AllReduceConfig::new())),
+        (
+            "allreduce int8",
+            Box::new(AllReduceConfig::new().with_compression(int8)),
+        ),
+        (
+            "diloco H=3",
+            Box::new(
+                DiLoCoConfig::new()
+                    .with_communicator(DiLoCoCommunicatorConfig::new().with_sync_interval(3)),
+            ),
+        ),
+        (
+            "diloco H=4 top-k",
+            Box::new(
+                DiLoCoConfig::new().with_communicator(
+                    DiLoCoCommunicatorConfig::new()
+                        .with_sync_interval(4)
+                        .with_compression(topk),
+                ),
+            ),
+        ),
+        (
+            "sparta random",
+            Box::new(sparta(0.1, 0, IndexSelectorKind::Random)),
+        ),
+        (
+            "sparta delayed 2, partitioned",
+            Box::new(sparta(0.25, 2, IndexSelectorKind::Partitioned)),
+        ),
+        (
+            "diloco H=3 bf16 ring",
+            Box::new(
+                DiLoCoConfig::new().with_communicator(
+                    DiLoCoCommunicatorConfig::new()
+                        .with_sync_interval(3)
+                        .with_compression("bf16".parse().unwrap()),
+                ),
+            ),
+        ),
+        ("sparta-diloco", Box::new(SpartaDiLoCoConfig::new())),
+        (
+            "streaming diloco F=2 H=4 overlap 1",
+            Box::new(
+                StreamingDiLoCoConfig::new()
+                    .with_sync_interval(4)
+                    .with_fragments(2)
+                    .with_overlap(1),
+            ),
+        ),
+        (
+            "streaming diloco F=3 H=6 int8 no overlap",
+            Box::new(
+                StreamingDiLoCoConfig::new()
+                    .with_sync_interval(6)
+                    .with_fragments(3)
+                    .with_compression(int8),
+            ),
+        ),
+        (
+            "fedavg islands of 2",
+            Box::new(
+                FedAvgConfig::new().with_communicator(
+                    AveragingCommunicatorConfig::new()
+                        .with_sync_interval(2)
+                        .with_island_size(Some(2)),
+                ),
+            ),
+        ),
+        (
+            "diloco H=3 quorum 2, grace",
+            Box::new(diloco_quorum(3, "none", GRACE)),
+        ),
+        (
+            "diloco H=2 fastest 3, int8",
+            Box::new(diloco_quorum(2, "int8", FASTEST)),
+        ),
+    ]
+}
+
+/// The strategies whose payload follows each tensor's shape: DeMo (DCT chunks, top-k of
+/// each) and PowerSGD (rank-r factors per matrix) under AllReduce, DiLoCo and FedAvg.
+pub fn shaped_strategies() -> Vec<(&'static str, Box<dyn StrategyConfig>)> {
+    let powersgd =
+        |rank: usize| -> CompressionConfig { format!("powersgd:{rank}").parse().unwrap() };
+    vec![
+        ("demo", Box::new(DeMoConfig::new())),
+        (
+            "demo chunk 4, top 3",
+            Box::new(
+                DeMoConfig::new()
+                    .with_compression_chunk(4)
+                    .with_compression_topk(3),
+            ),
+        ),
+        (
+            "powersgd rank 2",
+            Box::new(PowerSgdConfig::new().with_compression(
+                gym_strategies::compress::PowerSgdCompressionConfig::new().with_rank(2),
+            )),
+        ),
+        (
+            "allreduce powersgd:1 from step 3",
+            Box::new(
+                AllReduceConfig::new().with_compression(CompressionConfig::PowerSgd(
+                    gym_strategies::compress::PowerSgdCompressionConfig::new()
+                        .with_rank(1)
+                        .with_start_step(3),
+                )),
+            ),
+        ),
+        (
+            "diloco H=3 powersgd:4",
+            Box::new(
+                DiLoCoConfig::new().with_communicator(
+                    DiLoCoCommunicatorConfig::new()
+                        .with_sync_interval(3)
+                        .with_compression(powersgd(4)),
+                ),
+            ),
+        ),
+        (
+            "fedavg islands of 2, powersgd:2",
+            Box::new(
+                FedAvgConfig::new().with_communicator(
+                    AveragingCommunicatorConfig::new()
+                        .with_sync_interval(2)
+                        .with_island_size(Some(2))
+                        .with_compression(powersgd(2)),
+                ),
+            ),
+        ),
+    ]
+}
