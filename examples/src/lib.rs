@@ -15,6 +15,7 @@ pub mod compare;
 pub mod config_file;
 pub mod networks;
 pub mod plan;
+pub mod plan_model;
 pub mod plan_sweep;
 pub mod plot;
 pub mod report;

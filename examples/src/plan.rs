@@ -11,6 +11,7 @@
 //! one line per strategy (`--out-dir`; [`crate::plan_sweep`]).
 
 use crate::cli::{StrategyName, network_and_speeds};
+use crate::plan_model::ModelShapes;
 use crate::summary::{ElasticSummary, human_bytes, percent, seconds};
 use clap::Parser;
 use gym_core::comm::simulation::{format_param_count, parse_param_count};
@@ -23,13 +24,26 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 /// Plan a distributed training run: simulated time, compute utilisation and traffic of a
-/// strategy on a cluster, from the model's size alone.
+/// strategy on a cluster, from the model's size alone (or its shapes, `--model`).
 #[derive(Debug, Clone, Parser)]
 #[command(version, about, name = "plan")]
 pub struct PlanArgs {
-    /// The model's parameters: 124M, 1.3B, 7e9, 70B.
-    #[arg(long, value_name = "N", value_parser = parse_param_count)]
-    pub params: u64,
+    /// The model's parameters: 124M, 1.3B, 7e9, 70B (or give --model).
+    #[arg(
+        long,
+        value_name = "N",
+        value_parser = parse_param_count,
+        required_unless_present = "model",
+        conflicts_with = "model",
+        allow_hyphen_values = true
+    )]
+    pub params: Option<u64>,
+    /// The model by its sizes, gpt:LAYERS,HEADS,WIDTH,CONTEXT,VOCAB (gpt:12,12,768,1024,50257
+    /// is GPT-2 small) or gpt:PRESET,CONTEXT,VOCAB: its parameters' shapes, computed without
+    /// building it, which DeMo and PowerSGD need (their payloads follow each tensor's shape);
+    /// the parameters are their count.
+    #[arg(long, value_name = "SPEC", value_parser = clap::value_parser!(ModelShapes))]
+    pub model: Option<ModelShapes>,
     /// Number of nodes (data-parallel replicas).
     #[arg(long, default_value_t = 8)]
     pub num_nodes: usize,
@@ -107,6 +121,9 @@ pub struct PlanSummary {
     pub strategy: String,
     /// Parameters of the planned model.
     pub params: u64,
+    /// The model whose shapes were planned (`--model`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
     /// Number of nodes.
     pub num_nodes: usize,
     /// Steps planned.
@@ -152,6 +169,14 @@ pub struct PlanSummary {
 }
 
 impl PlanArgs {
+    /// The model's parameters: `--params`, or the count of `--model`'s shapes.
+    pub fn params(&self) -> u64 {
+        match &self.model {
+            Some(model) => model.params,
+            None => self.params.unwrap_or(0),
+        }
+    }
+
     /// The plan these flags describe, or an error naming the flag.
     pub fn config(&self) -> Result<PlanConfig, String> {
         let faults = match &self.faults {
@@ -195,7 +220,7 @@ impl PlanArgs {
                         }
                     },
                 };
-                let flops = 6.0 * self.params as f64 * tokens as f64 / self.num_nodes as f64;
+                let flops = 6.0 * self.params() as f64 * tokens as f64 / self.num_nodes as f64;
                 (
                     ComputeModel::Modelled {
                         flops_per_s: peak * 1e12 * mfu,
@@ -218,7 +243,8 @@ impl PlanArgs {
             num_nodes: self.num_nodes,
             steps,
             seed: self.seed,
-            params: self.params,
+            params: self.params(),
+            shapes: self.model.as_ref().map(|m| m.shapes.clone()),
             step_flops,
             simulation,
             faults,
@@ -255,7 +281,7 @@ impl PlanArgs {
         // What a node that rejoins receives, estimated: the model and the strategy's state
         // (two values per parameter, as AdamW's moments, when the strategy does not say).
         let state = strategy.state_values_per_param().unwrap_or(2.0);
-        config.rejoin_bytes = RejoinBytes::Each(estimated_rejoin_bytes(self.params, state));
+        config.rejoin_bytes = RejoinBytes::Each(estimated_rejoin_bytes(self.params(), state));
         let planned = match &self.trace {
             None => plan(&config, &*strategy, None).map(|report| (report, None)),
             Some(_) => plan_traced(&config, &*strategy, None).map(|(r, t)| (r, Some(t))),
@@ -267,6 +293,8 @@ impl PlanArgs {
             {
                 format!("--faults: {why}")
             }
+            // DeMo or PowerSGD by size alone.
+            e @ GymError::PlanNeedsShapes { .. } => format!("--params: {e}"),
             other => other.to_string(),
         })?;
         if let (Some(trace), Some(file)) = (trace, &self.trace) {
@@ -279,7 +307,8 @@ impl PlanArgs {
         let simulated_time_s = got(report.simulated_time_s());
         Ok(PlanSummary {
             strategy: self.strategy.as_str().into(),
-            params: self.params,
+            params: self.params(),
+            model: self.model.as_ref().map(|m| m.spec.clone()),
             num_nodes: self.num_nodes,
             steps: config.steps,
             round_steps: self.round_steps(&strategy.to_json()),

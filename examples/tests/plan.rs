@@ -1,7 +1,7 @@
 //! The `plan` binary: closed forms at sizes nothing here could train, its JSON, a sweep's
 //! table and chart, bad input refused naming the flag, and the 10,000-node case.
 
-use gym_core::comm::{CollectiveOp, Group, Network, ReduceOp};
+use gym_core::comm::{CollectiveOp, Group, Network, ReduceOp, cost};
 use std::process::{Command, Output};
 
 fn plan(flags: &[&str]) -> Output {
@@ -405,4 +405,129 @@ fn a_plan_takes_diloco_s_quorum() {
         !out.status.success() && err.contains("--min-quorum"),
         "{err}"
     );
+}
+
+/// `--model` gives the shapes, computed from GPT-2 small's sizes (its published 124,439,808
+/// parameters): PowerSGD plans every step as its three all-reduces (the vectors' exact
+/// mean, then the sums of every matrix's `P` and `Q` at rank 4), DeMo as one all-gather of
+/// every tensor's top-32 DCT coefficients per chunk (u16 indices for 64×64 chunks), their
+/// bytes and seconds written out here from the sizes; by `--params` alone both are refused,
+/// naming the flag and `--model`.
+#[test]
+fn a_model_s_shapes_plan_powersgd_and_demo_by_their_closed_forms() {
+    use gym_strategies::demo::dct::chunk_size;
+    let (l, d, t, v, k, steps) = (12u64, 768u64, 1024u64, 50257u64, 8usize, 3u64);
+    let network: Network = "1gbit:10ms".parse().unwrap();
+    let world = Group::world(k);
+    let common = [
+        "--model",
+        "gpt:12,12,768,1024,50257",
+        "--num-nodes",
+        "8",
+        "--steps",
+        "3",
+        "--step-seconds",
+        "1",
+        "--network",
+        "1gbit:10ms",
+    ];
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * b.abs();
+    // PowerSGD, rank 4: every matrix compresses.
+    let vectors = l * 13 * d + 2 * d;
+    let p = 4 * (v + t + 7 * l * d);
+    let q = 4 * (2 * d + 9 * l * d);
+    let calls = [
+        (CollectiveOp::AllReduce(ReduceOp::Mean), 4 * vectors),
+        (CollectiveOp::AllReduce(ReduceOp::Sum), 4 * p),
+        (CollectiveOp::AllReduce(ReduceOp::Sum), 4 * q),
+    ];
+    let v_ = json(
+        &[
+            &common[..],
+            &["--strategy", "powersgd", "--powersgd-rank", "4"],
+        ]
+        .concat(),
+    );
+    assert_eq!(v_["params"], 124_439_808u64, "{v_}");
+    assert_eq!(v_["model"], "gpt:12,12,768,1024,50257");
+    let sent: u64 = calls.iter().map(|&(op, b)| cost(op, &world, 0, b).0).sum();
+    assert_eq!(f(&v_, "bytes_sent_per_node"), (steps * sent) as f64, "{v_}");
+    let comm: f64 = calls
+        .iter()
+        .map(|&(op, b)| network.collective_time(op, &world, b))
+        .sum();
+    assert!(
+        close(f(&v_, "simulated_comm_s"), steps as f64 * comm),
+        "{v_}"
+    );
+    // DeMo: per tensor, chunks of up to 64×64 (the vocabulary's 50257 rows in chunks of
+    // 29), 32 coefficients each, a u8 index for chunks of at most 256 and u16 beyond.
+    let mut matrices = vec![(v, d), (t, d)];
+    for _ in 0..l {
+        matrices.extend([(d, 3 * d), (d, d), (d, 4 * d), (4 * d, d)]);
+    }
+    // Every vector has d elements: one row.
+    matrices.extend((0..vectors / d).map(|_| (1, d)));
+    let mut payload = 0u64;
+    for (rows, cols) in matrices {
+        let (cr, cc) = (
+            chunk_size(rows as usize, 64) as u64,
+            chunk_size(cols as usize, 64) as u64,
+        );
+        let chunk = cr * cc;
+        let index = if chunk <= 256 { 1 } else { 2 };
+        payload += rows * cols / chunk * 32.min(chunk) * (index + 4);
+    }
+    let demo = json(&[&common[..], &["--strategy", "demo"]].concat());
+    let gather = CollectiveOp::AllGatherBytes;
+    assert_eq!(
+        f(&demo, "bytes_sent_per_node"),
+        (steps * cost(gather, &world, 0, payload).0) as f64,
+        "{demo}"
+    );
+    let time = network.collective_time(gather, &world, payload);
+    assert!(
+        close(f(&demo, "simulated_comm_s"), steps as f64 * time),
+        "{demo}"
+    );
+    // By size alone: refused, naming the flag and the way out.
+    for strategy in ["powersgd", "demo"] {
+        let out = plan(&[
+            "--params",
+            "124M",
+            "--strategy",
+            strategy,
+            "--steps",
+            "3",
+            "--step-seconds",
+            "1",
+        ]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{strategy}: {err}");
+        assert!(
+            err.contains("--params") && err.contains("shapes") && err.contains("--model"),
+            "{strategy}: {err}"
+        );
+    }
+    // A 6.7B GPT on 1,000 nodes: shapes from the sizes, nothing allocated.
+    let big = json(&[
+        "--model",
+        "gpt:32,32,4096,2048,50257",
+        "--num-nodes",
+        "1000",
+        "--strategy",
+        "powersgd",
+        "--steps",
+        "5",
+        "--step-seconds",
+        "1",
+    ]);
+    assert_eq!(big["params"], 6_658_404_352u64, "{big}");
+    if let Some(rss) = big["peak_rss_bytes"].as_f64() {
+        assert!(rss < 256e6, "{big}");
+    }
+    // A bad spec names the flag.
+    let out = plan(&["--model", "gpt:12,5,768,1024,50257", "--steps", "1"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--model") && err.contains("n_head"), "{err}");
 }

@@ -1,5 +1,6 @@
 //! Plan a distributed training run at any size: simulated time, compute utilisation and
-//! traffic of a strategy on a cluster, from the model's size alone.
+//! traffic of a strategy on a cluster, from the model's size alone, or from its shapes
+//! (`--model gpt:LAYERS,HEADS,WIDTH,CONTEXT,VOCAB`, which DeMo and PowerSGD need).
 //!
 //! ```text
 //! cargo run --release -p examples --bin plan -- --params 7B --num-nodes 64 \
