@@ -40,7 +40,7 @@ impl FromStr for ModelShapes {
                     .with_n_head(number("HEADS", heads)?)
                     .with_n_embd(number("WIDTH", width)?)
             }
-            [preset, context, vocab] => {
+            [preset, context, vocab] if preset.parse::<usize>().is_err() => {
                 let size: GptSize = preset.parse().map_err(|e| format!("`{s}`: {e}"))?;
                 GptConfig::preset(size, number("VOCAB", vocab)?, number("CONTEXT", context)?)
             }

@@ -5,7 +5,9 @@ use crate::communicate::is_sync_step;
 use burn::config::Config;
 use burn::optim::lr_scheduler::module_lr_scheduler::ModuleLrScheduler;
 use burn::tensor::Tensor;
+use gym_core::comm::CollectiveOp;
 use gym_core::optim::{check_learning_rate, check_max_norm, clip_grad_norm};
+use gym_core::planner::{PlanInfo, PlannedEvent, Traffic};
 use gym_core::state::fields::{Record, Values};
 use gym_core::{
     GymError, LrScheduleConfig, NodeInfo, ReduceOp, Replica, Result, StateDict, StepContext,
@@ -186,6 +188,37 @@ impl StrategyConfig for DesLocConfig {
             u: zeros.clone(),
             v: zeros,
         }))
+    }
+
+    /// After each step, the averagings due, in training's order: the first moment every
+    /// `K_u` steps, the second every `K_v`, the parameters every `K_x`, each one exact
+    /// all-reduce of `4N` bytes over the world, waited for at once.
+    fn traffic(&self, info: &PlanInfo<'_>) -> Result<Box<dyn Traffic>> {
+        self.validate()?;
+        let periods = [
+            self.first_moment_period(),
+            self.second_moment_period(),
+            self.param_interval,
+        ];
+        let payload = 4 * info.params;
+        Ok(Box::new(
+            move |step: usize, events: &mut Vec<PlannedEvent>| {
+                for period in periods {
+                    if is_sync_step(step, period) {
+                        events.push(PlannedEvent::world(
+                            CollectiveOp::AllReduce(ReduceOp::Mean),
+                            payload,
+                        ));
+                    }
+                }
+                Ok(())
+            },
+        ))
+    }
+
+    /// Adam's two moments.
+    fn state_values_per_param(&self) -> Option<f64> {
+        Some(2.0)
     }
 }
 

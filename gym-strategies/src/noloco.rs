@@ -6,7 +6,9 @@ use crate::communicate::{
 };
 use burn::config::Config;
 use burn::tensor::Tensor;
+use gym_core::comm::CollectiveOp;
 use gym_core::optim::check_learning_rate;
+use gym_core::planner::{PlanInfo, PlannedCall, PlannedEvent, PlannedGroups, Traffic};
 use gym_core::rng::derive_seed;
 use gym_core::state::fields::{Record, Values};
 use gym_core::{
@@ -178,6 +180,40 @@ impl CommunicationModuleConfig for NoLoCoCommunicatorConfig {
             momentum: phi.zeros_like(),
             phi,
         }))
+    }
+
+    /// Every H-th step, one mean of the parameters within each of the step's random groups
+    /// ([`NoLoCoGroups::draw`], a function of the seed and the step); the steps between
+    /// leave their work unmerged.
+    fn traffic(&self, info: &PlanInfo<'_>) -> Result<Box<dyn Traffic>> {
+        self.validate(info.world_size)?;
+        let (h, group_size, seed, k) = (
+            self.sync_interval,
+            self.group_size,
+            info.seed,
+            info.world_size,
+        );
+        let payload = 4 * info.params;
+        Ok(Box::new(
+            move |step: usize, events: &mut Vec<PlannedEvent>| {
+                if !is_sync_step(step, h) {
+                    events.push(PlannedEvent::Unmerged);
+                    return Ok(());
+                }
+                let groups = NoLoCoGroups::draw(k, group_size, seed, step);
+                events.push(PlannedEvent::Call(PlannedCall {
+                    op: CollectiveOp::AllReduce(ReduceOp::Mean),
+                    groups: PlannedGroups::Each(groups.groups().to_vec()),
+                    payload,
+                }));
+                Ok(())
+            },
+        ))
+    }
+
+    /// φ and the outer momentum.
+    fn state_values_per_param(&self) -> f64 {
+        2.0
     }
 }
 

@@ -8,6 +8,9 @@ use gym_strategies::{
     DiLoCoCommunicatorConfig, DiLoCoConfig, FedAvgConfig, IndexSelectorKind, PowerSgdConfig,
     SparseCommunicatorConfig, SpartaConfig, SpartaDiLoCoConfig, StreamingDiLoCoConfig,
 };
+use gym_strategies::{
+    DesLocConfig, MuLoCoConfig, NoLoCoCommunicatorConfig, NoLoCoConfig, SparseLoCoConfig,
+};
 
 /// SPARTA averaging a fraction `p` of the parameters, `delay` steps late, drawn by
 /// `selector`.
@@ -122,6 +125,49 @@ pub fn strategies() -> Vec<(&'static str, Box<dyn StrategyConfig>)> {
         (
             "diloco H=2 fastest 3, int8",
             Box::new(diloco_quorum(2, "int8", FASTEST)),
+        ),
+    ]
+}
+
+/// Strategies built on the others' schedules, or with schedules of their own: MuLoCo and
+/// SparseLoCo (DiLoCo's synchronisation, with their codecs: 2-bit and top-k + 2-bit over
+/// the senders), DES-LOC (parameters and Adam's moments on three periods) and NoLoCo (a
+/// mean within random pairs).
+pub fn more_strategies() -> Vec<(&'static str, Box<dyn StrategyConfig>)> {
+    let muloco = MuLoCoConfig::new();
+    let muloco_sync = muloco.communicator.clone().with_sync_interval(3);
+    vec![
+        (
+            "muloco H=3",
+            Box::new(muloco.with_communicator(muloco_sync)),
+        ),
+        (
+            "sparseloco H=4",
+            Box::new(
+                SparseLoCoConfig::new()
+                    .with_sync_interval(4)
+                    .with_chunk(64)
+                    .with_top_k(8),
+            ),
+        ),
+        (
+            "desloc K_x=4, K_u=2, K_v=3",
+            Box::new(
+                DesLocConfig::new()
+                    .with_param_interval(4)
+                    .with_first_moment_interval(Some(2))
+                    .with_second_moment_interval(Some(3)),
+            ),
+        ),
+        (
+            "noloco H=2 pairs",
+            Box::new(
+                NoLoCoConfig::new().with_communicator(
+                    NoLoCoCommunicatorConfig::new()
+                        .with_sync_interval(2)
+                        .with_group_size(2),
+                ),
+            ),
         ),
     ]
 }

@@ -13,7 +13,7 @@ use gym_strategies::compress::PowerSgdCompressionConfig;
 use gym_strategies::{AllReduceConfig, DeMoConfig, IndexSelectorKind, PowerSgdConfig};
 use tests::twin::{BATCH, NODES, SEED, cluster, mlp_plan};
 use tests::twin_strategies::{
-    FASTEST, GRACE, diloco_quorum, shaped_strategies, sparta, strategies,
+    FASTEST, GRACE, diloco_quorum, more_strategies, shaped_strategies, sparta, strategies,
 };
 use tests::{Synthetic, SyntheticBatcher, small_mlp};
 
@@ -44,7 +44,11 @@ fn planned(
 
 #[test]
 fn planning_gives_the_simulated_time_and_bytes_of_training() {
-    for (name, strategy) in strategies().into_iter().chain(shaped_strategies()) {
+    for (name, strategy) in strategies()
+        .into_iter()
+        .chain(more_strategies())
+        .chain(shaped_strategies())
+    {
         let sim = cluster();
         let trained = train(&*strategy, &sim);
         let plan = planned(&*strategy, &sim, true).unwrap_or_else(|e| panic!("{name}: {e}"));

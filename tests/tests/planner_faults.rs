@@ -13,7 +13,7 @@ use gym_strategies::{
     StreamingDiLoCoConfig,
 };
 use tests::twin::{BATCH, NODES, SEED, checkpointed, cluster, mlp_plan, state_sizes};
-use tests::twin_strategies::shaped_strategies;
+use tests::twin_strategies::{more_strategies, shaped_strategies};
 use tests::{Synthetic, SyntheticBatcher, small_mlp};
 
 const STEPS: usize = 12;
@@ -159,7 +159,11 @@ const FAULTS: &[&str] = &[
 #[test]
 fn planning_under_faults_gives_the_simulated_time_and_bytes_of_training() {
     let dir = std::env::temp_dir().join(format!("gym-planner-faults-{}", std::process::id()));
-    for (name, strategy) in strategies().into_iter().chain(shaped_strategies()) {
+    for (name, strategy) in strategies()
+        .into_iter()
+        .chain(more_strategies())
+        .chain(shaped_strategies())
+    {
         for spec in FAULTS {
             let faults: FaultSchedule = spec.parse().unwrap();
             let (trained, rejoin_bytes) = train(&*strategy, &faults, &dir);

@@ -29,8 +29,10 @@ pub(super) type Started = (usize, TransferTiming, Option<Arc<CallInfo>>);
 /// Under [`faults`](PlanConfig::faults) it runs the schedule as training does (see
 /// [the module](super#faults)).
 ///
-/// Refuses, naming the setting: no nodes, no steps, no parameters, a step's FLOPs that are
-/// negative or not finite, a simulated cluster that does not fit `num_nodes`, a strategy
+/// Refuses, naming the setting: no nodes, no steps, no parameters, [`shapes`](PlanConfig::shapes)
+/// whose elements do not add up to the parameters (or that differ from `layout`'s), a
+/// strategy whose traffic follows the shapes given none
+/// ([`GymError::PlanNeedsShapes`]), a step's FLOPs that are negative or not finite, a simulated cluster that does not fit `num_nodes`, a strategy
 /// without a [`Traffic`](super::Traffic) schedule, a fault schedule that does not resolve
 /// for the run (as training refuses it; random faults need a modelled compute), and a node
 /// that comes back with nobody to copy its state from while it holds a transfer started
