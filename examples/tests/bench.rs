@@ -27,6 +27,9 @@ fn bench_suite_writes_every_named_figure() {
     config.scratch_dir = scratch.join("runs");
     config.command = "cargo test --test bench".into();
     config.plan_bin = Some(PathBuf::from(env!("CARGO_BIN_EXE_plan")));
+    // The compute limit at one size; the paper-width GPT for one step after its warm-up.
+    config.matmul_sizes = vec![512];
+    config.gpt_6l384_steps = 1;
 
     let result = bench_suite::run_suite(&config).expect("the suite runs");
     let path = scratch.join("suite.json");
@@ -88,8 +91,32 @@ fn bench_suite_writes_every_named_figure() {
         let ratio = map[&format!("overhead_ratio_{model}_k1")].as_f64().unwrap();
         assert!((ratio - 1.0).abs() < 1e-9, "{model}: {ratio}");
     }
+    // The compute limit: both matmul rates, and every model's fraction of the one-thread
+    // rate, in a sane range (the step's FLOPs are counted from the model: a fraction above
+    // 1.2 would be a miscount, not a fast step).
+    let one = map["matmul_flops_1t"].as_f64().expect("matmul_flops_1t");
+    let all = map["matmul_flops_all"].as_f64().expect("matmul_flops_all");
+    assert!((1e9..1e13).contains(&one), "matmul_flops_1t = {one}");
+    assert!(all >= one * 0.9, "all threads {all} against one {one}");
+    for model in ["mlp", "cnn", "gpt_small", "gpt_6l384"] {
+        let key = format!("fraction_of_matmul_{model}");
+        let f = map.get(&key).and_then(|v| v.as_f64());
+        assert!(
+            f.is_some_and(|f| f > 0.0 && f <= 1.2),
+            "{key} = {f:?} in {json:#}"
+        );
+    }
+    // Without LibTorch in this build the comparison is a row that says why, and no key.
+    if !cfg!(feature = "tch") {
+        assert!(!map.contains_key("cnn_vs_libtorch") && !map.contains_key("cifar_cnn_vs_libtorch"));
+        let table = result.markdown();
+        assert!(
+            table.contains("not measured: this build has no LibTorch"),
+            "{table}"
+        );
+    }
     // One table per part, each captioned with the machine and the command.
-    assert_eq!(result.tables.len(), 6);
+    assert_eq!(result.tables.len(), 8);
     for table in &result.tables {
         assert!(table.caption.contains(&result.machine.machine));
         assert!(table.caption.contains("cargo test --test bench"));

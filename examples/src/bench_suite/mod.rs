@@ -16,6 +16,10 @@
 //!    [`Trainer::fit`](gym_core::Trainer::fit) under DiLoCo with H larger than the steps
 //!    taken, so the timed steps are each node's forward/backward and inner optimizer only:
 //!    what remains above 1 is the interference between node threads, not communication.
+//!    The compute limit ([`compute`]): the matmul rate of these cores (`matmul_flops_1t`,
+//!    `matmul_flops_all`) and each model's achieved FLOP/s as a fraction of it
+//!    (`fraction_of_matmul_<model>`), measured in the same run; and, in a build with
+//!    LibTorch, the CNNs against it ([`libtorch`]: `cnn_vs_libtorch`, `cifar_cnn_vs_libtorch`).
 //! 2. **Collective bandwidth**: all-reduce (mean), all-gather and broadcast of S bytes over
 //!    K ranks of an [`InProcessGroup`](gym_core::InProcessGroup), against a plain memcpy of
 //!    S bytes.
@@ -32,7 +36,9 @@
 mod bandwidth;
 pub mod calibrate;
 mod children;
+pub mod compute;
 mod conv;
+pub mod libtorch;
 pub mod live_heap;
 mod overhead;
 mod planner;
@@ -147,6 +153,14 @@ pub struct SuiteConfig {
     pub repeats: usize,
     /// Precision part: each model's one-node step in f32 and under `--autocast bf16`.
     pub precision: bool,
+    /// Compute-limit part ([`compute`]): the sides of the square matrices whose product
+    /// rates give `matmul_flops_1t` and `matmul_flops_all` (empty or all 0: skip the part).
+    pub matmul_sizes: Vec<usize>,
+    /// Compute-limit part: timed steps of the 6-layer, 384-wide GPT on 2 nodes (0: no row).
+    pub gpt_6l384_steps: usize,
+    /// The CNNs on flex against LibTorch ([`libtorch`]): measured in a build with the `tch`
+    /// feature, otherwise a table row that says why.
+    pub libtorch: bool,
     /// Overhead part: timed steps of the MLP.
     pub mlp_steps: usize,
     /// Overhead part: timed steps of the CNN.
@@ -196,6 +210,9 @@ impl SuiteConfig {
             warmup_steps: 1,
             repeats: 3,
             precision: true,
+            matmul_sizes: vec![1024, 2048],
+            gpt_6l384_steps: 3,
+            libtorch: true,
             mlp_steps: 50,
             cnn_steps: 3,
             gpt_steps: 15,
@@ -363,6 +380,12 @@ pub fn run_suite(config: &SuiteConfig) -> Result<SuiteResult, BoxError> {
         if config.precision {
             overhead::precision(config, &mut out)?;
         }
+    }
+    if config.matmul_sizes.iter().any(|&n| n > 0) {
+        compute::compute(config, &mut out)?;
+    }
+    if config.libtorch {
+        libtorch::libtorch(config, &mut out)?;
     }
     if config.collective_mb.iter().any(|&s| s > 0) && config.collective_ks.iter().any(|&k| k > 0) {
         bandwidth::bandwidth(config, &mut out)?;

@@ -16,9 +16,9 @@ use crate::runner::BoxError;
 use crate::tasks::{GptArgs, TextDataset};
 
 /// Examples per node per step of the MNIST models (the original's set-up).
-const MNIST_BATCH: usize = 64;
+pub(super) const MNIST_BATCH: usize = 64;
 /// Sequences per node per step, and their length, of the small GPT (the nanoGPT set-up).
-const GPT_BATCH: usize = 16;
+pub(super) const GPT_BATCH: usize = 16;
 const GPT_BLOCK: usize = 64;
 /// Validation examples kept for the final evaluation `fit` always runs: a few batches, so
 /// that evaluating (the whole MNIST test set would take longer than the CNN's timed steps)
@@ -34,47 +34,61 @@ struct OverheadData {
 fn load_overhead_data(config: &SuiteConfig) -> Result<OverheadData, BoxError> {
     let needs = |m| config.models.contains(&m);
     let mnist = if needs(SuiteModel::Mlp) || needs(SuiteModel::Cnn) {
-        let dir = gym_data::resolve_data_dir(Some(&config.mnist_dir), "mnist")?;
-        let train = MnistDataset::load_or_download(&dir, MnistSplit::Train)?;
-        let test = MnistDataset::load_or_download(&dir, MnistSplit::Test)?;
-        let n = VAL_EXAMPLES.min(test.len());
-        Some(NodeData::shared(train, PartialDataset::new(test, 0, n)))
+        Some(mnist_data(config)?)
     } else {
         None
     };
     let gpt = if needs(SuiteModel::Gpt) {
-        let dir = gym_data::resolve_data_dir(Some(&config.gpt_dir), "shakespeare")?;
-        let corpus = CharCorpus::load_or_download(&dir)?;
-        // The `nanogpt` binary's model for these sizes (bias, no dropout).
-        let args = GptArgs {
-            dataset: TextDataset::Shakespeare,
-            text_file: None,
-            tokenizer: None,
-            val_fraction: 0.1,
-            start_pc: None,
-            end_pc: None,
-            val_start_pc: None,
-            val_end_pc: None,
-            block_size: GPT_BLOCK,
-            model_size: "small".into(),
-            n_layer: Some(2),
-            n_head: Some(2),
-            n_embd: Some(64),
-            dropout: 0.0,
-            no_bias: false,
-            shard: false,
-        };
-        let gpt_config = args.model_config(corpus.vocab().len());
-        gpt_config.validate()?;
-        let (train, val) = corpus.split(GPT_BLOCK, args.val_fraction)?;
-        // A shard of the validation windows (side by side) holding about VAL_EXAMPLES / 4.
-        let shards = (val.tokens().len() / (GPT_BLOCK * VAL_EXAMPLES / 4)).max(1);
-        let val = val.shard(0, shards)?;
-        Some((NodeData::shared(train, val), gpt_config))
+        Some(gpt_data(config, (2, 2, 64), GPT_BLOCK)?)
     } else {
         None
     };
     Ok(OverheadData { mnist, gpt })
+}
+
+/// MNIST's training set and the first `VAL_EXAMPLES` test images.
+pub(super) fn mnist_data(config: &SuiteConfig) -> Result<NodeData<MnistItem>, BoxError> {
+    let dir = gym_data::resolve_data_dir(Some(&config.mnist_dir), "mnist")?;
+    let train = MnistDataset::load_or_download(&dir, MnistSplit::Train)?;
+    let test = MnistDataset::load_or_download(&dir, MnistSplit::Test)?;
+    let n = VAL_EXAMPLES.min(test.len());
+    Ok(NodeData::shared(train, PartialDataset::new(test, 0, n)))
+}
+
+/// tiny-shakespeare's windows of `block` characters and the `nanogpt` binary's model of
+/// `(n_layer, n_head, n_embd)` for them (bias, no dropout), with a shard of the validation
+/// windows holding about `VAL_EXAMPLES / 4` of them.
+pub(super) fn gpt_data(
+    config: &SuiteConfig,
+    (n_layer, n_head, n_embd): (usize, usize, usize),
+    block: usize,
+) -> Result<(NodeData<TokenWindow>, GptConfig), BoxError> {
+    let dir = gym_data::resolve_data_dir(Some(&config.gpt_dir), "shakespeare")?;
+    let corpus = CharCorpus::load_or_download(&dir)?;
+    let args = GptArgs {
+        dataset: TextDataset::Shakespeare,
+        text_file: None,
+        tokenizer: None,
+        val_fraction: 0.1,
+        start_pc: None,
+        end_pc: None,
+        val_start_pc: None,
+        val_end_pc: None,
+        block_size: block,
+        model_size: "small".into(),
+        n_layer: Some(n_layer),
+        n_head: Some(n_head),
+        n_embd: Some(n_embd),
+        dropout: 0.0,
+        no_bias: false,
+        shard: false,
+    };
+    let gpt_config = args.model_config(corpus.vocab().len());
+    gpt_config.validate()?;
+    let (train, val) = corpus.split(block, args.val_fraction)?;
+    let shards = (val.tokens().len() / (block * VAL_EXAMPLES / 4)).max(1);
+    let val = val.shard(0, shards)?;
+    Ok((NodeData::shared(train, val), gpt_config))
 }
 
 /// Seconds per step of a K-node run in steady state: (loop seconds of a run of
@@ -89,7 +103,8 @@ fn load_overhead_data(config: &SuiteConfig) -> Result<OverheadData, BoxError> {
 /// node. Should noise make it non-positive (steps of a few milliseconds), the mean of the
 /// last `steps` records stands in.
 #[allow(clippy::too_many_arguments)]
-fn time_steps<M, I, B>(
+pub(super) fn time_steps<M, I, B>(
+    device: &Device,
     k: usize,
     batch_size: usize,
     warmup: usize,
@@ -115,7 +130,9 @@ where
             .with_batch_size(batch_size)
             .with_val_size(Some(0))
             .with_autocast(autocast);
-        Trainer::new(trainer_config).fit(&init, &strategy, data, batcher)
+        Trainer::new(trainer_config)
+            .with_devices(vec![device.clone()])
+            .fit(&init, &strategy, data, batcher)
     };
     let warm_s = if warmup > 0 {
         run(warmup)?.report.loop_s
@@ -151,6 +168,7 @@ fn time_model(
                 mnist: Some(mnist), ..
             },
         ) => time_steps(
+            &Device::default(),
             k,
             MNIST_BATCH,
             w,
@@ -166,6 +184,7 @@ fn time_model(
                 mnist: Some(mnist), ..
             },
         ) => time_steps(
+            &Device::default(),
             k,
             MNIST_BATCH,
             w,
@@ -182,6 +201,7 @@ fn time_model(
                 ..
             },
         ) => time_steps(
+            &Device::default(),
             k,
             GPT_BATCH,
             w,

@@ -209,6 +209,8 @@ struct SuiteArgs {
     /// Suite: skip the planner's row (10,000 nodes, 1,000 rounds of DiLoCo).
     #[arg(long)]
     suite_no_planner: bool,
+    #[command(flatten)]
+    compute: bench_suite::compute::ComputeArgs,
     /// One process of the suite's MPI rows, as `mpirun` starts it, for a job of this many
     /// nodes (one per process).
     #[cfg(feature = "mpi")]
@@ -266,13 +268,11 @@ fn suite_main(cli: &Cli, mnist: Option<PathBuf>) -> ExitCode {
     config.collective_reps = a.suite_reps;
     config.rss_ks = a.suite_rss_ks.clone();
     config.startup_k = (a.suite_startup_k > 0).then_some(a.suite_startup_k);
-    config.plan_bin = (!a.suite_no_planner)
-        .then(|| {
-            std::env::current_exe()
-                .ok()
-                .map(|e| e.with_file_name("plan"))
-        })
-        .flatten();
+    let exe = std::env::current_exe().ok();
+    config.plan_bin = exe
+        .filter(|_| !a.suite_no_planner)
+        .map(|e| e.with_file_name("plan"));
+    a.compute.apply(&mut config);
     config.command = command_line();
     // With the `mpi` feature and `mpirun` at hand, the bandwidth part adds MPI rows.
     #[cfg(feature = "mpi")]
