@@ -44,7 +44,7 @@ use super::{SuiteConfig, SuiteModel, SuiteResult, SuiteTable, backend_tag, capti
 use crate::runner::BoxError;
 
 /// Timed calls per matrix-product rate (the best counts), after one warm-up call.
-pub const MATMUL_REPS: usize = 3;
+pub const MATMUL_REPS: usize = 5;
 /// The paper-width GPT: `(n_layer, n_head, n_embd)`, context, sequences per node, nodes.
 pub const GPT_6L384: ((usize, usize, usize), usize, usize, usize) = ((6, 6, 384), 256, 8, 2);
 

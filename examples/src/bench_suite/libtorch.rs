@@ -74,7 +74,7 @@ fn measure(
     use super::overhead::{MNIST_BATCH, mnist_data, time_steps};
     use burn::tensor::Device;
     use gym_core::NodeData;
-    use gym_data::{Cifar10, CifarBatcher, MnistBatcher};
+    use gym_data::{CifarBatcher, MnistBatcher};
     use gym_models::{CifarCnnConfig, MnistCnnConfig};
 
     #[allow(deprecated)] // burn-tch is deprecated by Burn; it is the comparison here
