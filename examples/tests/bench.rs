@@ -91,20 +91,32 @@ fn bench_suite_writes_every_named_figure() {
         let ratio = map[&format!("overhead_ratio_{model}_k1")].as_f64().unwrap();
         assert!((ratio - 1.0).abs() < 1e-9, "{model}: {ratio}");
     }
-    // The compute limit: both matmul rates, and every model's fraction of the one-thread
-    // rate, in a sane range (the step's FLOPs are counted from the model: a fraction above
-    // 1.2 would be a miscount, not a fast step).
-    let one = map["matmul_flops_1t"].as_f64().expect("matmul_flops_1t");
-    let all = map["matmul_flops_all"].as_f64().expect("matmul_flops_all");
-    assert!((1e9..1e13).contains(&one), "matmul_flops_1t = {one}");
-    assert!(all >= one * 0.9, "all threads {all} against one {one}");
+    // The compute limit: each matmul rate measured, and the two limits are the best of
+    // them on one thread and on every core (not compared with each other: on a shared
+    // machine two threads can lose to one). Every model's fraction of the one-thread rate
+    // is in a sane range: the step's FLOPs are counted from the model, so a fraction above
+    // 1.2 would be a miscount, not a fast step.
+    let figure = |key: &str| {
+        map.get(key)
+            .and_then(|v| v.as_f64())
+            .unwrap_or_else(|| panic!("{key} missing from {json:#}"))
+    };
+    let cores = result.machine.cores;
+    let best = |threads: usize| {
+        ["flex", "gemm"]
+            .iter()
+            .map(|source| figure(&format!("matmul_flops_{source}_512_t{threads}")))
+            .fold(0.0, f64::max)
+    };
+    let one = figure("matmul_flops_1t");
+    assert!((1e8..1e13).contains(&one), "matmul_flops_1t = {one}");
+    assert_eq!(one, best(1));
+    assert_eq!(figure("matmul_flops_all"), best(cores));
     for model in ["mlp", "cnn", "gpt_small", "gpt_6l384"] {
-        let key = format!("fraction_of_matmul_{model}");
-        let f = map.get(&key).and_then(|v| v.as_f64());
-        assert!(
-            f.is_some_and(|f| f > 0.0 && f <= 1.2),
-            "{key} = {f:?} in {json:#}"
-        );
+        let f = figure(&format!("fraction_of_matmul_{model}"));
+        assert!(f > 0.0 && f <= 1.2, "fraction_of_matmul_{model} = {f}");
+        let per_core = figure(&format!("flops_per_s_{model}"));
+        assert!((per_core / one - f).abs() < 1e-9 * f, "{model}");
     }
     // Without LibTorch in this build the comparison is a row that says why, and no key.
     if !cfg!(feature = "tch") {

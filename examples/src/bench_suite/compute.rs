@@ -229,7 +229,9 @@ pub(super) fn compute(config: &SuiteConfig, out: &mut SuiteResult) -> Result<(),
     let tag = backend_tag();
     let mut rates = Vec::new();
     for &n in config.matmul_sizes.iter().filter(|&&n| n > 0) {
-        for threads in [1, cores] {
+        let mut thread_counts = vec![1, cores];
+        thread_counts.dedup();
+        for threads in thread_counts {
             for source in [MatmulSource::Burn, MatmulSource::Gemm] {
                 eprintln!("compute: {source:?} matmul {n}² on {threads} thread(s) …");
                 rates.push(matmul_rate(source, n, threads, &device)?);
