@@ -6,7 +6,9 @@ use crate::communicate::is_sync_step;
 use burn::config::Config;
 use burn::tensor::{Tensor, TensorData};
 use gym_core::InnerOptimizerRecord;
+use gym_core::comm::CollectiveOp;
 use gym_core::optim::check_learning_rate;
+use gym_core::planner::{PlanInfo, PlannedEvent, SittingOut, Traffic};
 use gym_core::state::fields::{Record, Values};
 use gym_core::{
     GymError, InnerOptimizer, InnerOptimizerConfig, NodeInfo, Replica, Result, StateDict,
@@ -186,6 +188,59 @@ impl StrategyConfig for AsyncDiLoCoConfig {
     }
 
     fn init(&self, node: &NodeInfo<'_>) -> Result<Box<dyn Strategy>> {
+        self.check()?;
+        Ok(Box::new(AsyncDiLoCo {
+            optim: self.inner.init(node.layout, node.max_steps)?,
+            sync_interval: self.sync_interval,
+            local_steps: self.local_steps(node.node_speeds, node.rank),
+            server: DelayedNesterov::new(
+                node.initial_params.clone(),
+                self.outer_lr,
+                self.outer_momentum,
+                self.momentum_period.unwrap_or(node.world_size),
+            ),
+        }))
+    }
+
+    /// Every H-th step, one all-gather over the world of each node's Δ_k and its arrival
+    /// time (`4·(params + 1)` bytes each); every node computes the steps of its round that
+    /// DyLU gives it ([`AsyncDiLoCoConfig::local_steps`], by the speeds training gives it)
+    /// and sits the rest out. The arrival times order the pushes the server applies, which
+    /// changes φ, never who sends what or when, so the schedule is every node's.
+    fn traffic(&self, info: &PlanInfo<'_>) -> Result<Box<dyn Traffic>> {
+        self.check()?;
+        let h = self.sync_interval;
+        let local: Vec<usize> = (0..info.world_size)
+            .map(|rank| self.local_steps(info.node_speeds, rank))
+            .collect();
+        let payload = 4 * (info.params + 1);
+        let calls = move |step: usize, events: &mut Vec<PlannedEvent>| {
+            if is_sync_step(step, h) {
+                events.push(PlannedEvent::world(CollectiveOp::AllGather, payload));
+            }
+            Ok(())
+        };
+        Ok(Box::new(SittingOut {
+            traffic: calls,
+            computes: move |rank: usize, step: usize| computes_in_round(step, h, local[rank]),
+        }))
+    }
+
+    /// The inner optimizer's state, the master, the momentum and the buffer.
+    fn state_values_per_param(&self) -> Option<f64> {
+        Some(self.inner.state_values_per_param() + 3.0)
+    }
+}
+
+/// Whether a node that takes `local_steps` steps per round of `sync_interval` computes at
+/// `step` (DyLU: the first `local_steps` of each round), in training and in a plan.
+fn computes_in_round(step: usize, sync_interval: usize, local_steps: usize) -> bool {
+    step % sync_interval < local_steps
+}
+
+impl AsyncDiLoCoConfig {
+    /// Refuses settings out of range, naming them.
+    fn check(&self) -> Result<()> {
         let invalid = |msg: &str| Err(GymError::InvalidConfig(format!("async DiLoCo: {msg}")));
         if self.sync_interval == 0 {
             return invalid("`sync_interval` must be at least 1");
@@ -199,22 +254,9 @@ impl StrategyConfig for AsyncDiLoCoConfig {
         if !(0.0..1.0).contains(&self.outer_momentum) {
             return invalid("`outer_momentum` must be in [0, 1)");
         }
-        check_learning_rate("outer_lr", self.outer_lr)?;
-        Ok(Box::new(AsyncDiLoCo {
-            optim: self.inner.init(node.layout, node.max_steps)?,
-            sync_interval: self.sync_interval,
-            local_steps: self.local_steps(node.node_speeds, node.rank),
-            server: DelayedNesterov::new(
-                node.initial_params.clone(),
-                self.outer_lr,
-                self.outer_momentum,
-                self.momentum_period.unwrap_or(node.world_size),
-            ),
-        }))
+        check_learning_rate("outer_lr", self.outer_lr)
     }
-}
 
-impl AsyncDiLoCoConfig {
     /// Local steps per round of node `rank` given every node's speed (DyLU).
     pub fn local_steps(&self, speeds: &[f64], rank: usize) -> usize {
         let fastest = speeds.iter().copied().fold(0.0, f64::max);
@@ -272,7 +314,7 @@ impl Strategy for AsyncDiLoCo {
     }
 
     fn computes(&self, step: usize) -> bool {
-        step % self.sync_interval < self.local_steps
+        computes_in_round(step, self.sync_interval, self.local_steps)
     }
 
     fn idle(&mut self, replica: &mut dyn Replica, ctx: &mut StepContext<'_>) -> Result<()> {

@@ -9,6 +9,8 @@ use crate::communicate::{
 use crate::outer::{OuterOptimizer, OuterRecord, default_outer_optimizer};
 use burn::config::Config;
 use burn::tensor::Tensor;
+use gym_core::comm::CollectiveOp;
+use gym_core::planner::{PlanInfo, PlannedCall, PlannedEvent, PlannedGroups, Traffic};
 use gym_core::state::fields::{Record, Values};
 use gym_core::{
     GymError, InnerOptimizerConfig, NodeInfo, OptimizerConfig, ReduceOp, Replica, Result,
@@ -109,6 +111,49 @@ impl CommunicationModuleConfig for EagerDiLoCoCommunicatorConfig {
             in_flight: None,
             uncommitted: false,
         }))
+    }
+
+    /// Every H-th step, as [`EagerDiLoCoCommunicator`] makes it: the wait for the mean
+    /// started at the last round (none at the first), then the start of this round's mean
+    /// over the world (`4·params` bytes, an f32 tensor), waited for at the next round; the
+    /// steps between leave their work unmerged. The last round's mean is still on the wire
+    /// when the run ends (its bytes counted, its transfer never waited for), as in training.
+    fn traffic(&self, info: &PlanInfo<'_>) -> Result<Box<dyn Traffic>> {
+        let h = self.sync_interval;
+        if h == 0 {
+            return Err(GymError::InvalidConfig(
+                "eager DiLoCo: `sync_interval` must be at least 1".into(),
+            ));
+        }
+        let payload = 4 * info.params;
+        let mut in_flight: Option<u64> = None;
+        Ok(Box::new(
+            move |step: usize, events: &mut Vec<PlannedEvent>| {
+                if !is_sync_step(step, h) {
+                    events.push(PlannedEvent::Unmerged);
+                    return Ok(());
+                }
+                if let Some(id) = in_flight.take() {
+                    events.push(PlannedEvent::Wait { id });
+                }
+                let id = step as u64;
+                events.push(PlannedEvent::Start {
+                    id,
+                    call: PlannedCall {
+                        op: CollectiveOp::AllReduce(ReduceOp::Mean),
+                        groups: PlannedGroups::World,
+                        payload,
+                    },
+                });
+                in_flight = Some(id);
+                Ok(())
+            },
+        ))
+    }
+
+    /// φ_k, the outer optimizer's state, Δ_k of the last round and the mean in flight.
+    fn state_values_per_param(&self) -> f64 {
+        3.0 + self.outer_optimizer.state_values_per_param()
     }
 }
 

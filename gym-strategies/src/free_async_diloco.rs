@@ -5,7 +5,9 @@
 use crate::async_diloco::{DelayedNesterov, DelayedNesterovRecord};
 use burn::config::Config;
 use burn::tensor::{Tensor, TensorData};
+use gym_core::comm::CollectiveOp;
 use gym_core::optim::check_learning_rate;
+use gym_core::planner::{PlanInfo, PlannedCall, PlannedEvent, PlannedGroups, SittingOut, Traffic};
 use gym_core::state::fields::{Record, Values};
 use gym_core::{
     Group, GymError, InnerOptimizer, InnerOptimizerConfig, InnerOptimizerRecord, NodeInfo, Replica,
@@ -67,9 +69,8 @@ pub struct FreeAsyncDiLoCoConfig {
 /// One node of free-running asynchronous DiLoCo; see [`FreeAsyncDiLoCoConfig`].
 pub struct FreeAsyncDiLoCo {
     optim: InnerOptimizer,
-    sync_interval: usize,
-    /// Every node's speed relative to the fastest, by rank.
-    speeds: Vec<f64>,
+    /// Who computes and who pushes at each tick.
+    ticks: Ticks,
     rank: usize,
     /// φ_k: what this worker last received (its outer gradient is taken against it).
     anchor: Tensor<1>,
@@ -87,6 +88,72 @@ impl StrategyConfig for FreeAsyncDiLoCoConfig {
     }
 
     fn init(&self, node: &NodeInfo<'_>) -> Result<Box<dyn Strategy>> {
+        self.check(node.faults)?;
+        let server = (node.rank == SERVER).then(|| {
+            DelayedNesterov::new(
+                node.initial_params.clone(),
+                self.outer_lr,
+                self.outer_momentum,
+                self.momentum_period.unwrap_or(node.world_size),
+            )
+        });
+        Ok(Box::new(FreeAsyncDiLoCo {
+            optim: self.inner.init(node.layout, node.max_steps)?,
+            ticks: Ticks::new(node.node_speeds, self.sync_interval),
+            rank: node.rank,
+            anchor: node.initial_params.clone(),
+            server,
+        }))
+    }
+
+    /// At each tick, the pushes of the workers whose H-th, 2H-th, … step ends then
+    /// (by the speeds training gives them, the ticks training follows), as [`FreeAsyncDiLoCo`] makes them:
+    /// each pusher but rank 0 sends rank 0 its Δ_k and the time it was sent (a broadcast
+    /// over the pair, `4·(params + 1)` bytes), in rank order, then rank 0 replies to each
+    /// (`4·params` bytes), in rank order; every worker sits out the ticks it does not
+    /// compute. The send times order the pushes the server applies, which changes φ,
+    /// never who sends what or when. A fault schedule is refused, as training refuses it.
+    fn traffic(&self, info: &PlanInfo<'_>) -> Result<Box<dyn Traffic>> {
+        self.check(info.faults)?;
+        let ticks = Ticks::new(info.node_speeds, self.sync_interval);
+        let (push, reply) = (4 * (info.params + 1), 4 * info.params);
+        let pair = |k: usize| PlannedGroups::Each(vec![Group::new([SERVER, k])]);
+        let schedule = ticks.clone();
+        let calls = move |tick: usize, events: &mut Vec<PlannedEvent>| {
+            let workers: Vec<usize> = schedule
+                .pushers(tick)
+                .into_iter()
+                .filter(|&k| k != SERVER)
+                .collect();
+            for (root, payload) in [(None, push), (Some(SERVER), reply)] {
+                for &k in &workers {
+                    events.push(PlannedEvent::Call(PlannedCall {
+                        op: CollectiveOp::Broadcast {
+                            root: root.unwrap_or(k),
+                        },
+                        groups: pair(k),
+                        payload,
+                    }));
+                }
+            }
+            Ok(())
+        };
+        Ok(Box::new(SittingOut {
+            traffic: calls,
+            computes: move |rank: usize, tick: usize| ticks.computes_at(rank, tick),
+        }))
+    }
+
+    /// The inner optimizer's state and the anchor (rank 0 also holds the server's φ,
+    /// momentum and buffer).
+    fn state_values_per_param(&self) -> Option<f64> {
+        Some(self.inner.state_values_per_param() + 1.0)
+    }
+}
+
+impl FreeAsyncDiLoCoConfig {
+    /// Refuses settings out of range and a fault schedule (`faults`), naming them.
+    fn check(&self, faults: bool) -> Result<()> {
         let invalid = |msg: &str| {
             Err(GymError::InvalidConfig(format!(
                 "free-running async DiLoCo: {msg}"
@@ -102,38 +169,38 @@ impl StrategyConfig for FreeAsyncDiLoCoConfig {
             return invalid("`outer_momentum` must be in [0, 1)");
         }
         check_learning_rate("outer_lr", self.outer_lr)?;
-        if node.faults {
+        if faults {
             return invalid(
                 "a fault schedule is not supported: a worker away would leave the server \
                  waiting for its push",
             );
         }
-        let fastest = node.node_speeds.iter().copied().fold(0.0, f64::max);
-        let speeds = node
-            .node_speeds
-            .iter()
-            .map(|&s| if fastest > 0.0 { s / fastest } else { 1.0 })
-            .collect();
-        let server = (node.rank == SERVER).then(|| {
-            DelayedNesterov::new(
-                node.initial_params.clone(),
-                self.outer_lr,
-                self.outer_momentum,
-                self.momentum_period.unwrap_or(node.world_size),
-            )
-        });
-        Ok(Box::new(FreeAsyncDiLoCo {
-            optim: self.inner.init(node.layout, node.max_steps)?,
-            sync_interval: self.sync_interval,
-            speeds,
-            rank: node.rank,
-            anchor: node.initial_params.clone(),
-            server,
-        }))
+        Ok(())
     }
 }
 
-impl FreeAsyncDiLoCo {
+/// The run's ticks: who computes and who pushes at each, from every node's speed relative
+/// to the fastest; what training's workers and a plan's schedule both follow.
+#[derive(Debug, Clone)]
+struct Ticks {
+    speeds: Vec<f64>,
+    sync_interval: usize,
+}
+
+impl Ticks {
+    /// The ticks of nodes of `node_speeds`, pushing every `sync_interval` computed steps.
+    fn new(node_speeds: &[f64], sync_interval: usize) -> Self {
+        let fastest = node_speeds.iter().copied().fold(0.0, f64::max);
+        let speeds = node_speeds
+            .iter()
+            .map(|&s| if fastest > 0.0 { s / fastest } else { 1.0 })
+            .collect();
+        Ticks {
+            speeds,
+            sync_interval,
+        }
+    }
+
     /// The steps `rank` has computed after tick `tick`.
     fn computed(&self, rank: usize, tick: usize) -> usize {
         ((tick + 1) as f64 * self.speeds[rank]).floor() as usize
@@ -158,10 +225,12 @@ impl FreeAsyncDiLoCo {
             })
             .collect()
     }
+}
 
+impl FreeAsyncDiLoCo {
     /// The exchanges of tick `ctx.step`: pushes to the server, then its replies.
     fn exchange(&mut self, replica: &mut dyn Replica, ctx: &mut StepContext<'_>) -> Result<()> {
-        let pushers = self.pushers(ctx.step);
+        let pushers = self.ticks.pushers(ctx.step);
         let pushing = pushers.contains(&self.rank);
         if !pushing && self.rank != SERVER {
             return Ok(());
@@ -231,7 +300,7 @@ impl Strategy for FreeAsyncDiLoCo {
     }
 
     fn computes(&self, step: usize) -> bool {
-        self.computes_at(self.rank, step)
+        self.ticks.computes_at(self.rank, step)
     }
 
     fn idle(&mut self, replica: &mut dyn Replica, ctx: &mut StepContext<'_>) -> Result<()> {

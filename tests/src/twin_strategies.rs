@@ -9,7 +9,8 @@ use gym_strategies::{
     SparseCommunicatorConfig, SpartaConfig, SpartaDiLoCoConfig, StreamingDiLoCoConfig,
 };
 use gym_strategies::{
-    DesLocConfig, MuLoCoConfig, NoLoCoCommunicatorConfig, NoLoCoConfig, SparseLoCoConfig,
+    AsyncDiLoCoConfig, DesLocConfig, EagerDiLoCoCommunicatorConfig, EagerDiLoCoConfig,
+    FreeAsyncDiLoCoConfig, MuLoCoConfig, NoLoCoCommunicatorConfig, NoLoCoConfig, SparseLoCoConfig,
 };
 
 /// SPARTA averaging a fraction `p` of the parameters, `delay` steps late, drawn by
@@ -168,6 +169,42 @@ pub fn more_strategies() -> Vec<(&'static str, Box<dyn StrategyConfig>)> {
                         .with_group_size(2),
                 ),
             ),
+        ),
+    ]
+}
+
+/// Strategies whose rounds overlap the next round's compute (eager DiLoCo: each round's
+/// all-reduce waited for at the next round) or whose nodes sit steps out by their speeds
+/// (asynchronous DiLoCo's DyLU; free-running asynchronous DiLoCo, whose workers push when
+/// their own H steps end, refused under faults by training and plan alike). Planned with
+/// and without faults, with fewer fault schedules than the others.
+pub fn overlapped_strategies() -> Vec<(&'static str, Box<dyn StrategyConfig>)> {
+    let eager = |h: usize| {
+        EagerDiLoCoConfig::new()
+            .with_communicator(EagerDiLoCoCommunicatorConfig::new().with_sync_interval(h))
+    };
+    vec![
+        ("eager diloco H=3", Box::new(eager(3))),
+        ("eager diloco H=1", Box::new(eager(1))),
+        (
+            "async diloco H=4 DyLU",
+            Box::new(AsyncDiLoCoConfig::new().with_sync_interval(4)),
+        ),
+        (
+            "async diloco H=6 DyLU, at least 4",
+            Box::new(
+                AsyncDiLoCoConfig::new()
+                    .with_sync_interval(6)
+                    .with_min_local_steps(4),
+            ),
+        ),
+        (
+            "free async diloco H=2",
+            Box::new(FreeAsyncDiLoCoConfig::new().with_sync_interval(2)),
+        ),
+        (
+            "free async diloco H=3",
+            Box::new(FreeAsyncDiLoCoConfig::new().with_sync_interval(3)),
         ),
     ]
 }

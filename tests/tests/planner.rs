@@ -13,7 +13,8 @@ use gym_strategies::compress::PowerSgdCompressionConfig;
 use gym_strategies::{AllReduceConfig, DeMoConfig, IndexSelectorKind, PowerSgdConfig};
 use tests::twin::{BATCH, NODES, SEED, cluster, mlp_plan};
 use tests::twin_strategies::{
-    FASTEST, GRACE, diloco_quorum, more_strategies, shaped_strategies, sparta, strategies,
+    FASTEST, GRACE, diloco_quorum, more_strategies, overlapped_strategies, shaped_strategies,
+    sparta, strategies,
 };
 use tests::{Synthetic, SyntheticBatcher, small_mlp};
 
@@ -47,6 +48,7 @@ fn planning_gives_the_simulated_time_and_bytes_of_training() {
     for (name, strategy) in strategies()
         .into_iter()
         .chain(more_strategies())
+        .chain(overlapped_strategies())
         .chain(shaped_strategies())
     {
         let sim = cluster();

@@ -13,7 +13,7 @@ use gym_strategies::{
     StreamingDiLoCoConfig,
 };
 use tests::twin::{BATCH, NODES, SEED, checkpointed, cluster, mlp_plan, state_sizes};
-use tests::twin_strategies::{more_strategies, shaped_strategies};
+use tests::twin_strategies::{more_strategies, overlapped_strategies, shaped_strategies};
 use tests::{Synthetic, SyntheticBatcher, small_mlp};
 
 const STEPS: usize = 12;
@@ -183,6 +183,36 @@ fn planning_under_faults_gives_the_simulated_time_and_bytes_of_training() {
     let away = trained.simulated[1].down_s;
     assert!(away > 0.0, "{away}");
     assert!(trained.comm[1].broadcast_calls == 1);
+}
+
+/// The strategies whose rounds overlap the next round (eager DiLoCo) or whose nodes sit
+/// steps out (asynchronous DiLoCo), under two schedules:
+/// a leave with a slow node (the node away keeps its share of the round in flight, and
+/// holds its source's when it comes back), and a cut with a crash.
+#[test]
+fn overlapped_rounds_plan_under_faults_as_they_train() {
+    let dir = std::env::temp_dir().join(format!("gym-planner-overlap-{}", std::process::id()));
+    for (name, strategy) in overlapped_strategies() {
+        for spec in ["leave:1@3+2;slow:2@0+12x0.6", "cut:0-1@4+3;crash:3@9"] {
+            let faults: FaultSchedule = spec.parse().unwrap();
+            if name.starts_with("free async") {
+                // Training refuses a fault schedule (a worker away would leave the server
+                // waiting for its push), and so does the plan, naming it.
+                let err = planned(&*strategy, &faults, RejoinBytes::default()).unwrap_err();
+                assert!(err.to_string().contains("fault schedule"), "{name}: {err}");
+                continue;
+            }
+            let (trained, rejoin_bytes) = train(&*strategy, &faults, &dir);
+            let case = format!("{name} under {spec}");
+            let plan = planned(&*strategy, &faults, rejoin_bytes)
+                .unwrap_or_else(|e| panic!("{case}: {e}"));
+            assert_eq!(plan.simulated, trained.simulated, "{case}: clocks");
+            assert_eq!(plan.comm, trained.comm, "{case}: traffic");
+            assert_eq!(plan.elastic, trained.elastic, "{case}: work lost");
+            assert_eq!(plan.goodput(), trained.goodput(), "{case}: goodput");
+            assert!(!trained.elastic.faults.is_empty(), "{case}: faults happen");
+        }
+    }
 }
 
 /// A node that comes back with nobody to copy from (its whole part of a cut cluster was

@@ -15,7 +15,9 @@ use tests::twin::{
     BATCH, NODES, SEED, checkpointed, cluster, gpt_config, gpt_data, gpt_plan, small_gpt,
     state_sizes,
 };
-use tests::twin_strategies::{more_strategies, shaped_strategies, strategies};
+use tests::twin_strategies::{
+    more_strategies, overlapped_strategies, shaped_strategies, strategies,
+};
 
 const STEPS: usize = 8;
 
@@ -54,6 +56,7 @@ fn planning_the_gpt_gives_the_simulated_time_and_bytes_of_training() {
     for (name, strategy) in strategies()
         .into_iter()
         .chain(more_strategies())
+        .chain(overlapped_strategies())
         .chain(shaped_strategies())
     {
         let trained = train(&*strategy, None);
@@ -105,6 +108,7 @@ fn planning_the_gpt_under_faults_gives_the_simulated_time_and_bytes_of_training(
     let cases: Vec<(&str, Box<dyn StrategyConfig>)> = strategies()
         .into_iter()
         .chain(shaped_strategies())
+        .chain(overlapped_strategies())
         .filter(|(name, _)| {
             [
                 "allreduce int8",
@@ -118,6 +122,8 @@ fn planning_the_gpt_under_faults_gives_the_simulated_time_and_bytes_of_training(
                 || name.starts_with("noloco")
                 || name.starts_with("desloc")
                 || name.contains("powersgd")
+                || name.starts_with("eager diloco H=3")
+                || name.starts_with("async diloco H=4")
         })
         .collect();
     for spec in ["leave:1@2+2;slow:3@0+8x0.7", "cut:0-1@3+2"] {

@@ -2,7 +2,7 @@
 //! the clock and cost code of training.
 
 use super::ledger::Ledgers;
-use super::{PlanConfig, PlanInfo, PlannedCall, PlannedEvent, PlannedGroups};
+use super::{PlanConfig, PlanInfo, PlannedCall, PlannedEvent, PlannedGroups, Traffic};
 use crate::comm::clock::NodeClock;
 use crate::comm::faults::FaultTimeline;
 use crate::comm::trace::{CallInfo, NodeTimeline, group_text};
@@ -92,7 +92,20 @@ fn run_plan(
     if let Some(shapes) = shapes {
         check_shapes(shapes, config.params, from_layout.as_deref())?;
     }
+    // Every node's speed as training gives it to a strategy (1 where none is set).
+    let node_speeds: Vec<f64> = (0..config.num_nodes)
+        .map(|rank| {
+            config
+                .simulation
+                .node_speed
+                .get(rank)
+                .copied()
+                .unwrap_or(1.0)
+        })
+        .collect();
     let info = PlanInfo {
+        node_speeds: &node_speeds,
+        faults: config.faults.is_some(),
         world_size: config.num_nodes,
         max_steps: config.steps,
         seed: config.seed,
@@ -115,7 +128,7 @@ fn run_plan(
             clock.begin_step(step);
         }
         cluster.rejoin(step, &config.rejoin_bytes)?;
-        cluster.compute(config, step);
+        cluster.compute(config, step, &*traffic);
         events.clear();
         traffic.step(step, &mut events)?;
         for event in events.drain(..) {
@@ -232,17 +245,24 @@ impl Cluster {
 
     /// The forward and backward passes of `step` of every node present, as the node loop
     /// charges them (a slow node's at its speed factor).
-    fn compute(&mut self, config: &PlanConfig, step: usize) {
+    fn compute(&mut self, config: &PlanConfig, step: usize, traffic: &dyn Traffic) {
         let sim: &SimulationConfig = &config.simulation;
         if self.faults.is_empty() {
             // Every node present at speed 1: the same seconds (x / 1.0 is x), without the
             // timeline's look-ups, the planner's innermost loop at 10,000 nodes.
             for (rank, clock) in self.clocks.iter_mut().enumerate() {
+                if !traffic.computes(rank, step) {
+                    continue;
+                }
                 clock.compute(sim.step_compute_s(rank, step, config.seed, config.step_flops, 0.0));
             }
             return;
         }
         for (rank, clock) in self.clocks.iter_mut().enumerate() {
+            if self.faults.is_present(rank, step) && !traffic.computes(rank, step) {
+                self.ledgers.sits_out(rank);
+                continue;
+            }
             let mut computed = None;
             if self.faults.is_present(rank, step) {
                 let seconds = sim.step_compute_s(rank, step, config.seed, config.step_flops, 0.0);

@@ -20,6 +20,9 @@ pub(super) struct Ledgers {
     stepwise: bool,
     /// Stepwise: each node's compute seconds this step, `None` when it is away.
     step_s: Vec<Option<f64>>,
+    /// Stepwise: the nodes present that sit this step out (they compute nothing and are
+    /// not away: the node loop books nothing for them).
+    sitting_out: Vec<bool>,
     /// Reckoned: the last step whose work was merged on every node.
     merged_at: Option<usize>,
     /// Reckoned: per node, the last step at which its unmerged work was dropped.
@@ -38,6 +41,11 @@ impl Ledgers {
             stepwise,
             step_s: if stepwise {
                 vec![None; num_nodes]
+            } else {
+                Vec::new()
+            },
+            sitting_out: if stepwise {
+                vec![false; num_nodes]
             } else {
                 Vec::new()
             },
@@ -62,6 +70,12 @@ impl Ledgers {
         self.step_s[rank] = seconds;
     }
 
+    /// Stepwise: `rank` is present and sits this step out
+    /// ([`Traffic::computes`](super::Traffic::computes)).
+    pub fn sits_out(&mut self, rank: usize) {
+        self.sitting_out[rank] = true;
+    }
+
     /// The schedule says this step's work is not merged yet.
     pub fn unmerged(&mut self) {
         self.unmerged = true;
@@ -82,6 +96,9 @@ impl Ledgers {
         if self.stepwise {
             let mut late = self.late.iter().peekable();
             for (rank, (node, seconds)) in self.nodes.iter_mut().zip(&self.step_s).enumerate() {
+                if std::mem::take(&mut self.sitting_out[rank]) {
+                    continue;
+                }
                 let Some(seconds) = *seconds else {
                     node.absent_steps += 1;
                     continue;

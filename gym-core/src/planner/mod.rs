@@ -65,7 +65,7 @@ mod rejoin;
 
 pub use crate::run::peer_state_bytes;
 pub use crate::strategy::traffic::{
-    PlanInfo, PlannedCall, PlannedEvent, PlannedGroups, PlannedQuorum, Traffic,
+    PlanInfo, PlannedCall, PlannedEvent, PlannedGroups, PlannedQuorum, SittingOut, Traffic,
 };
 pub use engine::{plan, plan_traced};
 

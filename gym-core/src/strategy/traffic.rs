@@ -28,6 +28,13 @@ pub struct PlanInfo<'a> {
     /// refuses with [`GymError::PlanNeedsShapes`](crate::GymError::PlanNeedsShapes)
     /// without.
     pub shapes: Option<&'a [Vec<usize>]>,
+    /// Every node's relative speed, by rank, as training gives it to a strategy
+    /// ([`NodeInfo::node_speeds`](crate::NodeInfo::node_speeds)): a schedule in which a
+    /// slower node computes fewer steps (asynchronous DiLoCo) follows it.
+    pub node_speeds: &'a [f64],
+    /// Whether the plan runs a fault schedule: a strategy that training runs without one
+    /// only refuses it here too.
+    pub faults: bool,
 }
 
 /// Which nodes take part in a planned call: the world (every node), or disjoint groups
@@ -121,6 +128,36 @@ impl PlannedEvent {
 pub trait Traffic: Send {
     /// Appends the events of `step` (after the nodes' compute) to `events`, in order.
     fn step(&mut self, step: usize, events: &mut Vec<PlannedEvent>) -> Result<()>;
+
+    /// Whether node `rank` computes a gradient at `step`
+    /// ([`Strategy::computes`](crate::Strategy::computes)): a node that sits a step out
+    /// charges no compute to its clock. The default: every node, every step.
+    fn computes(&self, _rank: usize, _step: usize) -> bool {
+        true
+    }
+}
+
+/// A schedule (`traffic`) whose nodes sit out the steps `computes(rank, step)` says they
+/// do not compute (asynchronous DiLoCo's slower workers).
+pub struct SittingOut<T, C> {
+    /// The calls.
+    pub traffic: T,
+    /// `computes(rank, step)`: whether `rank` computes at `step`.
+    pub computes: C,
+}
+
+impl<T, C> Traffic for SittingOut<T, C>
+where
+    T: Traffic,
+    C: Fn(usize, usize) -> bool + Send,
+{
+    fn step(&mut self, step: usize, events: &mut Vec<PlannedEvent>) -> Result<()> {
+        self.traffic.step(step, events)
+    }
+
+    fn computes(&self, rank: usize, step: usize) -> bool {
+        (self.computes)(rank, step)
+    }
 }
 
 /// A closure is a schedule: `|step, events| { …; Ok(()) }`.
