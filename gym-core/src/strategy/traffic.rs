@@ -135,6 +135,13 @@ pub trait Traffic: Send {
     fn computes(&self, _rank: usize, _step: usize) -> bool {
         true
     }
+
+    /// Whether any node ever sits a step out ([`computes`](Self::computes) may say
+    /// `false`); when not, the planner does not ask for each node and step. The default:
+    /// none does.
+    fn sits_out(&self) -> bool {
+        false
+    }
 }
 
 /// A schedule (`traffic`) whose nodes sit out the steps `computes(rank, step)` says they
@@ -157,6 +164,10 @@ where
 
     fn computes(&self, rank: usize, step: usize) -> bool {
         (self.computes)(rank, step)
+    }
+
+    fn sits_out(&self) -> bool {
+        true
     }
 }
 
