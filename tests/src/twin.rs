@@ -38,8 +38,16 @@ pub fn cluster() -> SimulationConfig {
 /// The plan of [`crate::small_mlp`] on `simulation` for `steps` steps (no faults), and
 /// the model's trainable layout.
 pub fn mlp_plan(simulation: SimulationConfig, steps: usize) -> (PlanConfig, ParamLayout) {
-    let model = crate::small_mlp(&Device::default().autodiff());
-    let layout = ParamLayout::trainable(&model);
+    twin_plan(&crate::small_mlp(&Device::default().autodiff()), simulation, steps)
+}
+
+/// The plan of `model` on [`NODES`] nodes of [`BATCH`] examples, with the twins' seed.
+fn twin_plan<M: TrainModel>(
+    model: &M,
+    simulation: SimulationConfig,
+    steps: usize,
+) -> (PlanConfig, ParamLayout) {
+    let layout = ParamLayout::trainable(model);
     let config = PlanConfig {
         num_nodes: NODES,
         steps,
@@ -92,20 +100,7 @@ pub fn gpt_data() -> NodeData<TokenWindow> {
 /// The plan of [`small_gpt`] on `simulation` for `steps` steps (no faults), and the
 /// model's trainable layout.
 pub fn gpt_plan(simulation: SimulationConfig, steps: usize) -> (PlanConfig, ParamLayout) {
-    let model = small_gpt(&Device::default().autodiff());
-    let layout = ParamLayout::trainable(&model);
-    let config = PlanConfig {
-        num_nodes: NODES,
-        steps,
-        seed: SEED,
-        params: layout.num_elements() as u64,
-        shapes: None,
-        step_flops: model.flops_per_example() * BATCH as f64,
-        simulation,
-        faults: None,
-        rejoin_bytes: Default::default(),
-    };
-    (config, layout)
+    twin_plan(&small_gpt(&Device::default().autodiff()), simulation, steps)
 }
 
 /// `config` writing a checkpoint before every step into `dir` (emptied first), which
