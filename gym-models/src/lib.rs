@@ -52,3 +52,14 @@ pub(crate) fn extension_supported(device: &burn::tensor::Device) -> bool {
         _ => false,
     }
 }
+
+/// Whether `device` is the flex backend's (where [`fused::gelu`] uses its own loops).
+pub(crate) fn is_flex(device: &burn::tensor::Device) -> bool {
+    use burn::backend::DispatchDevice;
+    #[cfg(feature = "flex")]
+    if let DispatchDevice::Flex(_) = device.clone().inner().as_dispatch() {
+        return true;
+    }
+    let _ = device;
+    false
+}

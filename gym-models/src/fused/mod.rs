@@ -23,6 +23,7 @@
 // Burn deprecates its LibTorch and ndarray backends; the extension still serves them.
 #![cfg_attr(any(feature = "tch", feature = "ndarray"), allow(deprecated))]
 
+use burn::backend::ops::ActivationOps;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{AutodiffBackend, Backend, TensorMetadata, backend_extension};
 use burn::nn::{BatchNorm, LayerNorm};
@@ -202,6 +203,16 @@ pub trait FusedOps: Backend {
         let dot = Self::float_sum_dim(Self::float_mul(dy.clone(), y.clone()), dim);
         Self::float_mul(y, Self::float_sub(dy, dot))
     }
+
+    /// The exact (erf) GELU of `x`: the backend's own (flex: [`gelu`]'s vectorised loop).
+    fn fused_gelu(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        Self::gelu(x)
+    }
+
+    /// The gradient `dy ⊙ GELU′(x)`: the backend's own (flex: a vectorised loop).
+    fn fused_gelu_backward(x: FloatTensor<Self>, dy: FloatTensor<Self>) -> FloatTensor<Self> {
+        Self::gelu_backward(x, dy)
+    }
 }
 
 /// `t` `[d]` as `[1, …, 1, d]` of rank `rank`, to broadcast over rows.
@@ -236,7 +247,34 @@ fn channel_mean<B: Backend>(t: FloatTensor<B>) -> FloatTensor<B> {
 }
 
 #[cfg(feature = "flex")]
-impl FusedOps for burn::backend::Flex {}
+impl FusedOps for burn::backend::Flex {
+    fn fused_gelu(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        let Some(input) = x.as_slice::<f32>() else {
+            return <Self as ActivationOps<Self>>::gelu(x);
+        };
+        let mut output = vec![0.0; input.len()];
+        gelu::forward(input, &mut output);
+        flex_f32(output, x.shape())
+    }
+
+    fn fused_gelu_backward(x: FloatTensor<Self>, dy: FloatTensor<Self>) -> FloatTensor<Self> {
+        let (Some(input), Some(grad)) = (x.as_slice::<f32>(), dy.as_slice::<f32>()) else {
+            return <Self as ActivationOps<Self>>::gelu_backward(x, dy);
+        };
+        if input.len() != grad.len() {
+            return <Self as ActivationOps<Self>>::gelu_backward(x, dy);
+        }
+        let mut output = vec![0.0; input.len()];
+        gelu::backward(input, grad, &mut output);
+        flex_f32(output, x.shape())
+    }
+}
+
+/// A contiguous flex tensor of `shape` holding `values`.
+#[cfg(feature = "flex")]
+fn flex_f32(values: Vec<f32>, shape: Shape) -> burn::backend::flex::FlexTensor {
+    burn::backend::flex::FlexTensor::from_data(burn::tensor::TensorData::new(values, shape))
+}
 #[cfg(feature = "ndarray")]
 impl FusedOps for burn::backend::NdArray {}
 
@@ -453,6 +491,37 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
             OpsKind::UnTracked(prep) => prep.finish(B::fused_softmax(x.into_primitive(), dim)),
         }
     }
+
+    fn fused_gelu(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        #[derive(Debug)]
+        struct GeluOp;
+
+        impl<B: FusedOps> Backward<B, 1> for GeluOp {
+            /// The input.
+            type State = B::FloatTensorPrimitive;
+
+            fn backward(
+                self,
+                ops: Ops<Self::State, 1>,
+                grads: &mut Gradients,
+                _checkpointer: &mut Checkpointer,
+            ) {
+                let [node_x] = ops.parents;
+                let dy = grads.consume::<B>(&ops.node);
+                if let Some(node) = node_x {
+                    grads.register::<B>(node.id, B::fused_gelu_backward(ops.state, dy));
+                }
+            }
+        }
+
+        match GeluOp.prepare::<C>([x.node()]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let x = x.into_primitive();
+                prep.finish(x.clone(), B::fused_gelu(x))
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::fused_gelu(x.into_primitive())),
+        }
+    }
 }
 
 /// LayerNorm over the last dimension of `x` with gain `gamma` and bias `beta` (none: zero):
@@ -544,6 +613,31 @@ pub fn softmax<const D: usize>(x: Tensor<D>, dim: usize) -> Tensor<D> {
         x.into_dispatch(),
         dim,
     ))
+}
+
+/// The exact (erf) GELU of `x`, as PyTorch's `nn.GELU()` default: on flex
+/// [`FusedOps::fused_gelu`], one operation of the graph forward and backward whose loops
+/// vectorise (a branch-free erf, largest absolute error 1.6·10⁻⁷); Burn's
+/// [`gelu`](burn::tensor::activation::gelu) on every other backend.
+pub fn gelu<const D: usize>(x: Tensor<D>) -> Tensor<D> {
+    #[cfg(test)]
+    let reference = REFERENCE_GELU.with(std::cell::Cell::get);
+    #[cfg(not(test))]
+    let reference = false;
+    if reference || !crate::is_flex(&x.device()) {
+        return burn::tensor::activation::gelu(x);
+    }
+    Tensor::from_dispatch(<burn::backend::Dispatch as FusedOps>::fused_gelu(
+        x.into_dispatch(),
+    ))
+}
+
+mod gelu;
+
+#[cfg(test)]
+thread_local! {
+    /// In tests: [`gelu`] takes Burn's path on this thread, to compare against.
+    pub(crate) static REFERENCE_GELU: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 #[cfg(all(test, feature = "flex"))]
