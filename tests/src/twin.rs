@@ -38,7 +38,11 @@ pub fn cluster() -> SimulationConfig {
 /// The plan of [`crate::small_mlp`] on `simulation` for `steps` steps (no faults), and
 /// the model's trainable layout.
 pub fn mlp_plan(simulation: SimulationConfig, steps: usize) -> (PlanConfig, ParamLayout) {
-    twin_plan(&crate::small_mlp(&Device::default().autodiff()), simulation, steps)
+    twin_plan(
+        &crate::small_mlp(&Device::default().autodiff()),
+        simulation,
+        steps,
+    )
 }
 
 /// The plan of `model` on [`NODES`] nodes of [`BATCH`] examples, with the twins' seed.
