@@ -156,6 +156,25 @@ const FAULTS: &[&str] = &[
     "leave:0@2+3;slow:3@0+12x0.7;cut:0-1@7+2;crash:1@9",
 ];
 
+/// Trains `strategy` under the fault schedule `spec` and plans it: clocks, traffic, the work
+/// lost and goodput must be equal, and faults must have happened.
+fn plans_as_it_trains(
+    name: &str,
+    strategy: &dyn StrategyConfig,
+    spec: &str,
+    dir: &std::path::Path,
+) {
+    let faults: FaultSchedule = spec.parse().unwrap();
+    let (trained, rejoin_bytes) = train(strategy, &faults, dir);
+    let case = format!("{name} under {spec}");
+    let plan = planned(strategy, &faults, rejoin_bytes).unwrap_or_else(|e| panic!("{case}: {e}"));
+    assert_eq!(plan.simulated, trained.simulated, "{case}: clocks");
+    assert_eq!(plan.comm, trained.comm, "{case}: traffic");
+    assert_eq!(plan.elastic, trained.elastic, "{case}: work lost");
+    assert_eq!(plan.goodput(), trained.goodput(), "{case}: goodput");
+    assert!(!trained.elastic.faults.is_empty(), "{case}: faults happen");
+}
+
 #[test]
 fn planning_under_faults_gives_the_simulated_time_and_bytes_of_training() {
     let dir = std::env::temp_dir().join(format!("gym-planner-faults-{}", std::process::id()));
@@ -165,16 +184,7 @@ fn planning_under_faults_gives_the_simulated_time_and_bytes_of_training() {
         .chain(shaped_strategies())
     {
         for spec in FAULTS {
-            let faults: FaultSchedule = spec.parse().unwrap();
-            let (trained, rejoin_bytes) = train(&*strategy, &faults, &dir);
-            let case = format!("{name} under {spec}");
-            let plan = planned(&*strategy, &faults, rejoin_bytes)
-                .unwrap_or_else(|e| panic!("{case}: {e}"));
-            assert_eq!(plan.simulated, trained.simulated, "{case}: clocks");
-            assert_eq!(plan.comm, trained.comm, "{case}: traffic");
-            assert_eq!(plan.elastic, trained.elastic, "{case}: work lost");
-            assert_eq!(plan.goodput(), trained.goodput(), "{case}: goodput");
-            assert!(!trained.elastic.faults.is_empty(), "{case}: faults happen");
+            plans_as_it_trains(name, &*strategy, spec, &dir);
         }
     }
     // The cases exercise what they are meant to: time away and a rejoin's broadcast.
@@ -202,15 +212,7 @@ fn overlapped_rounds_plan_under_faults_as_they_train() {
                 assert!(err.to_string().contains("fault schedule"), "{name}: {err}");
                 continue;
             }
-            let (trained, rejoin_bytes) = train(&*strategy, &faults, &dir);
-            let case = format!("{name} under {spec}");
-            let plan = planned(&*strategy, &faults, rejoin_bytes)
-                .unwrap_or_else(|e| panic!("{case}: {e}"));
-            assert_eq!(plan.simulated, trained.simulated, "{case}: clocks");
-            assert_eq!(plan.comm, trained.comm, "{case}: traffic");
-            assert_eq!(plan.elastic, trained.elastic, "{case}: work lost");
-            assert_eq!(plan.goodput(), trained.goodput(), "{case}: goodput");
-            assert!(!trained.elastic.faults.is_empty(), "{case}: faults happen");
+            plans_as_it_trains(name, &*strategy, spec, &dir);
         }
     }
 }

@@ -213,21 +213,26 @@ mod tests {
         );
     }
 
-    #[test]
-    fn gelu_and_its_gradient_match_f64_through_autodiff() {
-        let xs = inputs();
+    /// `f(xs)` and the gradient of its sum, on flex under autodiff.
+    fn value_and_gradient(f: fn(Tensor<1>) -> Tensor<1>, xs: &[f32]) -> (Vec<f32>, Vec<f32>) {
         let device = Device::flex().autodiff();
-        let x =
-            Tensor::<1>::from_data(TensorData::new(xs.clone(), [xs.len()]), &device).require_grad();
-        let y = fused_gelu(x.clone());
+        let x = Tensor::<1>::from_data(TensorData::new(xs.to_vec(), [xs.len()]), &device)
+            .require_grad();
+        let y = f(x.clone());
         let grads = y.clone().sum().backward();
-        let y = y.into_data().try_to_vec::<f32>().unwrap();
         let dx = x
             .grad(&grads)
             .unwrap()
             .into_data()
             .try_to_vec::<f32>()
             .unwrap();
+        (y.into_data().try_to_vec::<f32>().unwrap(), dx)
+    }
+
+    #[test]
+    fn gelu_and_its_gradient_match_f64_through_autodiff() {
+        let xs = inputs();
+        let (y, dx) = value_and_gradient(fused_gelu, &xs);
         for ((&x, y), dx) in xs.iter().zip(y).zip(dx) {
             let (x64, y64, g64) = (x as f64, gelu64(x as f64), gelu_grad64(x as f64));
             if x.abs() > 1e4 {
@@ -251,21 +256,10 @@ mod tests {
     #[test]
     fn non_finite_inputs_give_what_burns_gelu_gives() {
         let xs = vec![f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0];
-        let device = Device::flex().autodiff();
-        let run = |f: fn(Tensor<1>) -> Tensor<1>| {
-            let x = Tensor::<1>::from_data(TensorData::new(xs.clone(), [xs.len()]), &device)
-                .require_grad();
-            let y = f(x.clone());
-            let grads = y.clone().sum().backward();
-            let dx = x
-                .grad(&grads)
-                .unwrap()
-                .into_data()
-                .try_to_vec::<f32>()
-                .unwrap();
-            (y.into_data().try_to_vec::<f32>().unwrap(), dx)
-        };
-        let (ours, burns) = (run(fused_gelu), run(burn::tensor::activation::gelu));
+        let (ours, burns) = (
+            value_and_gradient(fused_gelu, &xs),
+            value_and_gradient(burn::tensor::activation::gelu, &xs),
+        );
         let bits = |v: &[f32]| {
             v.iter()
                 .map(|x| if x.is_nan() { u32::MAX } else { x.to_bits() })
