@@ -428,3 +428,39 @@ fn elastic_a_quorum_with_compression_keeps_the_late_node_in_step() {
     // Node 3 only received: the members' codes and the catch-up means.
     assert!(out.report.comm[3].bytes_sent < out.report.comm[0].bytes_sent / 4);
 }
+
+/// More nodes than compute permits take turns (`concurrent_nodes`), and a node waiting in
+/// a collective hands its permit on: with one permit, two, or one per node, the same fault
+/// timeline, clocks, traffic and parameters, bit for bit, and no run waits forever.
+#[test]
+fn elastic_nodes_taking_turns_change_nothing() {
+    let schedule = "random:20000/h,down=3;slow:2@5+10x0.5;leave:1@12+4;crash:3@20";
+    let strategies: [&dyn StrategyConfig; 2] = [&diloco(5), &AllReduceConfig::new()];
+    for strategy in strategies {
+        let run = |permits: usize| {
+            fit(
+                config(4, 24)
+                    .with_concurrent_nodes(Some(permits))
+                    .with_simulation(Some(simulation().with_jitter(0.2)))
+                    .with_faults(faults(schedule)),
+                strategy,
+            )
+        };
+        let free = run(4);
+        for permits in [1, 2] {
+            let turns = run(permits);
+            let name = strategy.name();
+            assert_eq!(
+                turns.report.elastic, free.report.elastic,
+                "{name} {permits}"
+            );
+            assert_eq!(
+                flat_params(&turns.model),
+                flat_params(&free.model),
+                "{name}"
+            );
+            assert_eq!(turns.report.simulated, free.report.simulated, "{name}");
+            assert_eq!(turns.report.comm, free.report.comm, "{name}");
+        }
+    }
+}

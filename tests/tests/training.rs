@@ -234,3 +234,51 @@ fn a_library_call_with_only_a_batch_size_runs_and_writes_nothing() {
         "no file written"
     );
 }
+
+/// Nodes computing right now, and the most at once, for [`CountingNet`].
+static COMPUTING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static MOST_COMPUTING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// A linear classifier whose loss counts how many nodes are inside it at once.
+#[derive(Module, Debug)]
+struct CountingNet {
+    fc: Linear,
+}
+
+impl TrainModel for CountingNet {
+    type Batch = ImageBatch;
+    fn loss(&self, batch: &ImageBatch) -> Tensor<1> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let now = COMPUTING.fetch_add(1, SeqCst) + 1;
+        MOST_COMPUTING.fetch_max(now, SeqCst);
+        // Long enough that nodes free to run would overlap here.
+        std::thread::sleep(std::time::Duration::from_millis(3));
+        let loss = cross_entropy(
+            self.fc.forward(batch.images.clone().flatten::<2>(1, 3)),
+            batch.targets.clone(),
+        );
+        COMPUTING.fetch_sub(1, SeqCst);
+        loss
+    }
+}
+
+/// With `concurrent_nodes = 2`, six nodes never compute three at a time, yet two do (a
+/// node waiting in the all-reduce hands its permit on, or the run would not finish).
+#[test]
+fn at_most_concurrent_nodes_compute_at_once() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let data = NodeData::shared(Synthetic::new(256, 16, 4, 3), Synthetic::new(64, 16, 4, 4));
+    let config = TrainerConfig::new(6)
+        .with_max_steps(Some(6))
+        .with_batch_size(8)
+        .with_val_size(Some(0))
+        .with_concurrent_nodes(Some(2));
+    let init = |d: &Device| CountingNet {
+        fc: LinearConfig::new(16, 4).init(d),
+    };
+    let out = Trainer::new(config)
+        .fit(init, &AllReduceConfig::new(), &data, &SyntheticBatcher)
+        .unwrap();
+    assert_eq!(out.report.train.len(), 6);
+    assert_eq!(MOST_COMPUTING.load(SeqCst), 2, "two permits, both used");
+}

@@ -5,8 +5,11 @@
 //! square f32 matrix product `n×n · n×n` (2·n³ FLOPs) over the configured sizes (1024 and
 //! 2048 by default), on one thread and on every core, whichever is faster of Burn's own
 //! `matmul` on the default device and a reference sgemm, the [`gemm`] crate (0.19, the one
-//! Burn's flex backend calls, with every kernel its build enables: AVX-512 here). Each rate
-//! is the best of [`MATMUL_REPS`] timed calls after one warm-up call.
+//! Burn's flex backend calls, with every kernel its build enables: AVX-512 here). On every
+//! core, a third way counts too: a one-thread `gemm` product on each core at once, as K
+//! nodes run theirs (one product split over the cores scales worse: on the 2-core
+//! reference machine 1.1–1.2× one thread, where two products side by side reach 1.9–2×).
+//! Each rate is the best of [`MATMUL_REPS`] timed calls after one warm-up call.
 //!
 //! **The fractions.** `fraction_of_matmul_<model>` = the FLOP/s a node achieves in a
 //! training step ÷ `matmul_flops_1t`: every node has one kernel thread, so one thread's
@@ -81,6 +84,10 @@ pub enum MatmulSource {
     Burn,
     /// `gemm::gemm` (0.19), called directly on `Vec<f32>`s.
     Gemm,
+    /// A one-thread `gemm::gemm` product on each of the threads at once, as K nodes with a
+    /// kernel thread each run theirs: the rate the cores sustain side by side, which one
+    /// product split over them may not reach.
+    GemmPerThread,
 }
 
 /// One measured matrix-product rate.
@@ -136,16 +143,28 @@ pub fn matmul_rate(
             })
         }
         MatmulSource::Gemm => {
-            let a: Vec<f32> = (0..n * n).map(|i| (i % 17) as f32 * 0.1).collect();
-            let b: Vec<f32> = (0..n * n).map(|i| (i % 13) as f32 * 0.1).collect();
-            let mut c = vec![0.0f32; n * n];
             let parallelism = match threads {
                 1 => gemm::Parallelism::None,
                 t => gemm::Parallelism::Rayon(t),
             };
-            best_seconds(MATMUL_REPS, &mut || {
-                sgemm(n, &a, &b, &mut c, parallelism);
-                std::hint::black_box(&mut c);
+            gemm_best_seconds(n, parallelism)
+        }
+        MatmulSource::GemmPerThread => {
+            // Every thread's best product, all started together; the slowest sets the rate.
+            let start = std::sync::Barrier::new(threads);
+            std::thread::scope(|s| {
+                let runs: Vec<_> = (0..threads)
+                    .map(|_| {
+                        s.spawn(|| {
+                            start.wait();
+                            gemm_best_seconds(n, gemm::Parallelism::None)
+                        })
+                    })
+                    .collect();
+                runs.into_iter()
+                    .map(|r| r.join().expect("a matmul thread"))
+                    .fold(0.0, f64::max)
+                    / threads as f64
             })
         }
     });
@@ -154,6 +173,17 @@ pub fn matmul_rate(
         n,
         threads,
         flops_per_s: square_matmul_flops(n) / seconds,
+    })
+}
+
+/// The best time of `n×n` products by `gemm::gemm` with `parallelism`.
+fn gemm_best_seconds(n: usize, parallelism: gemm::Parallelism) -> f64 {
+    let a: Vec<f32> = (0..n * n).map(|i| (i % 17) as f32 * 0.1).collect();
+    let b: Vec<f32> = (0..n * n).map(|i| (i % 13) as f32 * 0.1).collect();
+    let mut c = vec![0.0f32; n * n];
+    best_seconds(MATMUL_REPS, &mut || {
+        sgemm(n, &a, &b, &mut c, parallelism);
+        std::hint::black_box(&mut c);
     })
 }
 
@@ -232,7 +262,11 @@ pub(super) fn compute(config: &SuiteConfig, out: &mut SuiteResult) -> Result<(),
         let mut thread_counts = vec![1, cores];
         thread_counts.dedup();
         for threads in thread_counts {
-            for source in [MatmulSource::Burn, MatmulSource::Gemm] {
+            let per_thread = (threads > 1).then_some(MatmulSource::GemmPerThread);
+            for source in [MatmulSource::Burn, MatmulSource::Gemm]
+                .into_iter()
+                .chain(per_thread)
+            {
                 eprintln!("compute: {source:?} matmul {n}² on {threads} thread(s) …");
                 rates.push(matmul_rate(source, n, threads, &device)?);
             }
@@ -255,6 +289,7 @@ pub(super) fn compute(config: &SuiteConfig, out: &mut SuiteResult) -> Result<(),
         let who = match r.source {
             MatmulSource::Burn => format!("Burn `matmul` ({tag})"),
             MatmulSource::Gemm => "`gemm` 0.19".to_string(),
+            MatmulSource::GemmPerThread => "`gemm` 0.19, a product per thread".to_string(),
         };
         let per_core = r.flops_per_s / r.threads as f64;
         rows.push(format!(
@@ -269,6 +304,7 @@ pub(super) fn compute(config: &SuiteConfig, out: &mut SuiteResult) -> Result<(),
         let source = match r.source {
             MatmulSource::Burn => tag.as_str(),
             MatmulSource::Gemm => "gemm",
+            MatmulSource::GemmPerThread => "gemm_per_thread",
         };
         out.figures.insert(
             format!("matmul_flops_{source}_{}_t{}", r.n, r.threads),

@@ -213,6 +213,10 @@ pub struct CommonArgs {
     /// Threads each node's tensor kernels may use (0: share rayon's global pool, a thread per core).
     #[arg(long, default_value_t = 1)]
     pub kernel_threads_per_node: usize,
+    /// At most this many nodes compute at once; the others wait their turn, and a node
+    /// waiting in a collective gives its turn away (default: cores ÷ kernel threads per node).
+    #[arg(long)]
+    pub concurrent_nodes: Option<usize>,
     /// Devices to spread the nodes over, comma-separated: rank r runs on entry r mod the
     /// count (the original's rule). Entries: default, flex, ndarray, cuda:N, wgpu:N,
     /// vulkan:N, metal:N, tch, tch-cuda:N (each needs its backend's feature). Default: the
@@ -320,6 +324,7 @@ impl CommonArgs {
             .with_trace(self.trace)
             .with_progress(!self.no_progress)
             .with_kernel_threads_per_node(self.kernel_threads_per_node)
+            .with_concurrent_nodes(self.concurrent_nodes)
             .with_correlation_interval(self.correlation_interval)
             .with_simulation(simulation)
             .with_faults(faults)
@@ -508,6 +513,7 @@ impl CommonArgs {
             "keep_checkpoints",
             "mpi_timeout",
             "kernel_threads_per_node",
+            "concurrent_nodes",
             "strategies",
             "nodes",
             "sync_intervals",

@@ -65,6 +65,7 @@ pub mod network;
 mod pending;
 mod quorum;
 pub mod simulation;
+mod slots;
 pub mod trace;
 pub mod transport;
 
@@ -77,4 +78,5 @@ pub use network::{Link, Network, Topology};
 pub use pending::{Pending, TransferTiming};
 pub use quorum::QuorumRule;
 pub use simulation::{ComputeModel, ParamCount, SimulationConfig};
+pub use slots::{ComputeSlots, SlotGuard};
 pub use transport::Transport;

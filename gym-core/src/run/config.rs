@@ -69,6 +69,11 @@ pub struct TrainerConfig {
     /// over rayon's global pool (one thread per core), shared by all nodes.
     #[config(default = 1)]
     pub kernel_threads_per_node: usize,
+    /// At most this many of this process's nodes compute at once; a node waiting for
+    /// others in a collective does not count ([`ComputeSlots`](crate::comm::ComputeSlots)).
+    /// `None`: as many as the cores hold (cores ÷ `kernel_threads_per_node`), so that more
+    /// nodes than cores take turns instead of slicing the cores between them.
+    pub concurrent_nodes: Option<usize>,
     /// The cluster to simulate time on (network, compute, stragglers); `None`: no
     /// simulated time, only bytes.
     pub simulation: Option<SimulationConfig>,
@@ -173,6 +178,9 @@ impl TrainerConfig {
         }
         if self.max_steps == Some(0) {
             return bad("`max_steps` must be at least 1".into());
+        }
+        if self.concurrent_nodes == Some(0) {
+            return bad("`concurrent_nodes` must be at least 1 (unset: the cores decide)".into());
         }
         match self.correlation_interval {
             Some(0) => return bad("`correlation_interval` must be at least 1".into()),
@@ -317,6 +325,10 @@ mod tests {
         assert_eq!(big_batch.effective_val_size(), 512);
         assert!(invalid(TrainerConfig::new(2).with_val_interval(0)).contains("val_interval"));
         assert!(invalid(TrainerConfig::new(2).with_max_steps(Some(0))).contains("max_steps"));
+        assert!(
+            invalid(TrainerConfig::new(2).with_concurrent_nodes(Some(0)))
+                .contains("concurrent_nodes")
+        );
         assert!(
             TrainerConfig::new(2)
                 .with_val_size(Some(0))

@@ -442,6 +442,7 @@ fn identity<M: TrainModel>(
             "trace",
             "progress",
             "kernel_threads_per_node",
+            "concurrent_nodes",
             "checkpoint_interval",
             "checkpoint_dir",
             "keep_checkpoints",

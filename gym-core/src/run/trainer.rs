@@ -11,7 +11,7 @@ use crate::comm::SimulationConfig;
 use crate::comm::clock::SimulatedTime;
 use crate::comm::cost::CommStats;
 use crate::comm::transport::{ThreadTransport, Transport};
-use crate::comm::{Collective, run_on_threads};
+use crate::comm::{Collective, ComputeSlots, run_on_threads};
 use crate::error::{GymError, Result};
 use crate::metrics::RunMonitor;
 use crate::metrics::ledger::NodeLedger;
@@ -332,6 +332,11 @@ impl Trainer {
             starts.into_iter().map(|s| Mutex::new(Some(s))).collect();
         let current_step: Vec<AtomicUsize> = ranks.iter().map(|_| AtomicUsize::new(0)).collect();
 
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let compute_slots = cfg
+            .concurrent_nodes
+            .or_else(|| ComputeSlots::for_run(nodes.len(), cfg.kernel_threads_per_node, cores))
+            .map(ComputeSlots::new);
         let results = run_on_threads(&nodes, |comm| {
             let rank = comm.rank();
             let slot = rank - local.start;
@@ -341,6 +346,8 @@ impl Trainer {
                 .take()
                 .expect("each rank runs once");
             let outcome = on_node_pool(rank, cfg.kernel_threads_per_node, || {
+                // On the thread that computes and waits (the node's pool, if it has one).
+                let _permit = compute_slots.as_ref().map(|s| s.hold());
                 let outcome = run_node(rank, start, &shared, comm.clone(), &current_step[slot])?;
                 let end = NodeEnd {
                     comm: comm.stats(),

@@ -127,15 +127,21 @@ impl HostReduction {
             }
         }
         let mut result = self.result.lock().unwrap_or_else(|p| p.into_inner());
-        loop {
-            if let Some(t) = result.as_ref() {
-                return t.clone();
-            }
-            result = self
-                .finished
-                .wait(result)
-                .unwrap_or_else(|p| p.into_inner());
+        if let Some(t) = result.as_ref() {
+            return t.clone();
         }
+        // The last chunks are another node's: wait for it without holding a compute permit.
+        crate::comm::slots::waiting(move || {
+            loop {
+                result = self
+                    .finished
+                    .wait(result)
+                    .unwrap_or_else(|p| p.into_inner());
+                if let Some(t) = result.as_ref() {
+                    return t.clone();
+                }
+            }
+        })
     }
 
     /// # Safety

@@ -106,31 +106,34 @@ impl<I, O> Rendezvous<I, O> {
             point.cv.notify_all();
             return Ok(outcome);
         }
-        loop {
-            let (guard, _) = point
-                .cv
-                .wait_timeout(state, POLL)
-                .unwrap_or_else(|poison| poison.into_inner());
-            state = guard;
-            if state.generation != generation {
-                return Ok(state
-                    .outcome
-                    .clone()
-                    .expect("the outcome of a finished call"));
+        // Waiting for the others: this node's compute permit goes to a node that can run.
+        crate::comm::slots::waiting(|| {
+            loop {
+                let (guard, _) = point
+                    .cv
+                    .wait_timeout(state, POLL)
+                    .unwrap_or_else(|poison| poison.into_inner());
+                state = guard;
+                if state.generation != generation {
+                    return Ok(state
+                        .outcome
+                        .clone()
+                        .expect("the outcome of a finished call"));
+                }
+                if let Some(err) = self.aborted_error() {
+                    return Err(err);
+                }
+                if let Some(&gone) = members
+                    .iter()
+                    .find(|&&m| self.left[m].load(Ordering::SeqCst))
+                {
+                    return Err(CollectiveError::MemberLeft {
+                        rank: gone,
+                        waiting: rank,
+                    });
+                }
             }
-            if let Some(err) = self.aborted_error() {
-                return Err(err);
-            }
-            if let Some(&gone) = members
-                .iter()
-                .find(|&&m| self.left[m].load(Ordering::SeqCst))
-            {
-                return Err(CollectiveError::MemberLeft {
-                    rank: gone,
-                    waiting: rank,
-                });
-            }
-        }
+        })
     }
 
     /// Marks the run as failed by `rank` and wakes every waiting thread. The first abort
