@@ -402,12 +402,13 @@ fn describe_probe(choice: &MinibatchChoice, nodes: usize) -> String {
 /// `kernel_threads` (see [`gym_core::allocator::fit_to_threads`]): for many threads, starts
 /// the program again without glibc's per-thread caches, and says so on stderr.
 pub fn fit_allocator_to_nodes(nodes: usize, kernel_threads: usize) {
-    use gym_core::allocator::{MANY_THREADS_TUNABLES, ThreadCaches, fit_to_threads};
+    use gym_core::allocator::{ThreadCaches, fit_to_threads, many_threads_tunables};
     let threads = nodes.saturating_mul(1 + kernel_threads);
     match fit_to_threads(threads) {
         Ok(ThreadCaches::Off) => eprintln!(
             "allocator: glibc's per-thread caches off for {threads} node threads \
-             (GLIBC_TUNABLES={MANY_THREADS_TUNABLES})"
+             (GLIBC_TUNABLES={})",
+            many_threads_tunables()
         ),
         Ok(_) => {}
         Err(e) => eprintln!(

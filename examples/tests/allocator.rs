@@ -57,7 +57,7 @@ fn many_node_threads_restart_the_binary_without_thread_caches_and_train_the_same
     let notice = stderr.lines().find(|l| l.starts_with(NOTICE));
     assert!(
         notice.is_some_and(|l| l.contains("402 node threads")
-            && l.contains(gym_core::allocator::MANY_THREADS_TUNABLES)),
+            && l.contains(&gym_core::allocator::many_threads_tunables())),
         "{stderr}"
     );
 

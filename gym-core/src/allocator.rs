@@ -77,9 +77,20 @@ pub const MANY_THREADS: usize = 64;
 pub const RESTARTED_VARIABLE: &str = "EXOGYM_ALLOCATOR_RESTARTED";
 
 /// The tunables [`fit_to_threads`] starts the process with: the retention of
-/// [`retain_freed_memory`], and no per-thread caches.
-pub const MANY_THREADS_TUNABLES: &str = "glibc.malloc.tcache_count=0:\
-    glibc.malloc.trim_threshold=2147483647:glibc.malloc.top_pad=67108864:glibc.malloc.mmap_max=0";
+/// [`retain_freed_memory`], no per-thread caches, and one arena per core.
+///
+/// One arena per core, not glibc's eight: node threads take turns on the cores
+/// ([`ComputeSlots`](crate::comm::ComputeSlots)), so no more threads allocate at once than
+/// there are cores, and each arena's memory goes to the next node that takes a turn instead
+/// of idling in one of 16 arenas. `mnist`, 1,024 nodes, 2 steps, on 2 cores: peak resident
+/// 4.65 GiB with 16 arenas, 3.57 GiB with 2, and 6.5 s against 10.0 s.
+pub fn many_threads_tunables() -> String {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    format!(
+        "glibc.malloc.tcache_count=0:glibc.malloc.trim_threshold=2147483647:\
+         glibc.malloc.top_pad=67108864:glibc.malloc.mmap_max=0:glibc.malloc.arena_max={cores}"
+    )
+}
 
 /// What [`fit_to_threads`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,7 +109,7 @@ pub enum ThreadCaches {
 
 /// For a process about to run `threads` node threads: from [`MANY_THREADS`] on, on glibc,
 /// where the environment does not set the allocator, starts the program again (same
-/// executable, arguments and environment, plus [`MANY_THREADS_TUNABLES`] in
+/// executable, arguments and environment, plus [`many_threads_tunables`] in
 /// `GLIBC_TUNABLES`) and does not return. Call it in `main` once the command line says how
 /// many nodes run, before anything is written or any thread starts: the new process parses
 /// the same command line and gets [`ThreadCaches::Off`] here. Like
@@ -110,7 +121,7 @@ pub enum ThreadCaches {
 pub fn fit_to_threads(threads: usize) -> std::io::Result<ThreadCaches> {
     if std::env::var_os(RESTARTED_VARIABLE).is_some() {
         let tunables = std::env::var("GLIBC_TUNABLES").unwrap_or_default();
-        return Ok(if tunables == MANY_THREADS_TUNABLES {
+        return Ok(if tunables == many_threads_tunables() {
             ThreadCaches::Off
         } else {
             ThreadCaches::LeftToEnvironment
@@ -162,7 +173,7 @@ mod glibc {
         // `exec` returns only on failure.
         Err(std::process::Command::new(exe)
             .args(args)
-            .env("GLIBC_TUNABLES", super::MANY_THREADS_TUNABLES)
+            .env("GLIBC_TUNABLES", super::many_threads_tunables())
             .env(super::RESTARTED_VARIABLE, "1")
             .exec())
     }
