@@ -5,20 +5,21 @@ use burn::tensor::{Device, Tensor, TensorData};
 use std::fmt::Write as _;
 use std::time::Instant;
 
-/// The MNIST CNN's 3×3 convolutions (batch 64; the layers of `MnistCnn` after the first),
-/// each pass timed on one kernel thread (best of three after a warm-up) on `device`, beside a
-/// matrix product of the same FLOPs: a Markdown table of milliseconds and GFLOP/s. The weight
-/// gradient is computed both as Burn's autodiff computes it by default
-/// (`conv2d_weight_backward`: a convolution of the input, batch and channels swapped, with the
-/// output gradient as its kernel) and as `gym_models::conv` computes it (one batched GEMM over
-/// the im2col of the input). The last two columns time a whole forward and backward pass of
-/// the layer through autodiff with each.
+/// The MNIST CNN's 3×3 convolutions (batch 64; the layers of `MnistCnn` after the first) and
+/// the CIFAR CNN's three, each pass timed on one kernel thread (best of three after a warm-up)
+/// on `device`, beside a matrix product of the same FLOPs: a Markdown table of milliseconds and
+/// GFLOP/s. Each pass is timed as Burn computes it (the forward `conv2d`, the input gradient
+/// as a transposed convolution, and the weight gradient as autodiff's default
+/// `conv2d_weight_backward`: a convolution of the input, batch and channels swapped, with the
+/// output gradient as its kernel) and as `gym_models::conv` does (`Conv2dGemmOps`: per-image
+/// GEMMs over an im2col on flex). The last two columns time a whole forward and backward pass
+/// of the layer through autodiff with each.
 pub fn conv_passes(device: &Device) -> String {
     use burn::backend::Dispatch;
     use burn::tensor::Distribution;
     use burn::tensor::module::{conv_transpose2d, conv2d};
     use burn::tensor::ops::{ConvOptions, ConvTransposeOptions};
-    use gym_models::conv::conv2d_weight_gemm;
+    use gym_models::conv::Conv2dGemmOps;
     let best_ms = |f: &mut dyn FnMut() -> TensorData| {
         f();
         (0..3)
@@ -34,13 +35,21 @@ pub fn conv_passes(device: &Device) -> String {
         .build()
         .expect("a one-thread pool");
     let mut table = String::from(
-        "| layer (batch 64) | forward | input gradient | weight gradient (Burn's default) | \
-         weight gradient (GEMM) | matmul of the same FLOPs | forward + backward, Burn's \
-         `conv2d` | forward + backward, `gym_models::conv::conv2d` |\n\
-         |---|---|---|---|---|---|---|---|\n",
+        "| layer (batch 64) | forward: Burn / ours | input gradient: Burn / ours | weight \
+         gradient: Burn's default / ours | matmul of the same FLOPs | forward + backward, \
+         Burn's `conv2d` | forward + backward, `gym_models::conv::conv2d` |\n\
+         |---|---|---|---|---|---|---|\n",
     );
+    let layers = [
+        ("MNIST", 64, 64, 28),
+        ("MNIST", 64, 128, 14),
+        ("MNIST", 128, 128, 14),
+        ("CIFAR", 3, 32, 32),
+        ("CIFAR", 32, 64, 16),
+        ("CIFAR", 64, 64, 8),
+    ];
     pool.install(|| {
-        for (c_in, c_out, side) in [(64, 64, 28), (64, 128, 14), (128, 128, 14)] {
+        for (model, c_in, c_out, side) in layers {
             let b = 64;
             let x = Tensor::<4>::random([b, c_in, side, side], Distribution::Default, device);
             let w = Tensor::<4>::random([c_out, c_in, 3, 3], Distribution::Default, device);
@@ -57,16 +66,32 @@ pub fn conv_passes(device: &Device) -> String {
                 conv2d(xs, gs, None, same.clone()).into_data()
             });
             // Timed only where the extension runs (elsewhere `conv::conv2d` is Burn's own).
-            let weight_gemm = gym_models::conv::gemm_supported(device).then(|| {
-                best_ms(&mut || {
-                    Tensor::<4>::from_dispatch(conv2d_weight_gemm::<Dispatch>(
-                        x.clone().into_dispatch(),
-                        g.clone().into_dispatch(),
-                        w.shape(),
-                        &same,
-                    ))
-                    .into_data()
-                })
+            let ours = gym_models::conv::gemm_supported(device).then(|| {
+                let (xd, wd, gd) = (
+                    || x.clone().into_dispatch(),
+                    || w.clone().into_dispatch(),
+                    || g.clone().into_dispatch(),
+                );
+                let data = |t| Tensor::<4>::from_dispatch(t).into_data();
+                [
+                    best_ms(&mut || data(Dispatch::conv2d_gemm(xd(), wd(), same.clone()))),
+                    best_ms(&mut || {
+                        data(Dispatch::conv2d_gemm_x_backward(
+                            xd(),
+                            wd(),
+                            gd(),
+                            same.clone(),
+                        ))
+                    }),
+                    best_ms(&mut || {
+                        data(Dispatch::conv2d_gemm_weight_backward(
+                            xd(),
+                            wd(),
+                            gd(),
+                            same.clone(),
+                        ))
+                    }),
+                ]
             });
             let autodiff = device.clone().autodiff();
             let train =
@@ -81,8 +106,8 @@ pub fn conv_passes(device: &Device) -> String {
                         w.grad(&grads).expect("a weight gradient").into_data()
                     }
                 };
-            let burns = best_ms(&mut train(conv2d));
-            let ours = best_ms(&mut train(gym_models::conv::conv2d));
+            let burns_train = best_ms(&mut train(conv2d));
+            let ours_train = best_ms(&mut train(gym_models::conv::conv2d));
             // The weight gradient as one product: [c_out, B·L] × [B·L, c_in·9].
             let lhs = Tensor::<2>::random([c_out, b * side * side], Distribution::Default, device);
             let rhs =
@@ -90,14 +115,18 @@ pub fn conv_passes(device: &Device) -> String {
             let matmul = best_ms(&mut || lhs.clone().matmul(rhs.clone()).into_data());
             let gflop = 2.0 * (b * c_out * c_in * 9 * side * side) as f64 / 1e9;
             let cell = |ms: f64| format!("{ms:.1} ms ({:.0} GFLOP/s)", gflop / ms * 1e3);
+            let pair = |burns: f64, ours: Option<f64>| match ours {
+                Some(ours) => format!("{} / {}", cell(burns), cell(ours)),
+                None => format!("{} / -", cell(burns)),
+            };
+            let ours = ours.map_or([None; 3], |t| t.map(Some));
             let _ = writeln!(
                 table,
-                "| {c_in}→{c_out}, {side}×{side} | {} | {} | {} | {} | {} | {burns:.1} ms | \
-                 {ours:.1} ms |",
-                cell(forward),
-                cell(input_grad),
-                cell(weight_grad),
-                weight_gemm.map_or("-".into(), cell),
+                "| {model} {c_in}→{c_out}, {side}×{side} | {} | {} | {} | {} | {burns_train:.1} \
+                 ms | {ours_train:.1} ms |",
+                pair(forward, ours[0]),
+                pair(input_grad, ours[1]),
+                pair(weight_grad, ours[2]),
                 cell(matmul)
             );
         }

@@ -1,11 +1,17 @@
-//! A 2-D convolution whose weight gradient is one matrix product, as PyTorch computes it.
+//! 2-D convolutions as matrix products, as PyTorch computes them on the CPU.
 //!
 //! Burn 0.22's autodiff computes a convolution's weight gradient by default as another
 //! convolution (the input with batch and channels swapped, the output gradient as a kernel the
 //! size of the image). On the CPU backends that runs at a third of matrix-product speed and
-//! takes 330 of the 765 ms of an MNIST CNN step (`bench --conv-passes`). Here the gradient is
-//! `grad · im2col(x)ᵀ`, one GEMM per kernel tap with the batch joined to the output positions
-//! ([`conv2d_weight_gemm`]).
+//! took 330 of the 765 ms of an MNIST CNN step (`bench --conv-passes`). Here the gradient is
+//! `grad · im2col(x)ᵀ`: on ndarray and LibTorch one GEMM per kernel tap with the batch joined
+//! to the output positions ([`conv2d_weight_gemm`]).
+//!
+//! On flex, stride-1 one-group convolutions (every convolution of the CNNs here) run all three
+//! passes as per-image GEMMs over an im2col (the `flex` module), as PyTorch's `slow_conv2d`
+//! does: the forward pass `W · cols`, the input gradient the same with the kernel flipped and
+//! transposed over the output gradient, the weight gradient `Σ grad · colsᵀ`. Burn flex's
+//! own forward and input gradient ran at 70–140 GFLOP/s on the CNN's layers, these at 150–185.
 //!
 //! The operation is a Burn backend extension ([`Conv2dGemmOps`]) with its own backward pass on
 //! `Autodiff<B>`. [`conv2d`] uses it on the backends this crate is built for (the `flex`,
@@ -28,11 +34,18 @@ use burn_autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn_autodiff::grads::Gradients;
 use burn_autodiff::ops::{Backward, Ops, OpsKind};
 
+#[cfg(feature = "flex")]
+use burn::backend::ops::ModuleOps;
+
+#[cfg(feature = "flex")]
+mod flex;
+
 /// A convolution with [`conv2d_weight_gemm`] as its weight gradient, as a backend extension.
 ///
-/// The method's body is the backend's own convolution, so a backend implements the trait with
-/// an empty `impl`; `Autodiff<B>` gives `conv2d_gemm` its backward pass: the backend's input
-/// gradient and [`conv2d_weight_gemm`].
+/// The methods' default bodies are the backend's own convolution and input gradient and
+/// [`conv2d_weight_gemm`], so a backend implements the trait with an empty `impl` (flex
+/// overrides all three with its per-image GEMMs); `Autodiff<B>` gives `conv2d_gemm` its
+/// backward pass from the other two.
 #[backend_extension(
     Flex: cfg(feature = "flex"),
     NdArray: cfg(feature = "ndarray"),
@@ -49,10 +62,64 @@ pub trait Conv2dGemmOps: Backend {
     ) -> FloatTensor<Self> {
         Self::conv2d(x, weight, None, options)
     }
+
+    /// The gradient of [`conv2d_gemm`](Self::conv2d_gemm) with respect to `x`, given the
+    /// output gradient: the backend's own `conv2d_x_backward`.
+    fn conv2d_gemm_x_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        output_grad: FloatTensor<Self>,
+        options: ConvOptions<2>,
+    ) -> FloatTensor<Self> {
+        Self::conv2d_x_backward(x, weight, output_grad, options)
+    }
+
+    /// The gradient of [`conv2d_gemm`](Self::conv2d_gemm) with respect to `weight`, given the
+    /// output gradient: [`conv2d_weight_gemm`].
+    fn conv2d_gemm_weight_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        output_grad: FloatTensor<Self>,
+        options: ConvOptions<2>,
+    ) -> FloatTensor<Self> {
+        conv2d_weight_gemm::<Self>(x, output_grad, weight.shape(), &options)
+    }
 }
 
+/// Stride-1, one-group `f32` convolutions and both their gradients as per-image GEMMs
+/// (the `flex` module); Burn's convolution and [`conv2d_weight_gemm`] otherwise.
 #[cfg(feature = "flex")]
-impl Conv2dGemmOps for burn::backend::Flex {}
+impl Conv2dGemmOps for burn::backend::Flex {
+    fn conv2d_gemm(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        options: ConvOptions<2>,
+    ) -> FloatTensor<Self> {
+        flex::conv2d(&x, &weight, &options)
+            .unwrap_or_else(|| <Self as ModuleOps<Self>>::conv2d(x, weight, None, options))
+    }
+
+    fn conv2d_gemm_x_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        output_grad: FloatTensor<Self>,
+        options: ConvOptions<2>,
+    ) -> FloatTensor<Self> {
+        flex::conv2d_x_backward(&x.shape(), &weight, &output_grad, &options).unwrap_or_else(|| {
+            <Self as ModuleOps<Self>>::conv2d_x_backward(x, weight, output_grad, options)
+        })
+    }
+
+    fn conv2d_gemm_weight_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        output_grad: FloatTensor<Self>,
+        options: ConvOptions<2>,
+    ) -> FloatTensor<Self> {
+        flex::conv2d_weight_backward(&x, &output_grad, &weight.shape(), &options)
+            .unwrap_or_else(|| conv2d_weight_gemm::<Self>(x, output_grad, weight.shape(), &options))
+    }
+}
 #[cfg(feature = "ndarray")]
 impl Conv2dGemmOps for burn::backend::NdArray {}
 #[cfg(feature = "tch")]
@@ -84,12 +151,17 @@ impl<B: Conv2dGemmOps, C: CheckpointStrategy> Conv2dGemmOps for Autodiff<B, C> {
                     checkpointer.retrieve_node_output::<B::FloatTensorPrimitive>(weight_state);
                 // Each gradient only where a parent needs it (a model's input images need none).
                 if let Some(node) = node_weight {
-                    let weight_grad =
-                        conv2d_weight_gemm::<B>(x.clone(), grad.clone(), weight.shape(), &options);
+                    let weight_grad = B::conv2d_gemm_weight_backward(
+                        x.clone(),
+                        weight.clone(),
+                        grad.clone(),
+                        options.clone(),
+                    );
                     grads.register::<B>(node.id, weight_grad);
                 }
                 if let Some(node) = node_x {
-                    grads.register::<B>(node.id, B::conv2d_x_backward(x, weight, grad, options));
+                    let x_grad = B::conv2d_gemm_x_backward(x, weight, grad, options);
+                    grads.register::<B>(node.id, x_grad);
                 }
             }
         }
@@ -271,177 +343,4 @@ pub fn conv2d_forward(conv: &Conv2d, x: Tensor<4>) -> Tensor<4> {
 }
 
 #[cfg(all(test, feature = "flex"))]
-mod tests {
-    use super::*;
-    use burn::tensor::{Device, Distribution, TensorData};
-
-    /// `(batch, c_in, c_out, h, w, kernel, stride, padding, dilation)`.
-    type Case = (
-        usize,
-        usize,
-        usize,
-        usize,
-        usize,
-        [usize; 2],
-        [usize; 2],
-        [usize; 2],
-        [usize; 2],
-    );
-
-    const CASES: [Case; 6] = [
-        (2, 3, 2, 9, 8, [3, 3], [1, 1], [2, 1], [2, 2]),
-        (2, 3, 4, 7, 6, [3, 3], [1, 1], [1, 1], [1, 1]),
-        (3, 2, 5, 9, 8, [3, 2], [2, 1], [0, 1], [1, 1]),
-        (1, 4, 3, 10, 9, [3, 3], [2, 3], [2, 1], [2, 1]),
-        (2, 5, 2, 6, 6, [1, 1], [1, 1], [0, 0], [1, 1]),
-        (4, 1, 6, 8, 8, [5, 5], [1, 1], [2, 2], [1, 1]),
-    ];
-
-    fn inputs(case: Case, device: &Device) -> (Tensor<4>, Tensor<4>, Tensor<1>, ConvOptions<2>) {
-        let (b, c_in, c_out, h, w, kernel, stride, padding, dilation) = case;
-        let x = Tensor::<4>::random([b, c_in, h, w], Distribution::Normal(0.0, 1.0), device);
-        let weight = Tensor::<4>::random(
-            [c_out, c_in, kernel[0], kernel[1]],
-            Distribution::Normal(0.0, 1.0),
-            device,
-        );
-        let bias = Tensor::<1>::random([c_out], Distribution::Normal(0.0, 1.0), device);
-        (
-            x,
-            weight,
-            bias,
-            ConvOptions::new(stride, padding, dilation, 1),
-        )
-    }
-
-    /// Output and the gradients for `x`, `weight` and `bias` of `sum(conv · probe)`.
-    fn run(
-        conv: fn(Tensor<4>, Tensor<4>, Option<Tensor<1>>, ConvOptions<2>) -> Tensor<4>,
-        (x, weight, bias, options): (Tensor<4>, Tensor<4>, Tensor<1>, ConvOptions<2>),
-        probe: &TensorData,
-    ) -> [TensorData; 4] {
-        let (x, weight, bias) = (x.require_grad(), weight.require_grad(), bias.require_grad());
-        let output = conv(x.clone(), weight.clone(), Some(bias.clone()), options);
-        let probe = Tensor::<4>::from_data(probe.clone(), &output.device());
-        let grads = (output.clone() * probe).sum().backward();
-        [
-            output.into_data(),
-            x.grad(&grads).expect("x has a gradient").into_data(),
-            weight
-                .grad(&grads)
-                .expect("weight has a gradient")
-                .into_data(),
-            bias.grad(&grads).expect("bias has a gradient").into_data(),
-        ]
-    }
-
-    #[test]
-    fn output_and_gradients_match_burns_convolution() {
-        let device = Device::flex().autodiff();
-        assert!(gemm_supported(&device));
-        for case in CASES {
-            let inputs = inputs(case, &device);
-            let out_shape = burn::tensor::module::conv2d(
-                inputs.0.clone(),
-                inputs.1.clone(),
-                None,
-                inputs.3.clone(),
-            )
-            .dims();
-            let probe =
-                Tensor::<4>::random(out_shape, Distribution::Normal(0.0, 1.0), &device).into_data();
-            let ours = run(conv2d, inputs.clone(), &probe);
-            let burns = run(burn::tensor::module::conv2d, inputs, &probe);
-            for (name, (a, b)) in ["output", "x grad", "weight grad", "bias grad"]
-                .iter()
-                .zip(ours.iter().zip(&burns))
-            {
-                assert_eq!(a.shape(), b.shape(), "{name} of {case:?}");
-                let (a, b) = (
-                    a.try_to_vec::<f32>().unwrap(),
-                    b.try_to_vec::<f32>().unwrap(),
-                );
-                for (u, v) in a.iter().zip(&b) {
-                    let close = (u - v).abs() <= 1e-4 * (1.0 + v.abs());
-                    assert!(close, "{name} of {case:?}: {u} against Burn's {v}");
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn the_weight_gradient_is_the_naive_sum_over_positions() {
-        // dL/dW[o,c,i,j] = Σ_{n,y,x} g[n,o,y,x] · x_pad[n, c, y·s + i·d, x·s + j·d].
-        let device = Device::flex().autodiff();
-        // Both paths: a strided convolution and a dilated one with stride 1.
-        let cases: [Case; 2] = [
-            (2, 3, 2, 7, 5, [3, 2], [2, 1], [1, 2], [2, 1]),
-            (2, 2, 3, 6, 7, [3, 3], [1, 1], [1, 1], [2, 1]),
-        ];
-        for case in cases {
-            let (b, c_in, c_out, h, w, [kh, kw], [sh, sw], [ph, pw], [dh, dw]) = case;
-            let (x, weight, _, options) = inputs(case, &device);
-            let weight = weight.require_grad();
-            let output = conv2d(x.clone(), weight.clone(), None, options);
-            let [_, _, h_out, w_out] = output.dims();
-            let probe = Tensor::<4>::random(output.dims(), Distribution::Normal(0.0, 1.0), &device);
-            let grads = (output * probe.clone()).sum().backward();
-            let ours = weight
-                .grad(&grads)
-                .unwrap()
-                .into_data()
-                .try_to_vec::<f32>()
-                .unwrap();
-            let xs = x.into_data().try_to_vec::<f32>().unwrap();
-            let gs = probe.into_data().try_to_vec::<f32>().unwrap();
-            let at = |n: usize, c: usize, y: isize, x: isize| {
-                let (y, x) = (y - ph as isize, x - pw as isize);
-                if y < 0 || x < 0 || y >= h as isize || x >= w as isize {
-                    0.0
-                } else {
-                    xs[((n * c_in + c) * h + y as usize) * w + x as usize] as f64
-                }
-            };
-            for o in 0..c_out {
-                for c in 0..c_in {
-                    for i in 0..kh {
-                        for j in 0..kw {
-                            let mut sum = 0.0;
-                            for n in 0..b {
-                                for y in 0..h_out {
-                                    for x in 0..w_out {
-                                        let g =
-                                            gs[((n * c_out + o) * h_out + y) * w_out + x] as f64;
-                                        let v = at(
-                                            n,
-                                            c,
-                                            (y * sh + i * dh) as isize,
-                                            (x * sw + j * dw) as isize,
-                                        );
-                                        sum += g * v;
-                                    }
-                                }
-                            }
-                            let got = ours[((o * c_in + c) * kh + i) * kw + j] as f64;
-                            assert!(
-                                (got - sum).abs() < 1e-4 * (1.0 + sum.abs()),
-                                "W[{o},{c},{i},{j}]: {got} vs {sum}"
-                            );
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn grouped_convolutions_and_inference_take_burns_path() {
-        let device = Device::flex();
-        let x = Tensor::<4>::random([1, 4, 5, 5], Distribution::Default, &device);
-        let w = Tensor::<4>::random([4, 2, 3, 3], Distribution::Default, &device);
-        let grouped = ConvOptions::new([1, 1], [1, 1], [1, 1], 2);
-        let ours = conv2d(x.clone(), w.clone(), None, grouped.clone()).into_data();
-        let burns = burn::tensor::module::conv2d(x, w, None, grouped).into_data();
-        ours.assert_eq(&burns, true);
-    }
-}
+mod tests;
