@@ -2,6 +2,7 @@
 
 use crate::classifier::{conv_flops, dense_flops};
 use crate::conv::conv2d_forward;
+use crate::pool::max_pool2d_forward;
 use burn::config::Config;
 use burn::module::Module;
 use burn::nn::conv::{Conv2d, Conv2dConfig};
@@ -77,9 +78,9 @@ impl CifarCnn {
     /// Logits `[batch, classes]` of images `[batch, 3, 32, 32]`.
     pub fn forward(&self, images: Tensor<4>) -> Tensor<2> {
         let images = like_params(images, &self.conv1.weight.val());
-        let x = self.pool.forward(relu(conv2d_forward(&self.conv1, images)));
-        let x = self.pool.forward(relu(conv2d_forward(&self.conv2, x)));
-        let x = self.pool.forward(relu(conv2d_forward(&self.conv3, x)));
+        let x = max_pool2d_forward(&self.pool, relu(conv2d_forward(&self.conv1, images)));
+        let x = max_pool2d_forward(&self.pool, relu(conv2d_forward(&self.conv2, x)));
+        let x = max_pool2d_forward(&self.pool, relu(conv2d_forward(&self.conv3, x)));
         let x = relu(self.fc1.forward(x.flatten::<2>(1, 3)));
         self.fc2.forward(x)
     }

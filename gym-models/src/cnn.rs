@@ -4,6 +4,7 @@ use crate::augment::{RandomAffine, RandomAffineConfig};
 use crate::classifier::{conv_flops, dense_flops};
 use crate::conv::conv2d_forward;
 use crate::fused::batch_norm_forward;
+use crate::pool::max_pool2d_forward;
 use burn::config::Config;
 use burn::module::Module;
 use burn::nn::conv::{Conv2d, Conv2dConfig};
@@ -68,7 +69,7 @@ impl ConvBlock {
             &self.bn2,
             conv2d_forward(&self.conv2, x),
         ));
-        self.dropout.forward(self.pool.forward(x))
+        self.dropout.forward(max_pool2d_forward(&self.pool, x))
     }
 }
 

@@ -30,6 +30,7 @@ pub mod conv;
 pub mod fused;
 pub mod gpt;
 mod mlp;
+pub mod pool;
 
 pub use cifar_cnn::{CifarCnn, CifarCnnConfig};
 pub use classifier::{accuracy, classification_metrics, conv_flops, cross_entropy, dense_flops};
