@@ -11,7 +11,9 @@
 //!   weight tying and sampling.
 //!
 //! The CNNs' convolutions go through [`conv::conv2d`], whose weight gradient is a GEMM
-//! (a Burn backend extension with its own backward pass) rather than Burn 0.22's default.
+//! (a Burn backend extension with its own backward pass) rather than Burn 0.22's default; on
+//! flex all three passes are per-image GEMMs over an im2col. Their 2×2 max poolings go through
+//! [`pool::max_pool2d_forward`], one pass over each pair of rows on flex.
 //! The GPT's LayerNorms and attention softmax, and the MNIST CNN's batch normalisation, are
 //! single operations with closed-form backward passes ([`fused`]).
 //!

@@ -129,14 +129,15 @@ fn flex_f32(t: burn::backend::flex::FlexTensor) -> burn::backend::flex::FlexTens
 }
 
 /// The index in `0..4` (row-major) of the window `[a, b, c, d]`'s maximum as Burn chooses it:
-/// the first maximum, or the last NaN.
+/// the first maximum, or the last NaN. Selects without branches or indexing, so the backward
+/// loop vectorises.
 #[inline(always)]
-fn argmax4(window: [f32; 4]) -> usize {
-    let mut best = 0;
-    for (i, &v) in window.iter().enumerate().skip(1) {
-        if v > window[best] || v.is_nan() {
-            best = i;
-        }
+fn argmax4([a, b, c, d]: [f32; 4]) -> u32 {
+    let (mut best, mut max) = (0, a);
+    for (i, v) in [(1, b), (2, c), (3, d)] {
+        let take = v > max || v.is_nan();
+        best = if take { i } else { best };
+        max = if take { v } else { max };
     }
     best
 }
