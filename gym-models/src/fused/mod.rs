@@ -167,13 +167,25 @@ pub trait FusedOps: Backend {
         beta: FloatTensor<Self>,
         epsilon: f64,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let (output, mean, rstd) = Axis::Channels.normalize::<Self>(x, gamma, beta, epsilon);
-        let channels = Shape::new([rstd.shape().num_elements()]);
-        (
-            output,
-            Self::float_reshape(mean, channels.clone()),
-            Self::float_reshape(rstd, channels),
-        )
+        batch_norm_in_ops::<Self>(x, gamma, beta, epsilon)
+    }
+
+    /// The gradients `(dx, dγ, dβ)` of batch normalisation in training mode, given the input
+    /// `x`, the gain `gamma`, the statistics of [`FusedOps::batch_norm_train_with_stats`]
+    /// shaped `[1, channels, 1, …]` and the output gradient `dy`: `dβ = Σ dy`,
+    /// `dγ = Σ dy ⊙ x̂` per channel and `dx = rstd · (g − mean(g) − x̂ · mean(g ⊙ x̂))`,
+    /// `g = dy ⊙ γ`.
+    fn batch_norm_backward(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        mean: FloatTensor<Self>,
+        rstd: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let [dx, dgamma, dbeta] =
+            normalization_backward::<Self>(Axis::Channels, x, gamma, mean, rstd, dy, [true; 3])
+                .map(|grad| grad.expect("every gradient was asked for"));
+        (dx, dgamma, dbeta)
     }
 
     /// Batch normalisation in training mode as one operation of the autodiff graph: the
@@ -229,6 +241,53 @@ fn along_channels<B: Backend>(t: FloatTensor<B>, rank: usize) -> FloatTensor<B> 
     B::float_reshape(t, Shape::from(dims))
 }
 
+/// [`FusedOps::batch_norm_train_with_stats`] in the backend's operations (its default body).
+fn batch_norm_in_ops<B: Backend>(
+    x: FloatTensor<B>,
+    gamma: FloatTensor<B>,
+    beta: FloatTensor<B>,
+    epsilon: f64,
+) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
+    let (output, mean, rstd) = Axis::Channels.normalize::<B>(x, gamma, beta, epsilon);
+    let channels = Shape::new([rstd.shape().num_elements()]);
+    (
+        output,
+        B::float_reshape(mean, channels.clone()),
+        B::float_reshape(rstd, channels),
+    )
+}
+
+/// The gradients for `x`, the gain and the bias of a normalisation along `axis`, each where
+/// `needed` asks for it, in the backend's operations: `dβ = Σ dy`, `dγ = Σ dy ⊙ x̂` and
+/// `dx = rstd · (g − mean(g) − x̂ · mean(g ⊙ x̂))`, `g = dy ⊙ γ`, sums and means per group.
+/// `mean` and `rstd` broadcast against `x`.
+fn normalization_backward<B: Backend>(
+    axis: Axis,
+    x: FloatTensor<B>,
+    gamma: FloatTensor<B>,
+    mean: FloatTensor<B>,
+    rstd: FloatTensor<B>,
+    dy: FloatTensor<B>,
+    [need_x, need_gamma, need_beta]: [bool; 3],
+) -> [Option<FloatTensor<B>>; 3] {
+    let rank = x.shape().num_dims();
+    let normalized = B::float_mul(B::float_sub(x, mean), rstd.clone());
+    let dgamma =
+        need_gamma.then(|| axis.parameter_sum::<B>(B::float_mul(dy.clone(), normalized.clone())));
+    let dbeta = need_beta.then(|| axis.parameter_sum::<B>(dy.clone()));
+    let dx = need_x.then(|| {
+        let g = B::float_mul(dy, axis.parameter::<B>(gamma, rank));
+        let mean_g = axis.mean::<B>(g.clone());
+        let mean_gx = axis.mean::<B>(B::float_mul(g.clone(), normalized.clone()));
+        let centered = B::float_sub(g, mean_g);
+        B::float_mul(
+            B::float_sub(centered, B::float_mul(normalized, mean_gx)),
+            rstd,
+        )
+    });
+    [dx, dgamma, dbeta]
+}
+
 /// The sum `[1, c, 1, …]` of each channel of `t` `[batch, c, …]`: one reduction per other
 /// dimension, the batch first (it leaves the smallest tensor for the rest), without the
 /// transposed copy that flattening channels first would make.
@@ -248,6 +307,31 @@ fn channel_mean<B: Backend>(t: FloatTensor<B>) -> FloatTensor<B> {
 
 #[cfg(feature = "flex")]
 impl FusedOps for burn::backend::Flex {
+    fn batch_norm_train_with_stats(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        epsilon: f64,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        batch_norm::train_with_stats(&x, &gamma, &beta, epsilon)
+            .unwrap_or_else(|| batch_norm_in_ops::<Self>(x, gamma, beta, epsilon))
+    }
+
+    fn batch_norm_backward(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        mean: FloatTensor<Self>,
+        rstd: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        batch_norm::gradients(&x, &gamma, &mean, &rstd, &dy).unwrap_or_else(|| {
+            let [dx, dgamma, dbeta] =
+                normalization_backward::<Self>(Axis::Channels, x, gamma, mean, rstd, dy, [true; 3])
+                    .map(|grad| grad.expect("every gradient was asked for"));
+            (dx, dgamma, dbeta)
+        })
+    }
+
     fn fused_gelu(x: FloatTensor<Self>) -> FloatTensor<Self> {
         let Some(input) = x.as_slice::<f32>() else {
             return <Self as ActivationOps<Self>>::gelu(x);
@@ -376,26 +460,18 @@ fn normalization<B: FusedOps, C: CheckpointStrategy>(
             let [node_x, node_gamma, node_beta] = ops.parents;
             let dy = grads.consume::<B>(&ops.node);
             let (x, gamma, mean, rstd, axis) = ops.state;
-            let rank = x.shape().num_dims();
-            let normalized = B::float_mul(B::float_sub(x, mean), rstd.clone());
-            if let Some(node) = node_gamma {
-                let grad = axis.parameter_sum::<B>(B::float_mul(dy.clone(), normalized.clone()));
-                grads.register::<B>(node.id, grad);
-            }
-            if let Some(node) = node_beta {
-                grads.register::<B>(node.id, axis.parameter_sum::<B>(dy.clone()));
-            }
-            if let Some(node) = node_x {
-                // dx = rstd · (g − mean(g) − x̂ · mean(g ⊙ x̂)), g = dy ⊙ γ, means per group.
-                let g = B::float_mul(dy, axis.parameter::<B>(gamma, rank));
-                let mean_g = axis.mean::<B>(g.clone());
-                let mean_gx = axis.mean::<B>(B::float_mul(g.clone(), normalized.clone()));
-                let centered = B::float_sub(g, mean_g);
-                let grad = B::float_mul(
-                    B::float_sub(centered, B::float_mul(normalized, mean_gx)),
-                    rstd,
-                );
-                grads.register::<B>(node.id, grad);
+            let needed = [node_x.is_some(), node_gamma.is_some(), node_beta.is_some()];
+            let [dx, dgamma, dbeta] = match axis {
+                Axis::Last => normalization_backward::<B>(axis, x, gamma, mean, rstd, dy, needed),
+                Axis::Channels => {
+                    let (dx, dgamma, dbeta) = B::batch_norm_backward(x, gamma, mean, rstd, dy);
+                    [Some(dx), Some(dgamma), Some(dbeta)]
+                }
+            };
+            for (node, grad) in [(node_x, dx), (node_gamma, dgamma), (node_beta, dbeta)] {
+                if let (Some(node), Some(grad)) = (node, grad) {
+                    grads.register::<B>(node.id, grad);
+                }
             }
         }
     }
@@ -632,6 +708,8 @@ pub fn gelu<const D: usize>(x: Tensor<D>) -> Tensor<D> {
     ))
 }
 
+#[cfg(feature = "flex")]
+mod batch_norm;
 mod gelu;
 
 #[cfg(test)]

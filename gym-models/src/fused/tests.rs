@@ -85,7 +85,7 @@ fn batch_norm_output_gradients_and_running_statistics_match_burns() {
     use burn::nn::BatchNormConfig;
     for device in devices() {
         let device = device.autodiff();
-        for shape in [[4, 3, 5, 6], [2, 5, 1, 3]] {
+        for shape in [[4, 3, 5, 6], [2, 5, 1, 3], [3, 7, 9, 11]] {
             let channels = shape[1];
             let x = random(shape, &device) * 2.0 + 0.7;
             let probe = random(shape, &device);
