@@ -1,4 +1,4 @@
-//! The MNIST CNN's convolutions timed pass by pass ([`conv_passes`], `bench --conv-passes`):
+//! The MNIST and CIFAR CNNs' convolutions timed pass by pass ([`conv_passes`], `bench --conv-passes`):
 //! not a part of the suite, a table of its own.
 
 use burn::tensor::{Device, Tensor, TensorData};

@@ -98,8 +98,8 @@ struct Cli {
     /// except --data-dir (MNIST, default ../shared/data/mnist).
     #[arg(long)]
     suite: bool,
-    /// Time each pass of the MNIST CNN's 3×3 convolutions on one kernel thread (forward,
-    /// input gradient, and the weight gradient as Burn computes it and as
+    /// Time each pass of the MNIST and CIFAR CNNs' 3×3 convolutions on one kernel thread
+    /// (forward, input gradient and weight gradient, each as Burn computes it and as
     /// `gym_models::conv` does) against matrix products of the same FLOPs, then a whole
     /// forward and backward pass with each, and print the table; everything else is ignored.
     #[arg(long)]
