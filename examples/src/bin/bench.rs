@@ -168,8 +168,8 @@ struct SuiteArgs {
     #[arg(long, default_value_t = 16)]
     suite_max_k: usize,
     /// Suite: the largest K of the CNN's overhead runs (its steps are the slow ones: K = 16
-    /// adds over a minute on 2 cores).
-    #[arg(long, default_value_t = 8)]
+    /// adds about half a minute on 2 cores).
+    #[arg(long, default_value_t = 16)]
     suite_cnn_max_k: usize,
     /// Suite: warm-up steps discarded before timing (a run of this many steps is timed
     /// too, and subtracted).
