@@ -23,7 +23,7 @@
 // Burn deprecates its LibTorch and ndarray backends; the extension still serves them.
 #![cfg_attr(any(feature = "tch", feature = "ndarray"), allow(deprecated))]
 
-use burn::backend::ops::ActivationOps;
+use burn::backend::ops::{ActivationOps, FloatTensorOps};
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{AutodiffBackend, Backend, TensorMetadata, backend_extension};
 use burn::nn::{BatchNorm, LayerNorm};
@@ -213,6 +213,47 @@ pub trait FusedOps: Backend {
     fn fused_gelu_backward(x: FloatTensor<Self>, dy: FloatTensor<Self>) -> FloatTensor<Self> {
         Self::gelu_backward(x, dy)
     }
+
+    /// A linear layer `x·weight + bias` of `x` `[..., k]`, `weight` `[k, n]` (any strides:
+    /// a transposed view too) and `bias` `[n]`: the backend's own (flex: one `gemm` over
+    /// every row, the bias its initial value). Without a bias, [`linear`] is a product of
+    /// `x`'s rows: [`FusedOps::fused_matmul`].
+    fn fused_linear(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        Self::linear(x, weight, Some(bias))
+    }
+
+    /// The batched product `lhs·rhs` of `[..., m, k]` and `[..., k, n]` with the same batch
+    /// dimensions (any strides): the backend's own (flex: `gemm` on the operands' strides,
+    /// into an output it does not zero first).
+    fn fused_matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
+        Self::float_matmul(lhs, rhs)
+    }
+
+    /// The sum of `t` `[..., n]` over every dimension but the last: `[n]` (a bias's
+    /// gradient).
+    fn fused_sum_rows(t: FloatTensor<Self>) -> FloatTensor<Self> {
+        matmul::sum_rows_default::<Self>(t)
+    }
+
+    /// Causal attention weights: the softmax over the last dimension of `scores / scale`,
+    /// `scores` `[..., t, t]`, where row `i` gives weight 0 to every column `j > i`.
+    fn fused_causal_softmax(scores: FloatTensor<Self>, scale: f64) -> FloatTensor<Self> {
+        attention::causal_softmax_default::<Self>(scores, scale)
+    }
+
+    /// The gradient of [`FusedOps::fused_causal_softmax`] whose output is `weights`, given
+    /// `dy`: `weights ⊙ (dy − Σ_last dy ⊙ weights) / scale`.
+    fn causal_softmax_backward(
+        weights: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+        scale: f64,
+    ) -> FloatTensor<Self> {
+        attention::causal_softmax_backward_default::<Self>(weights, dy, scale)
+    }
 }
 
 /// `t` `[d]` as `[1, …, 1, d]` of rank `rank`, to broadcast over rows.
@@ -268,78 +309,48 @@ impl FusedOps for burn::backend::Flex {
         gelu::backward(input, grad, &mut output);
         flex_f32(output, x.shape())
     }
+
+    fn fused_linear(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        matmul::flex::linear(x, weight, bias)
+    }
+
+    fn fused_matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
+        match matmul::flex::matmul(&lhs, &rhs, None) {
+            Some(y) => y,
+            None => <Self as FloatTensorOps<Self>>::float_matmul(lhs, rhs),
+        }
+    }
+
+    fn fused_sum_rows(t: FloatTensor<Self>) -> FloatTensor<Self> {
+        matmul::flex::sum_rows(&t).unwrap_or_else(|| matmul::sum_rows_default::<Self>(t))
+    }
+
+    fn fused_causal_softmax(scores: FloatTensor<Self>, scale: f64) -> FloatTensor<Self> {
+        attention::flex::forward(&scores, scale)
+            .unwrap_or_else(|| attention::causal_softmax_default::<Self>(scores, scale))
+    }
+
+    fn causal_softmax_backward(
+        weights: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+        scale: f64,
+    ) -> FloatTensor<Self> {
+        attention::flex::backward(&weights, &dy, scale).unwrap_or_else(|| {
+            attention::causal_softmax_backward_default::<Self>(weights, dy, scale)
+        })
+    }
 }
 
-/// A contiguous flex tensor of `shape` holding `values`.
 #[cfg(feature = "flex")]
 fn flex_f32(values: Vec<f32>, shape: Shape) -> burn::backend::flex::FlexTensor {
     burn::backend::flex::FlexTensor::from_data(burn::tensor::TensorData::new(values, shape))
 }
 #[cfg(feature = "ndarray")]
 impl FusedOps for burn::backend::NdArray {}
-
-/// LibTorch's output and two statistics as Burn's tensors.
-#[cfg(feature = "tch")]
-fn tch_triple(
-    (output, mean, rstd): (tch::Tensor, tch::Tensor, tch::Tensor),
-) -> (
-    burn_tch::TchTensor,
-    burn_tch::TchTensor,
-    burn_tch::TchTensor,
-) {
-    (
-        burn_tch::TchTensor::new(output),
-        burn_tch::TchTensor::new(mean),
-        burn_tch::TchTensor::new(rstd),
-    )
-}
-
-#[cfg(feature = "tch")]
-impl FusedOps for burn::backend::LibTorch {
-    fn layer_norm_with_stats(
-        x: FloatTensor<Self>,
-        gamma: FloatTensor<Self>,
-        beta: FloatTensor<Self>,
-        epsilon: f64,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let d = x.shape()[x.shape().num_dims() - 1] as i64;
-        tch_triple(x.tensor.native_layer_norm(
-            [d],
-            Some(&gamma.tensor),
-            Some(&beta.tensor),
-            epsilon,
-        ))
-    }
-
-    fn batch_norm_train_with_stats(
-        x: FloatTensor<Self>,
-        gamma: FloatTensor<Self>,
-        beta: FloatTensor<Self>,
-        epsilon: f64,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        // Without running statistics: the module updates its own.
-        tch_triple(x.tensor.native_batch_norm(
-            Some(&gamma.tensor),
-            Some(&beta.tensor),
-            None::<&tch::Tensor>,
-            None::<&tch::Tensor>,
-            true,
-            0.0,
-            epsilon,
-        ))
-    }
-
-    fn softmax_backward(
-        y: FloatTensor<Self>,
-        dy: FloatTensor<Self>,
-        dim: usize,
-    ) -> FloatTensor<Self> {
-        let kind = y.tensor.kind();
-        burn_tch::TchTensor::new(tch::Tensor::internal_softmax_backward_data(
-            &dy.tensor, &y.tensor, dim as i64, kind,
-        ))
-    }
-}
 
 /// A normalisation `γ ⊙ x̂ + β`, `x̂ = (x − mean) · rstd`, as one operation of the autodiff
 /// graph with its closed-form backward pass, the statistics returned outside the graph.
@@ -522,6 +533,22 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
             OpsKind::UnTracked(prep) => prep.finish(B::fused_gelu(x.into_primitive())),
         }
     }
+
+    fn fused_linear(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        matmul::linear_autodiff::<B, C>(x, weight, bias)
+    }
+
+    fn fused_matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
+        matmul::matmul_autodiff::<B, C>(lhs, rhs)
+    }
+
+    fn fused_causal_softmax(scores: FloatTensor<Self>, scale: f64) -> FloatTensor<Self> {
+        attention::causal_softmax_autodiff::<B, C>(scores, scale)
+    }
 }
 
 /// LayerNorm over the last dimension of `x` with gain `gamma` and bias `beta` (none: zero):
@@ -632,12 +659,31 @@ pub fn gelu<const D: usize>(x: Tensor<D>) -> Tensor<D> {
     ))
 }
 
+/// Whether [`linear`], [`matmul`] and [`causal_softmax`] take Burn's path on this thread
+/// (tests compare against it).
+pub(crate) fn reference_matmul() -> bool {
+    #[cfg(test)]
+    return REFERENCE_MATMUL.with(std::cell::Cell::get);
+    #[cfg(not(test))]
+    false
+}
+
+mod attention;
 mod gelu;
+#[cfg(feature = "tch")]
+mod libtorch;
+mod matmul;
+
+pub use attention::causal_softmax;
+pub use matmul::{linear, linear_forward, matmul};
 
 #[cfg(test)]
 thread_local! {
     /// In tests: [`gelu`] takes Burn's path on this thread, to compare against.
     pub(crate) static REFERENCE_GELU: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// In tests: [`linear`], [`matmul`] and [`causal_softmax`] take Burn's paths on this
+    /// thread, to compare against.
+    pub(crate) static REFERENCE_MATMUL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 #[cfg(all(test, feature = "flex"))]

@@ -177,3 +177,237 @@ fn inference_takes_the_fused_forward_without_a_graph() {
         );
     }
 }
+
+/// Values and gradients of `sum(f(inputs) · probe)` on flex under autodiff: the output, then
+/// each input's gradient.
+fn output_and_gradients<const D: usize, const N: usize>(
+    f: impl Fn(&[Tensor<D>; N]) -> Tensor<D>,
+    inputs: &[Tensor<D>; N],
+    probe: &Tensor<D>,
+) -> Vec<TensorData> {
+    let inputs = inputs.clone().map(|t| t.require_grad());
+    let output = f(&inputs);
+    let grads = (output.clone() * probe.clone()).sum().backward();
+    let mut all = vec![output.into_data()];
+    all.extend(
+        inputs
+            .iter()
+            .map(|t| t.grad(&grads).expect("a gradient").into_data()),
+    );
+    all
+}
+
+/// `burn`'s and ours, side by side, named.
+fn assert_all_close(what: &str, ours: Vec<TensorData>, burns: Vec<TensorData>) {
+    assert_eq!(ours.len(), burns.len(), "{what}");
+    for (i, (a, b)) in ours.into_iter().zip(burns).enumerate() {
+        assert_close(
+            &format!("{what}, value {i} (0: output, then gradients)"),
+            a,
+            b,
+        );
+    }
+}
+
+#[test]
+fn linear_output_and_gradients_match_burns() {
+    let device = Device::flex().autodiff();
+    // (rows of x, k, n), with and without a bias, odd sizes and a single row.
+    for (lead, k, n) in [
+        (vec![2, 5], 7, 3),
+        (vec![13], 17, 1),
+        (vec![1, 1], 1, 5),
+        (vec![3, 4], 64, 96),
+    ] {
+        for with_bias in [true, false] {
+            let mut shape = lead.clone();
+            shape.push(k);
+            let x = Tensor::<3>::random(
+                [shape.iter().take(shape.len() - 1).product(), 1, k],
+                Distribution::Normal(0.0, 1.0),
+                &device,
+            );
+            let weight = random([k, n], &device);
+            let bias = random([n], &device);
+            let probe = random([x.dims()[0], 1, n], &device);
+            let run = |f: fn(Tensor<3>, Tensor<2>, Option<Tensor<1>>) -> Tensor<3>| {
+                let (x, weight, bias) = (
+                    x.clone().require_grad(),
+                    weight.clone().require_grad(),
+                    bias.clone().require_grad(),
+                );
+                let y = f(x.clone(), weight.clone(), with_bias.then(|| bias.clone()));
+                let grads = (y.clone() * probe.clone()).sum().backward();
+                let mut all = vec![
+                    y.into_data(),
+                    x.grad(&grads).unwrap().into_data(),
+                    weight.grad(&grads).unwrap().into_data(),
+                ];
+                all.extend(with_bias.then(|| bias.grad(&grads).unwrap().into_data()));
+                all
+            };
+            assert_all_close(
+                &format!("linear of {shape:?} · [{k}, {n}], bias {with_bias}"),
+                run(linear),
+                run(burn::tensor::module::linear),
+            );
+        }
+    }
+}
+
+#[test]
+fn linear_takes_strided_inputs_and_a_transposed_weight() {
+    let device = Device::flex().autodiff();
+    // x as a transposed view [2, 5, 6] of [2, 6, 5]; the weight as the transposed view of a
+    // [n, k] table, as the GPT's tied head has it.
+    let x = random([2, 6, 5], &device);
+    let table = random([9, 6], &device);
+    let bias = random([9], &device);
+    let probe = random([2, 5, 9], &device);
+    let run = |f: fn(Tensor<3>, Tensor<2>, Option<Tensor<1>>) -> Tensor<3>| {
+        output_and_gradients(
+            |[x, table, bias]: &[Tensor<3>; 3]| {
+                let table: Tensor<2> = table.clone().squeeze_dim(0);
+                let bias: Tensor<1> = bias.clone().flatten(0, 2);
+                f(x.clone().swap_dims(1, 2), table.transpose(), Some(bias))
+            },
+            &[
+                x.clone(),
+                table.clone().unsqueeze(),
+                bias.clone().reshape([1, 1, 9]),
+            ],
+            &probe,
+        )
+    };
+    assert_all_close(
+        "linear of strided operands",
+        run(linear),
+        run(burn::tensor::module::linear),
+    );
+}
+
+#[test]
+fn matmul_output_and_gradients_match_burns_on_strided_heads() {
+    let device = Device::flex().autodiff();
+    for (b, h, t, d) in [(2, 3, 7, 4), (1, 2, 33, 16), (1, 1, 1, 1)] {
+        // Heads as the GPT has them: [b, t, h·d] split, swapped to [b, h, t, d] views.
+        let q = random([b, t, h * d], &device);
+        let k = random([b, t, h * d], &device);
+        let probe = random([b, h, t, t], &device);
+        let heads = |x: Tensor<3>| x.reshape([b, t, h, d]).swap_dims(1, 2);
+        let run = |f: fn(Tensor<4>, Tensor<4>) -> Tensor<4>| {
+            let (q, k) = (q.clone().require_grad(), k.clone().require_grad());
+            let y = f(heads(q.clone()), heads(k.clone()).swap_dims(2, 3));
+            let grads = (y.clone() * probe.clone()).sum().backward();
+            vec![
+                y.into_data(),
+                q.grad(&grads).unwrap().into_data(),
+                k.grad(&grads).unwrap().into_data(),
+            ]
+        };
+        assert_all_close(
+            &format!("q·kᵀ of [{b}, {h}, {t}, {d}]"),
+            run(matmul),
+            run(Tensor::matmul),
+        );
+    }
+}
+
+#[test]
+fn products_without_autodiff_and_broadcasts_give_burns_values() {
+    let device = Device::flex();
+    let x = random([3, 4, 5], &device);
+    let weight = random([5, 2], &device);
+    let bias = random([2], &device);
+    assert_close(
+        "linear",
+        linear(x.clone(), weight.clone(), Some(bias.clone())).into_data(),
+        burn::tensor::module::linear(x.clone(), weight.clone(), Some(bias)).into_data(),
+    );
+    // A broadcast batch is Burn's.
+    let rhs = random([1, 5, 2], &device);
+    assert_close(
+        "broadcast matmul",
+        matmul(x.clone(), rhs.clone()).into_data(),
+        x.matmul(rhs).into_data(),
+    );
+}
+
+/// Burn's causal attention weights, written out: the scores divided by `scale`, the future
+/// masked with −∞, Burn's softmax.
+fn burns_causal_softmax(scores: Tensor<4>, scale: f64) -> Tensor<4> {
+    let dims = scores.dims();
+    let future =
+        Tensor::<2, burn::tensor::Bool>::tril_mask([dims[2], dims[3]], 0, &scores.device())
+            .unsqueeze::<4>()
+            .expand(dims);
+    burn::tensor::activation::softmax(
+        scores
+            .div_scalar(scale)
+            .mask_fill(future, f32::NEG_INFINITY),
+        3,
+    )
+}
+
+#[test]
+fn causal_softmax_output_and_gradient_match_burns() {
+    let device = Device::flex().autodiff();
+    // Sides below, at and across the 16 lanes, scales of head sizes 64 and 32.
+    for (t, scale) in [(1, 8.0), (5, 32f64.sqrt()), (16, 8.0), (37, 32f64.sqrt())] {
+        let scores = random([2, 3, t, t], &device) * 4.0;
+        let probe = random([2, 3, t, t], &device);
+        let run = |f: fn(Tensor<4>, f64) -> Tensor<4>| {
+            output_and_gradients(
+                |[s]: &[Tensor<4>; 1]| f(s.clone(), scale),
+                std::array::from_ref(&scores),
+                &probe,
+            )
+        };
+        let ours = run(causal_softmax);
+        // The future's weights and gradients are exactly zero.
+        for data in &ours {
+            let values = data.clone().try_to_vec::<f32>().unwrap();
+            for (index, v) in values.iter().enumerate() {
+                let (i, j) = ((index / t) % t, index % t);
+                assert!(j <= i || *v == 0.0, "[{i}, {j}] of a {t}² matrix is {v}");
+            }
+        }
+        assert_all_close(
+            &format!("causal softmax, side {t}"),
+            ours,
+            run(burns_causal_softmax),
+        );
+    }
+}
+
+#[test]
+fn causal_softmax_propagates_nan_and_infinities_as_burns() {
+    let device = Device::flex();
+    // Row 1 has a NaN, row 2 +∞ and row 3 −∞ among its visible scores; row 0 has a NaN and
+    // an infinity only in its future, which the mask hides.
+    let mut scores = vec![0.5f32; 16];
+    scores[1] = f32::NAN;
+    scores[2] = f32::INFINITY;
+    scores[4 + 1] = f32::NAN;
+    scores[8 + 1] = f32::INFINITY;
+    scores[12 + 2] = f32::NEG_INFINITY;
+    let scores = Tensor::<4>::from_data(TensorData::new(scores, [1, 1, 4, 4]), &device);
+    let bits = |t: Tensor<4>| {
+        t.into_data()
+            .try_to_vec::<f32>()
+            .unwrap()
+            .iter()
+            .map(|x| {
+                if x.is_nan() {
+                    "NaN".to_string()
+                } else {
+                    format!("{x:.6}")
+                }
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        bits(causal_softmax(scores.clone(), 2.0)),
+        bits(burns_causal_softmax(scores, 2.0))
+    );
+}

@@ -1,0 +1,330 @@
+//! Causal attention weights `softmax(s / scale)` over `s` `[..., t, t]` with every position
+//! `j > i` of row `i` masked out, as one operation: no mask tensor, no scaled copy of the
+//! scores, and on flex one pass over the lower triangle of each matrix (the upper one is
+//! never read and its weights and gradients are written as zeros), its `exp` the branch-free
+//! one of the fused GELU, so that the loops vectorise.
+
+use super::{FusedOps, reference_matmul, softmax};
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{Backend, TensorMetadata};
+use burn::tensor::{Tensor, TensorData};
+use burn_autodiff::Autodiff;
+use burn_autodiff::checkpoint::base::Checkpointer;
+use burn_autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn_autodiff::grads::Gradients;
+use burn_autodiff::ops::{Backward, Ops, OpsKind};
+
+/// Causal attention weights `softmax(scores / scale)` along the last dimension of
+/// `scores` `[..., t, t]`, row `i` giving weight 0 to every column `j > i`: on flex
+/// [`FusedOps::fused_causal_softmax`], one pass over each row's `i + 1` scores forward and
+/// backward, without a mask tensor; Burn's operations (a division, `mask_fill` with
+/// [`tril_mask`](Tensor::tril_mask), [`softmax`]) on every other backend.
+pub fn causal_softmax<const D: usize>(scores: Tensor<D>, scale: f64) -> Tensor<D> {
+    let dims = scores.dims();
+    let square = D >= 2 && dims[D - 1] == dims[D - 2];
+    if reference_matmul() || !crate::is_flex(&scores.device()) || !square {
+        let t = dims[D - 1];
+        let scores = scores.div_scalar(scale);
+        // `tril_mask` is true strictly above the diagonal: the future.
+        let future =
+            Tensor::<2, burn::tensor::Bool>::tril_mask([dims[D - 2], t], 0, &scores.device())
+                .unsqueeze::<D>()
+                .expand(dims);
+        return softmax(scores.mask_fill(future, f32::NEG_INFINITY), D - 1);
+    }
+    Tensor::from_dispatch(<burn::backend::Dispatch as FusedOps>::fused_causal_softmax(
+        scores.into_dispatch(),
+        scale,
+    ))
+}
+
+/// The default body of [`FusedOps::fused_causal_softmax`], in the backend's operations: the
+/// scores divided by `scale`, plus a `[t, t]` mask of `0` and `−∞`, then the backend's
+/// softmax.
+pub(super) fn causal_softmax_default<B: Backend>(
+    scores: FloatTensor<B>,
+    scale: f64,
+) -> FloatTensor<B> {
+    let shape = scores.shape();
+    let rank = shape.num_dims();
+    let t = shape[rank - 1];
+    let mask: Vec<f32> = (0..t * t)
+        .map(|ij| {
+            if ij % t > ij / t {
+                f32::NEG_INFINITY
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let mut dims = vec![1; rank - 2];
+    dims.extend([t, t]);
+    let mask = TensorData::new(mask, dims).convert_dtype(scores.dtype());
+    let mask = B::float_from_data(mask, &scores.device());
+    let scaled = B::float_div_scalar(scores, scale.into());
+    B::softmax(B::float_add(scaled, mask), rank - 1)
+}
+
+/// The default body of [`FusedOps::causal_softmax_backward`]: the softmax's gradient divided
+/// by `scale` (zero where the weights are).
+pub(super) fn causal_softmax_backward_default<B: FusedOps>(
+    weights: FloatTensor<B>,
+    dy: FloatTensor<B>,
+    scale: f64,
+) -> FloatTensor<B> {
+    let last = weights.shape().num_dims() - 1;
+    B::float_div_scalar(B::softmax_backward(weights, dy, last), scale.into())
+}
+
+/// [`FusedOps::fused_causal_softmax`] under autodiff, the weights kept for the backward pass.
+pub(super) fn causal_softmax_autodiff<B: FusedOps, C: CheckpointStrategy>(
+    scores: FloatTensor<Autodiff<B, C>>,
+    scale: f64,
+) -> FloatTensor<Autodiff<B, C>> {
+    #[derive(Debug)]
+    struct CausalSoftmaxOp;
+
+    impl<B: FusedOps> Backward<B, 1> for CausalSoftmaxOp {
+        /// The weights and the scale.
+        type State = (B::FloatTensorPrimitive, f64);
+
+        fn backward(
+            self,
+            ops: Ops<Self::State, 1>,
+            grads: &mut Gradients,
+            _checkpointer: &mut Checkpointer,
+        ) {
+            let [node] = ops.parents;
+            let dy = grads.consume::<B>(&ops.node);
+            let (weights, scale) = ops.state;
+            if let Some(node) = node {
+                let grad = B::causal_softmax_backward(weights, dy, scale);
+                grads.register::<B>(node.id, grad);
+            }
+        }
+    }
+
+    match CausalSoftmaxOp
+        .prepare::<C>([scores.node()])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => {
+            let weights = B::fused_causal_softmax(scores.into_primitive(), scale);
+            prep.finish((weights.clone(), scale), weights)
+        }
+        OpsKind::UnTracked(prep) => {
+            prep.finish(B::fused_causal_softmax(scores.into_primitive(), scale))
+        }
+    }
+}
+
+/// The flex kernels, over contiguous f32 matrices.
+#[cfg(feature = "flex")]
+pub(super) mod flex {
+    use super::super::gelu::exp_nonpositive;
+    use burn::backend::flex::FlexTensor;
+    use burn::tensor::{DType, TensorData};
+
+    /// Lanes of the reductions: each keeps this many partial results, so that the loops
+    /// vectorise (16 f32s: one AVX-512 register, two AVX2 ones).
+    const LANES: usize = 16;
+
+    /// `t`'s f32 values, contiguous (copied if need be), and its side, if `t` is a batch of
+    /// square f32 matrices.
+    fn square_f32(t: &FlexTensor) -> Option<(FlexTensor, usize)> {
+        let shape = t.layout().shape();
+        let rank = shape.num_dims();
+        if t.dtype() != DType::F32 || rank < 2 || shape[rank - 1] != shape[rank - 2] {
+            return None;
+        }
+        let side = shape[rank - 1];
+        let t = if t.is_contiguous() {
+            t.clone()
+        } else {
+            t.to_contiguous()
+        };
+        Some((t, side))
+    }
+
+    /// `eᵃ` for `a ≤ 0` and NaN for NaN ([`exp_nonpositive`] gives `e⁻⁸⁷` for NaN).
+    #[inline(always)]
+    fn exp_or_nan(a: f32) -> f32 {
+        let e = exp_nonpositive(a);
+        if a.is_nan() { a } else { e }
+    }
+
+    /// The largest of `x` (NaNs skipped; −∞ for none).
+    #[inline(always)]
+    fn max_of(x: &[f32]) -> f32 {
+        let mut lanes = [f32::NEG_INFINITY; LANES];
+        let chunks = x.chunks_exact(LANES);
+        let rest = chunks.remainder();
+        for chunk in chunks {
+            for (m, &v) in lanes.iter_mut().zip(chunk) {
+                *m = if v > *m { v } else { *m };
+            }
+        }
+        lanes
+            .iter()
+            .chain(rest)
+            .fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m })
+    }
+
+    /// One row: `y[j] = softmax(x[..n] / scale)[j]` for `j < n`, 0 beyond (NaN if the row's
+    /// sum is).
+    #[inline(always)]
+    fn forward_row(x: &[f32], y: &mut [f32], n: usize, scale: f32) {
+        let (x, (y, zeros)) = (&x[..n], y.split_at_mut(n));
+        // Division is monotone: the largest scaled score is the largest score, scaled.
+        let max = max_of(x) / scale;
+        let mut lanes = [0.0f32; LANES];
+        let mut chunks = x.chunks_exact(LANES).zip(y.chunks_exact_mut(LANES));
+        for (x, y) in &mut chunks {
+            for ((s, &x), y) in lanes.iter_mut().zip(x).zip(y) {
+                let e = exp_or_nan(x / scale - max);
+                *y = e;
+                *s += e;
+            }
+        }
+        let done = n - n % LANES;
+        let mut sum = lanes.iter().sum::<f32>();
+        for (&x, y) in x[done..].iter().zip(&mut y[done..]) {
+            let e = exp_or_nan(x / scale - max);
+            *y = e;
+            sum += e;
+        }
+        for y in y.iter_mut() {
+            *y /= sum;
+        }
+        // As Burn's softmax of the masked row: 0 = e⁻∞ / sum, NaN where the sum is.
+        zeros.fill(0.0 / sum);
+    }
+
+    /// One row of the gradient: `dx[j] = y[j]·(dy[j] − Σₖ dy[k]·y[k]) / scale` for `j < n`,
+    /// the sum over `k < n`; 0 beyond.
+    #[inline(always)]
+    fn backward_row(y: &[f32], dy: &[f32], dx: &mut [f32], n: usize, scale: f32) {
+        let (y, dy, (dx, zeros)) = (&y[..n], &dy[..n], dx.split_at_mut(n));
+        let mut lanes = [0.0f32; LANES];
+        for (y, dy) in y.chunks_exact(LANES).zip(dy.chunks_exact(LANES)) {
+            for ((s, &y), &dy) in lanes.iter_mut().zip(y).zip(dy) {
+                *s += y * dy;
+            }
+        }
+        let done = n - n % LANES;
+        let dot = lanes.iter().sum::<f32>()
+            + y[done..]
+                .iter()
+                .zip(&dy[done..])
+                .map(|(y, dy)| y * dy)
+                .sum::<f32>();
+        for ((dx, &y), &dy) in dx.iter_mut().zip(y).zip(dy) {
+            *dx = y * (dy - dot) / scale;
+        }
+        zeros.fill(0.0);
+    }
+
+    #[inline(always)]
+    fn forward_generic(x: &[f32], y: &mut [f32], side: usize, scale: f32) {
+        for (row, (x, y)) in x
+            .chunks_exact(side)
+            .zip(y.chunks_exact_mut(side))
+            .enumerate()
+        {
+            forward_row(x, y, row % side + 1, scale);
+        }
+    }
+
+    #[inline(always)]
+    fn backward_generic(y: &[f32], dy: &[f32], dx: &mut [f32], side: usize, scale: f32) {
+        let rows = y.chunks_exact(side).zip(dy.chunks_exact(side));
+        for (row, ((y, dy), dx)) in rows.zip(dx.chunks_exact_mut(side)).enumerate() {
+            backward_row(y, dy, dx, row % side + 1, scale);
+        }
+    }
+
+    // The same loops compiled for AVX-512 and AVX2. No FMA (Rust does not contract a
+    // multiply and an add), so every lane rounds as the SSE2 build does.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    fn forward_avx512(x: &[f32], y: &mut [f32], side: usize, scale: f32) {
+        forward_generic(x, y, side, scale)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn forward_avx2(x: &[f32], y: &mut [f32], side: usize, scale: f32) {
+        forward_generic(x, y, side, scale)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    fn backward_avx512(y: &[f32], dy: &[f32], dx: &mut [f32], side: usize, scale: f32) {
+        backward_generic(y, dy, dx, side, scale)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn backward_avx2(y: &[f32], dy: &[f32], dx: &mut [f32], side: usize, scale: f32) {
+        backward_generic(y, dy, dx, side, scale)
+    }
+
+    /// The causal softmax of `scores` `[..., t, t]` divided by `scale`; `None` for another
+    /// type than f32 or matrices that are not square.
+    pub(crate) fn forward(scores: &FlexTensor, scale: f64) -> Option<FlexTensor> {
+        let (x, side) = square_f32(scores)?;
+        let input = x.as_slice::<f32>()?;
+        let mut output = vec![0.0f32; input.len()];
+        if side > 0 {
+            let scale = scale as f32;
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                // SAFETY: the CPU has AVX-512F, checked just above.
+                unsafe { forward_avx512(input, &mut output, side, scale) };
+            } else if std::arch::is_x86_feature_detected!("avx2") {
+                // SAFETY: the CPU has AVX2, checked just above.
+                unsafe { forward_avx2(input, &mut output, side, scale) };
+            } else {
+                forward_generic(input, &mut output, side, scale);
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            forward_generic(input, &mut output, side, scale);
+        }
+        let shape = x.layout().shape().clone();
+        Some(FlexTensor::from_data(TensorData::new(output, shape)))
+    }
+
+    /// The gradient of [`forward`] whose output is `weights`, given `dy`; `None` where
+    /// [`forward`] would be, or for shapes that differ.
+    pub(crate) fn backward(
+        weights: &FlexTensor,
+        dy: &FlexTensor,
+        scale: f64,
+    ) -> Option<FlexTensor> {
+        let (y, side) = square_f32(weights)?;
+        let (dy, _) = square_f32(dy)?;
+        if y.layout().shape() != dy.layout().shape() {
+            return None;
+        }
+        let (values, grad) = (y.as_slice::<f32>()?, dy.as_slice::<f32>()?);
+        let mut output = vec![0.0f32; values.len()];
+        if side > 0 {
+            let scale = scale as f32;
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                // SAFETY: the CPU has AVX-512F, checked just above.
+                unsafe { backward_avx512(values, grad, &mut output, side, scale) };
+            } else if std::arch::is_x86_feature_detected!("avx2") {
+                // SAFETY: the CPU has AVX2, checked just above.
+                unsafe { backward_avx2(values, grad, &mut output, side, scale) };
+            } else {
+                backward_generic(values, grad, &mut output, side, scale);
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            backward_generic(values, grad, &mut output, side, scale);
+        }
+        let shape = y.layout().shape().clone();
+        Some(FlexTensor::from_data(TensorData::new(output, shape)))
+    }
+}
