@@ -171,76 +171,71 @@ pub(super) mod flex {
             .fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m })
     }
 
-    /// One row: `y[j] = softmax(x[..n] / scale)[j]` for `j < n`, 0 beyond (NaN if the row's
-    /// sum is).
+    /// One row, in place: `x[j] ← softmax(x[..n] / scale)[j]` for `j < n`, 0 beyond (NaN
+    /// if the row's sum is).
     #[inline(always)]
-    fn forward_row(x: &[f32], y: &mut [f32], n: usize, scale: f32) {
-        let (x, (y, zeros)) = (&x[..n], y.split_at_mut(n));
+    fn forward_row(x: &mut [f32], n: usize, scale: f32) {
+        let (x, zeros) = x.split_at_mut(n);
         // Division is monotone: the largest scaled score is the largest score, scaled.
         let max = max_of(x) / scale;
         let mut lanes = [0.0f32; LANES];
-        let mut chunks = x.chunks_exact(LANES).zip(y.chunks_exact_mut(LANES));
-        for (x, y) in &mut chunks {
-            for ((s, &x), y) in lanes.iter_mut().zip(x).zip(y) {
-                let e = exp_or_nan(x / scale - max);
-                *y = e;
+        let mut chunks = x.chunks_exact_mut(LANES);
+        for chunk in &mut chunks {
+            for (s, x) in lanes.iter_mut().zip(chunk) {
+                let e = exp_or_nan(*x / scale - max);
+                *x = e;
                 *s += e;
             }
         }
-        let done = n - n % LANES;
         let mut sum = lanes.iter().sum::<f32>();
-        for (&x, y) in x[done..].iter().zip(&mut y[done..]) {
-            let e = exp_or_nan(x / scale - max);
-            *y = e;
+        for x in chunks.into_remainder() {
+            let e = exp_or_nan(*x / scale - max);
+            *x = e;
             sum += e;
         }
-        for y in y.iter_mut() {
-            *y /= sum;
+        for x in x.iter_mut() {
+            *x /= sum;
         }
         // As Burn's softmax of the masked row: 0 = e⁻∞ / sum, NaN where the sum is.
         zeros.fill(0.0 / sum);
     }
 
-    /// One row of the gradient: `dx[j] = y[j]·(dy[j] − Σₖ dy[k]·y[k]) / scale` for `j < n`,
-    /// the sum over `k < n`; 0 beyond.
+    /// One row of the gradient, in place: `g[j] ← y[j]·(g[j] − Σₖ g[k]·y[k]) / scale` for
+    /// `j < n`, the sum over `k < n`; 0 beyond.
     #[inline(always)]
-    fn backward_row(y: &[f32], dy: &[f32], dx: &mut [f32], n: usize, scale: f32) {
-        let (y, dy, (dx, zeros)) = (&y[..n], &dy[..n], dx.split_at_mut(n));
+    fn backward_row(y: &[f32], g: &mut [f32], n: usize, scale: f32) {
+        let (y, (g, zeros)) = (&y[..n], g.split_at_mut(n));
         let mut lanes = [0.0f32; LANES];
-        for (y, dy) in y.chunks_exact(LANES).zip(dy.chunks_exact(LANES)) {
-            for ((s, &y), &dy) in lanes.iter_mut().zip(y).zip(dy) {
-                *s += y * dy;
+        for (y, g) in y.chunks_exact(LANES).zip(g.chunks_exact(LANES)) {
+            for ((s, &y), &g) in lanes.iter_mut().zip(y).zip(g) {
+                *s += y * g;
             }
         }
         let done = n - n % LANES;
         let dot = lanes.iter().sum::<f32>()
             + y[done..]
                 .iter()
-                .zip(&dy[done..])
-                .map(|(y, dy)| y * dy)
+                .zip(&g[done..])
+                .map(|(y, g)| y * g)
                 .sum::<f32>();
-        for ((dx, &y), &dy) in dx.iter_mut().zip(y).zip(dy) {
-            *dx = y * (dy - dot) / scale;
+        for (g, &y) in g.iter_mut().zip(y) {
+            *g = y * (*g - dot) / scale;
         }
         zeros.fill(0.0);
     }
 
     #[inline(always)]
-    fn forward_generic(x: &[f32], y: &mut [f32], side: usize, scale: f32) {
-        for (row, (x, y)) in x
-            .chunks_exact(side)
-            .zip(y.chunks_exact_mut(side))
-            .enumerate()
-        {
-            forward_row(x, y, row % side + 1, scale);
+    fn forward_generic(x: &mut [f32], side: usize, scale: f32) {
+        for (row, x) in x.chunks_exact_mut(side).enumerate() {
+            forward_row(x, row % side + 1, scale);
         }
     }
 
     #[inline(always)]
-    fn backward_generic(y: &[f32], dy: &[f32], dx: &mut [f32], side: usize, scale: f32) {
-        let rows = y.chunks_exact(side).zip(dy.chunks_exact(side));
-        for (row, ((y, dy), dx)) in rows.zip(dx.chunks_exact_mut(side)).enumerate() {
-            backward_row(y, dy, dx, row % side + 1, scale);
+    fn backward_generic(y: &[f32], g: &mut [f32], side: usize, scale: f32) {
+        let rows = y.chunks_exact(side).zip(g.chunks_exact_mut(side));
+        for (row, (y, g)) in rows.enumerate() {
+            backward_row(y, g, row % side + 1, scale);
         }
     }
 
@@ -248,49 +243,68 @@ pub(super) mod flex {
     // multiply and an add), so every lane rounds as the SSE2 build does.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f")]
-    fn forward_avx512(x: &[f32], y: &mut [f32], side: usize, scale: f32) {
-        forward_generic(x, y, side, scale)
+    fn forward_avx512(x: &mut [f32], side: usize, scale: f32) {
+        forward_generic(x, side, scale)
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
-    fn forward_avx2(x: &[f32], y: &mut [f32], side: usize, scale: f32) {
-        forward_generic(x, y, side, scale)
+    fn forward_avx2(x: &mut [f32], side: usize, scale: f32) {
+        forward_generic(x, side, scale)
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f")]
-    fn backward_avx512(y: &[f32], dy: &[f32], dx: &mut [f32], side: usize, scale: f32) {
-        backward_generic(y, dy, dx, side, scale)
+    fn backward_avx512(y: &[f32], g: &mut [f32], side: usize, scale: f32) {
+        backward_generic(y, g, side, scale)
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
-    fn backward_avx2(y: &[f32], dy: &[f32], dx: &mut [f32], side: usize, scale: f32) {
-        backward_generic(y, dy, dx, side, scale)
+    fn backward_avx2(y: &[f32], g: &mut [f32], side: usize, scale: f32) {
+        backward_generic(y, g, side, scale)
+    }
+
+    /// In place, each `side × side` matrix of `x`: the causal softmax of `x / scale`.
+    pub(crate) fn softmax_rows(x: &mut [f32], side: usize, scale: f32) {
+        if side == 0 {
+            return;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F, checked just above.
+            return unsafe { forward_avx512(x, side, scale) };
+        } else if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2, checked just above.
+            return unsafe { forward_avx2(x, side, scale) };
+        }
+        forward_generic(x, side, scale)
+    }
+
+    /// In place, each `side × side` matrix of `g`: the gradient of [`softmax_rows`] whose
+    /// output is `y`, given the output gradient `g`.
+    pub(crate) fn softmax_backward_rows(y: &[f32], g: &mut [f32], side: usize, scale: f32) {
+        assert_eq!(y.len(), g.len(), "causal softmax backward: lengths");
+        if side == 0 {
+            return;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F, checked just above.
+            return unsafe { backward_avx512(y, g, side, scale) };
+        } else if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2, checked just above.
+            return unsafe { backward_avx2(y, g, side, scale) };
+        }
+        backward_generic(y, g, side, scale)
     }
 
     /// The causal softmax of `scores` `[..., t, t]` divided by `scale`; `None` for another
     /// type than f32 or matrices that are not square.
     pub(crate) fn forward(scores: &FlexTensor, scale: f64) -> Option<FlexTensor> {
         let (x, side) = square_f32(scores)?;
-        let input = x.as_slice::<f32>()?;
-        let mut output = vec![0.0f32; input.len()];
-        if side > 0 {
-            let scale = scale as f32;
-            #[cfg(target_arch = "x86_64")]
-            if std::arch::is_x86_feature_detected!("avx512f") {
-                // SAFETY: the CPU has AVX-512F, checked just above.
-                unsafe { forward_avx512(input, &mut output, side, scale) };
-            } else if std::arch::is_x86_feature_detected!("avx2") {
-                // SAFETY: the CPU has AVX2, checked just above.
-                unsafe { forward_avx2(input, &mut output, side, scale) };
-            } else {
-                forward_generic(input, &mut output, side, scale);
-            }
-            #[cfg(not(target_arch = "x86_64"))]
-            forward_generic(input, &mut output, side, scale);
-        }
+        let mut output = x.as_slice::<f32>()?.to_vec();
+        softmax_rows(&mut output, side, scale as f32);
         let shape = x.layout().shape().clone();
         Some(FlexTensor::from_data(TensorData::new(output, shape)))
     }
@@ -307,23 +321,8 @@ pub(super) mod flex {
         if y.layout().shape() != dy.layout().shape() {
             return None;
         }
-        let (values, grad) = (y.as_slice::<f32>()?, dy.as_slice::<f32>()?);
-        let mut output = vec![0.0f32; values.len()];
-        if side > 0 {
-            let scale = scale as f32;
-            #[cfg(target_arch = "x86_64")]
-            if std::arch::is_x86_feature_detected!("avx512f") {
-                // SAFETY: the CPU has AVX-512F, checked just above.
-                unsafe { backward_avx512(values, grad, &mut output, side, scale) };
-            } else if std::arch::is_x86_feature_detected!("avx2") {
-                // SAFETY: the CPU has AVX2, checked just above.
-                unsafe { backward_avx2(values, grad, &mut output, side, scale) };
-            } else {
-                backward_generic(values, grad, &mut output, side, scale);
-            }
-            #[cfg(not(target_arch = "x86_64"))]
-            backward_generic(values, grad, &mut output, side, scale);
-        }
+        let mut output = dy.as_slice::<f32>()?.to_vec();
+        softmax_backward_rows(y.as_slice::<f32>()?, &mut output, side, scale as f32);
         let shape = y.layout().shape().clone();
         Some(FlexTensor::from_data(TensorData::new(output, shape)))
     }

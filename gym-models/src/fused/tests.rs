@@ -411,3 +411,71 @@ fn causal_softmax_propagates_nan_and_infinities_as_burns() {
         bits(burns_causal_softmax(scores, 2.0))
     );
 }
+
+/// Burn's causal self-attention of a `[b, t, 3c]` projection, written out: the heads split,
+/// `matmul`, [`burns_causal_softmax`], `matmul`, the heads merged.
+fn burns_self_attention(qkv: Tensor<3>, n_head: usize) -> Tensor<3> {
+    let [b, t, c3] = qkv.dims();
+    let (c, hs) = (c3 / 3, c3 / 3 / n_head);
+    let heads = |y: Tensor<3>| y.reshape([b, t, n_head, hs]).swap_dims(1, 2);
+    let [q, k, v] = [0, 1, 2].map(|i| heads(qkv.clone().slice([0..b, 0..t, i * c..(i + 1) * c])));
+    let weights = burns_causal_softmax(q.matmul(k.swap_dims(2, 3)), (hs as f64).sqrt());
+    weights.matmul(v).swap_dims(1, 2).reshape([b, t, c])
+}
+
+#[test]
+fn causal_self_attention_output_and_gradient_match_burns() {
+    let device = Device::flex().autodiff();
+    // Contexts below, at and across the 64-row blocks; odd head sizes; one and several heads.
+    for (b, t, n_head, hs) in [
+        (2, 1, 2, 3),
+        (1, 7, 3, 5),
+        (2, 64, 2, 8),
+        (1, 70, 1, 16),
+        (1, 130, 2, 7),
+    ] {
+        let c = n_head * hs;
+        let qkv = random([b, t, 3 * c], &device);
+        let probe = random([b, t, c], &device);
+        let run = |f: &dyn Fn(Tensor<3>) -> Tensor<3>| {
+            output_and_gradients(
+                |[x]: &[Tensor<3>; 1]| f(x.clone()),
+                std::array::from_ref(&qkv),
+                &probe,
+            )
+        };
+        assert_all_close(
+            &format!("causal self-attention of [{b}, {t}, 3·{c}], {n_head} heads"),
+            run(&|x| causal_self_attention(x, n_head)),
+            run(&|x| burns_self_attention(x, n_head)),
+        );
+    }
+}
+
+#[test]
+fn causal_self_attention_propagates_nan_as_burns() {
+    // Without autodiff: a NaN in the first component of the first position's value reaches
+    // that component of every position's output (each attends to the first), nothing else.
+    let device = Device::flex();
+    let (t, n_head, hs) = (70, 2, 3);
+    let c = n_head * hs;
+    let mut values = random([1, t, 3 * c], &device)
+        .into_data()
+        .try_to_vec::<f32>()
+        .unwrap();
+    values[2 * c] = f32::NAN;
+    let qkv = Tensor::<3>::from_data(TensorData::new(values, [1, t, 3 * c]), &device);
+    let nan_pattern = |y: Tensor<3>| {
+        y.into_data()
+            .try_to_vec::<f32>()
+            .unwrap()
+            .iter()
+            .map(|v| v.is_nan())
+            .collect::<Vec<_>>()
+    };
+    let ours = nan_pattern(causal_self_attention(qkv.clone(), n_head));
+    assert_eq!(ours, nan_pattern(burns_self_attention(qkv, n_head)));
+    for (i, nan) in ours.iter().enumerate() {
+        assert_eq!(*nan, i % c == 0, "element {i}");
+    }
+}

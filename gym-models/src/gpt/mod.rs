@@ -24,7 +24,9 @@ mod sample;
 pub use sample::{SamplingConfig, sample_logits};
 
 use crate::classifier::{classification_metrics, cross_entropy};
-use crate::fused::{causal_softmax, layer_norm_forward, linear, linear_forward, matmul};
+use crate::fused::{
+    causal_self_attention, causal_softmax, layer_norm_forward, linear, linear_forward, matmul,
+};
 use burn::config::Config;
 use burn::module::Module;
 use burn::nn::{Embedding, Initializer, LayerNorm, LayerNormConfig, Linear};
@@ -343,12 +345,16 @@ impl CausalSelfAttention {
         let [b, t, c] = x.dims();
         let (nh, hs) = (self.n_head, c / self.n_head);
         let training = x.is_autodiff();
+        let qkv = linear_forward(&self.c_attn, x);
+        if training && self.attn_dropout.prob == 0.0 {
+            // One operation on the projection: the heads are views, not copies, and the
+            // products skip the future.
+            let y = causal_self_attention(qkv, nh);
+            return self.resid_dropout.forward(linear_forward(&self.c_proj, y));
+        }
         // [b, t, 3c] → three [b, nh, t, hs].
         let heads = |y: Tensor<3>| y.reshape([b, t, nh, hs]).swap_dims(1, 2);
-        let mut qkv = linear_forward(&self.c_attn, x)
-            .chunk(3, 2)
-            .into_iter()
-            .map(heads);
+        let mut qkv = qkv.chunk(3, 2).into_iter().map(heads);
         let (q, k, v) = (
             qkv.next().expect("q"),
             qkv.next().expect("k"),
