@@ -94,6 +94,29 @@ fn gelu_backward_one(x: f32, dy: f32) -> f32 {
     dy * (cdf + x * pdf)
 }
 
+/// `(GELU(x), GELU′(x))`, each rounded as [`gelu_one`] and [`gelu_backward_one`] round
+/// them (one `erf` for both): `dy · GELU′(x)` is then `gelu_backward_one(x, dy)` bit for bit.
+#[inline(always)]
+fn gelu_and_slope_one(x: f32) -> (f32, f32) {
+    let erf = erf(x * FRAC_1_SQRT_2);
+    let cdf = 0.5 * (1.0 + erf);
+    let pdf = FRAC_1_SQRT_2PI * exp_nonpositive(-0.5 * x * x);
+    (0.5 * x * (1.0 + erf), cdf + x * pdf)
+}
+
+#[inline(always)]
+fn forward_with_slope_generic(x: &[f32], y: &mut [f32], slope: &mut [f32]) {
+    for ((x, y), slope) in x
+        .chunks(CHUNK)
+        .zip(y.chunks_mut(CHUNK))
+        .zip(slope.chunks_mut(CHUNK))
+    {
+        for ((x, y), slope) in x.iter().zip(y).zip(slope) {
+            (*y, *slope) = gelu_and_slope_one(*x);
+        }
+    }
+}
+
 #[inline(always)]
 fn forward_generic(x: &[f32], y: &mut [f32]) {
     for (x, y) in x.chunks(CHUNK).zip(y.chunks_mut(CHUNK)) {
@@ -135,6 +158,38 @@ fn backward_avx512(x: &[f32], dy: &[f32], dx: &mut [f32]) {
 #[target_feature(enable = "avx2")]
 fn forward_avx2(x: &[f32], y: &mut [f32]) {
     forward_generic(x, y)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn forward_with_slope_avx512(x: &[f32], y: &mut [f32], slope: &mut [f32]) {
+    forward_with_slope_generic(x, y, slope)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn forward_with_slope_avx2(x: &[f32], y: &mut [f32], slope: &mut [f32]) {
+    forward_with_slope_generic(x, y, slope)
+}
+
+/// `y[i] = GELU(x[i])` and `slope[i] = GELU′(x[i])`, so that the backward pass is one
+/// product `dy · slope` (bit for bit [`backward`]'s). The slices must have the same length.
+pub(crate) fn forward_with_slope(x: &[f32], y: &mut [f32], slope: &mut [f32]) {
+    assert!(
+        x.len() == y.len() && x.len() == slope.len(),
+        "GELU: input, output and slope lengths"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the CPU has AVX-512F, checked just above.
+        return unsafe { forward_with_slope_avx512(x, y, slope) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2, checked just above.
+        return unsafe { forward_with_slope_avx2(x, y, slope) };
+    }
+    forward_with_slope_generic(x, y, slope)
 }
 
 #[cfg(target_arch = "x86_64")]

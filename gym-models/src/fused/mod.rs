@@ -27,7 +27,7 @@ use burn::backend::ops::{ActivationOps, FloatTensorOps};
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{AutodiffBackend, Backend, TensorMetadata, backend_extension};
 use burn::nn::{BatchNorm, LayerNorm};
-use burn::tensor::{Shape, Tensor};
+use burn::tensor::{Shape, Tensor, TensorData};
 use burn_autodiff::Autodiff;
 use burn_autodiff::checkpoint::base::Checkpointer;
 use burn_autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -127,6 +127,19 @@ pub trait FusedOps: Backend {
         Self::gelu_backward(x, dy)
     }
 
+    /// `GELU(x)` and its slope `GELU′(x)`, which the backward pass multiplies by the output
+    /// gradient: the slope is [`FusedOps::fused_gelu_backward`] of a gradient of ones (flex:
+    /// one loop, one `erf` per element for both, where the backward pass would compute it
+    /// again).
+    fn gelu_with_slope(x: FloatTensor<Self>) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let ones = TensorData::full_dtype(x.shape(), 1.0, x.dtype());
+        let ones = Self::float_from_data(ones, &x.device());
+        (
+            Self::fused_gelu(x.clone()),
+            Self::fused_gelu_backward(x, ones),
+        )
+    }
+
     /// A linear layer `x·weight + bias` of `x` `[..., k]`, `weight` `[k, n]` (any strides:
     /// a transposed view too) and `bias` `[n]`: the backend's own (flex: one `gemm` over
     /// every row, the bias its initial value). Without a bias, [`linear`] is a product of
@@ -217,6 +230,18 @@ impl FusedOps for burn::backend::Flex {
         let mut output = vec![0.0; input.len()];
         gelu::backward(input, grad, &mut output);
         flex_f32(output, x.shape())
+    }
+
+    fn gelu_with_slope(x: FloatTensor<Self>) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let Some(input) = x.as_slice::<f32>() else {
+            let ones = TensorData::full_dtype(x.shape(), 1.0, x.dtype());
+            let ones = <Self as FloatTensorOps<Self>>::float_from_data(ones, &x.device());
+            let slope = <Self as ActivationOps<Self>>::gelu_backward(x.clone(), ones);
+            return (<Self as ActivationOps<Self>>::gelu(x), slope);
+        };
+        let (mut output, mut slope) = (vec![0.0; input.len()], vec![0.0; input.len()]);
+        gelu::forward_with_slope(input, &mut output, &mut slope);
+        (flex_f32(output, x.shape()), flex_f32(slope, x.shape()))
     }
 
     fn fused_linear(
@@ -344,7 +369,7 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         struct GeluOp;
 
         impl<B: FusedOps> Backward<B, 1> for GeluOp {
-            /// The input.
+            /// The slope `GELU′(x)`.
             type State = B::FloatTensorPrimitive;
 
             fn backward(
@@ -356,15 +381,15 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
                 let [node_x] = ops.parents;
                 let dy = grads.consume::<B>(&ops.node);
                 if let Some(node) = node_x {
-                    grads.register::<B>(node.id, B::fused_gelu_backward(ops.state, dy));
+                    grads.register::<B>(node.id, B::float_mul(dy, ops.state));
                 }
             }
         }
 
         match GeluOp.prepare::<C>([x.node()]).compute_bound().stateful() {
             OpsKind::Tracked(prep) => {
-                let x = x.into_primitive();
-                prep.finish(x.clone(), B::fused_gelu(x))
+                let (y, slope) = B::gelu_with_slope(x.into_primitive());
+                prep.finish(slope, y)
             }
             OpsKind::UnTracked(prep) => prep.finish(B::fused_gelu(x.into_primitive())),
         }
