@@ -65,7 +65,8 @@ pub(crate) fn exp_nonpositive(a: f32) -> f32 {
     // Round to nearest by the 1.5·2²³ trick (SSE2 has no rounding instruction).
     const ROUND: f32 = 12_582_912.0;
     let clamped = a.max(-87.0);
-    let n = (clamped * std::f32::consts::LOG2_E + ROUND) - ROUND;
+    let shifted = clamped * std::f32::consts::LOG2_E + ROUND;
+    let n = shifted - ROUND;
     // ln 2 in two parts, so that `n·ln 2` is exact in the first.
     let r = clamped - n * 0.693_359_4 - n * -2.121_944_4e-4;
     let mut p = 1.987_569_1e-4_f32;
@@ -75,7 +76,11 @@ pub(crate) fn exp_nonpositive(a: f32) -> f32 {
     p = p * r + 1.666_666_5e-1;
     p = p * r + 0.5;
     let er = p * r * r + r + 1.0;
-    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    // 2ⁿ from `shifted`'s bits, whose low mantissa bits hold n (`shifted` lies in
+    // [2²³, 2²⁴), where the spacing is 1): integer operations that vectorise, where `n as
+    // i32` (saturating, NaN to 0) compiles to scalar code. The same bits where n is finite.
+    let n_bits = (shifted.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
+    let scale = f32::from_bits((n_bits.wrapping_add(127) as u32) << 23);
     let y = er * scale;
     if a < -87.0 { 0.0 } else { y }
 }
