@@ -60,6 +60,19 @@ pub trait FusedOps: Backend {
         Axis::Last.normalize::<Self>(x, gamma, beta, epsilon)
     }
 
+    /// The gradients `(dx, dγ, dβ)` of [`FusedOps::layer_norm_with_stats`] given `dy`, from
+    /// its input, gain and statistics: the closed form in the backend's operations (flex:
+    /// one loop over the rows).
+    fn layer_norm_backward(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        mean: FloatTensor<Self>,
+        rstd: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        norm::backward_default::<Self>(Axis::Last, x, gamma, mean, rstd, dy)
+    }
+
     /// LayerNorm as one operation of the autodiff graph: the output of
     /// [`FusedOps::layer_norm_with_stats`].
     fn fused_layer_norm(
@@ -211,6 +224,27 @@ pub trait FusedOps: Backend {
 
 #[cfg(feature = "flex")]
 impl FusedOps for burn::backend::Flex {
+    fn layer_norm_with_stats(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        epsilon: f64,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        layer_norm_rows::forward(&x, &gamma, &beta, epsilon)
+            .unwrap_or_else(|| Axis::Last.normalize::<Self>(x, gamma, beta, epsilon))
+    }
+
+    fn layer_norm_backward(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        mean: FloatTensor<Self>,
+        rstd: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        layer_norm_rows::backward(&x, &gamma, &mean, &rstd, &dy)
+            .unwrap_or_else(|| norm::backward_default::<Self>(Axis::Last, x, gamma, mean, rstd, dy))
+    }
+
     fn fused_gelu(x: FloatTensor<Self>) -> FloatTensor<Self> {
         let Some(input) = x.as_slice::<f32>() else {
             return <Self as ActivationOps<Self>>::gelu(x);
@@ -535,6 +569,8 @@ pub(crate) fn reference_matmul() -> bool {
 
 mod attention;
 mod gelu;
+#[cfg(feature = "flex")]
+mod layer_norm_rows;
 #[cfg(feature = "tch")]
 mod libtorch;
 mod matmul;

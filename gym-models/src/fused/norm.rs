@@ -165,26 +165,14 @@ pub(super) fn normalization<B: FusedOps, C: CheckpointStrategy>(
             let [node_x, node_gamma, node_beta] = ops.parents;
             let dy = grads.consume::<B>(&ops.node);
             let (x, gamma, mean, rstd, axis) = ops.state;
-            let rank = x.shape().num_dims();
-            let normalized = B::float_mul(B::float_sub(x, mean), rstd.clone());
-            if let Some(node) = node_gamma {
-                let grad = axis.parameter_sum::<B>(B::float_mul(dy.clone(), normalized.clone()));
-                grads.register::<B>(node.id, grad);
-            }
-            if let Some(node) = node_beta {
-                grads.register::<B>(node.id, axis.parameter_sum::<B>(dy.clone()));
-            }
-            if let Some(node) = node_x {
-                // dx = rstd · (g − mean(g) − x̂ · mean(g ⊙ x̂)), g = dy ⊙ γ, means per group.
-                let g = B::float_mul(dy, axis.parameter::<B>(gamma, rank));
-                let mean_g = axis.mean::<B>(g.clone());
-                let mean_gx = axis.mean::<B>(B::float_mul(g.clone(), normalized.clone()));
-                let centered = B::float_sub(g, mean_g);
-                let grad = B::float_mul(
-                    B::float_sub(centered, B::float_mul(normalized, mean_gx)),
-                    rstd,
-                );
-                grads.register::<B>(node.id, grad);
+            let (dx, d_gamma, d_beta) = match axis {
+                Axis::Last => B::layer_norm_backward(x, gamma, mean, rstd, dy),
+                Axis::Channels => backward_default::<B>(axis, x, gamma, mean, rstd, dy),
+            };
+            for (node, grad) in [(node_x, dx), (node_gamma, d_gamma), (node_beta, d_beta)] {
+                if let Some(node) = node {
+                    grads.register::<B>(node.id, grad);
+                }
             }
         }
     }
@@ -219,4 +207,30 @@ pub(super) fn normalization<B: FusedOps, C: CheckpointStrategy>(
             (prep.finish(output), mean, rstd)
         }
     }
+}
+
+/// The gradients `(dx, dγ, dβ)` of a normalisation given `dy`, in the backend's operations
+/// (the statistics broadcastable against `x`): `dx = rstd · (g − mean(g) − x̂ · mean(g ⊙
+/// x̂))` with `g = dy ⊙ γ` and the means per group, `dγ = Σ dy ⊙ x̂`, `dβ = Σ dy`.
+pub(super) fn backward_default<B: Backend>(
+    axis: Axis,
+    x: FloatTensor<B>,
+    gamma: FloatTensor<B>,
+    mean: FloatTensor<B>,
+    rstd: FloatTensor<B>,
+    dy: FloatTensor<B>,
+) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
+    let rank = x.shape().num_dims();
+    let normalized = B::float_mul(B::float_sub(x, mean), rstd.clone());
+    let d_gamma = axis.parameter_sum::<B>(B::float_mul(dy.clone(), normalized.clone()));
+    let d_beta = axis.parameter_sum::<B>(dy.clone());
+    let g = B::float_mul(dy, axis.parameter::<B>(gamma, rank));
+    let mean_g = axis.mean::<B>(g.clone());
+    let mean_gx = axis.mean::<B>(B::float_mul(g.clone(), normalized.clone()));
+    let centered = B::float_sub(g, mean_g);
+    let dx = B::float_mul(
+        B::float_sub(centered, B::float_mul(normalized, mean_gx)),
+        rstd,
+    );
+    (dx, d_gamma, d_beta)
 }

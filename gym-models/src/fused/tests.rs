@@ -52,7 +52,12 @@ fn run_layer_norm(
 
 #[test]
 fn layer_norm_output_and_gradients_match_burns() {
-    let cases = [([2, 5, 8], true), ([3, 1, 16], false), ([1, 4, 3], true)];
+    let cases = [
+        ([2, 5, 8], true),
+        ([3, 1, 16], false),
+        ([1, 4, 3], true),
+        ([2, 3, 37], true),
+    ];
     for (device, (shape, with_beta)) in devices()
         .into_iter()
         .flat_map(|device| cases.map(|case| (device.clone().autodiff(), case)))
