@@ -9,21 +9,27 @@ use burn::tensor::{DType, Shape, TensorData};
 /// Partial sums per reduction: one AVX-512 register of f32s.
 const LANES: usize = 16;
 
-/// The sum of `x`, in [`LANES`] partial sums.
+/// The sum of `f(a[i], b[i], c[i])` over `i`, in [`LANES`] partial sums (the slices have
+/// the same length).
 #[inline(always)]
-fn sum(x: &[f32], f: impl Fn(usize, f32) -> f32) -> f32 {
+fn sum3(a: &[f32], b: &[f32], c: &[f32], f: impl Fn(f32, f32, f32) -> f32) -> f32 {
     let mut lanes = [0.0f32; LANES];
-    let chunks = x.chunks_exact(LANES);
-    let done = x.len() - chunks.remainder().len();
-    for (c, chunk) in chunks.enumerate() {
-        for (l, (s, &v)) in lanes.iter_mut().zip(chunk).enumerate() {
-            *s += f(c * LANES + l, v);
+    let (ca, cb, cc) = (
+        a.chunks_exact(LANES),
+        b.chunks_exact(LANES),
+        c.chunks_exact(LANES),
+    );
+    let (ra, rb, rc) = (ca.remainder(), cb.remainder(), cc.remainder());
+    for ((a, b), c) in ca.zip(cb).zip(cc) {
+        for (((s, &a), &b), &c) in lanes.iter_mut().zip(a).zip(b).zip(c) {
+            *s += f(a, b, c);
         }
     }
-    let rest: f32 = x[done..]
+    let rest: f32 = ra
         .iter()
-        .enumerate()
-        .map(|(i, &v)| f(done + i, v))
+        .zip(rb)
+        .zip(rc)
+        .map(|((&a, &b), &c)| f(a, b, c))
         .sum();
     lanes.iter().sum::<f32>() + rest
 }
@@ -32,8 +38,8 @@ fn sum(x: &[f32], f: impl Fn(usize, f32) -> f32) -> f32 {
 #[inline(always)]
 fn forward_row(x: &[f32], gamma: &[f32], beta: &[f32], y: &mut [f32], epsilon: f32) -> (f32, f32) {
     let d = x.len() as f32;
-    let mean = sum(x, |_, v| v) / d;
-    let variance = sum(x, |_, v| (v - mean) * (v - mean)) / d;
+    let mean = sum3(x, x, x, |v, _, _| v) / d;
+    let variance = sum3(x, x, x, |v, _, _| (v - mean) * (v - mean)) / d;
     let rstd = 1.0 / (variance + epsilon).sqrt();
     for (((y, &x), &g), &b) in y.iter_mut().zip(x).zip(gamma).zip(beta) {
         *y = (x - mean) * (rstd * g) + b;
@@ -44,25 +50,25 @@ fn forward_row(x: &[f32], gamma: &[f32], beta: &[f32], y: &mut [f32], epsilon: f
 /// One row of the gradient: `dx = ((g − mean(g)) − x̂·mean(g ⊙ x̂))·rstd` with `g = dy ⊙ γ`
 /// and `x̂ = (x − mean)·rstd`; adds `dy ⊙ x̂` and `dy` to the gain's and bias's sums.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 fn backward_row(
-    x: &[f32],
-    dy: &[f32],
-    gamma: &[f32],
+    (x, dy, gamma): (&[f32], &[f32], &[f32]),
     (mean, rstd): (f32, f32),
     dx: &mut [f32],
     d_gamma: &mut [f32],
     d_beta: &mut [f32],
 ) {
     let d = x.len() as f32;
-    let mean_g = sum(dy, |j, v| v * gamma[j]) / d;
-    let mean_gx = sum(dy, |j, v| v * gamma[j] * ((x[j] - mean) * rstd)) / d;
-    for j in 0..x.len() {
-        let normalized = (x[j] - mean) * rstd;
-        let g = dy[j] * gamma[j];
-        dx[j] = ((g - mean_g) - normalized * mean_gx) * rstd;
-        d_gamma[j] += dy[j] * normalized;
-        d_beta[j] += dy[j];
+    let mean_g = sum3(dy, gamma, x, |dy, g, _| dy * g) / d;
+    let mean_gx = sum3(dy, gamma, x, |dy, g, x| dy * g * ((x - mean) * rstd)) / d;
+    let sums = d_gamma.iter_mut().zip(d_beta.iter_mut());
+    for ((((dx, &x), &dy), &gamma), (d_gamma, d_beta)) in
+        dx.iter_mut().zip(x).zip(dy).zip(gamma).zip(sums)
+    {
+        let normalized = (x - mean) * rstd;
+        let g = dy * gamma;
+        *dx = ((g - mean_g) - normalized * mean_gx) * rstd;
+        *d_gamma += dy * normalized;
+        *d_beta += dy;
     }
 }
 
@@ -95,7 +101,7 @@ fn backward_generic(
         .zip(dy.chunks_exact(d))
         .zip(dx.chunks_exact_mut(d));
     for (((x, dy), dx), (&mean, &rstd)) in rows.zip(mean.iter().zip(rstd)) {
-        backward_row(x, dy, gamma, (mean, rstd), dx, d_gamma, d_beta);
+        backward_row((x, dy, gamma), (mean, rstd), dx, d_gamma, d_beta);
     }
 }
 
