@@ -484,3 +484,52 @@ fn causal_self_attention_propagates_nan_as_burns() {
         assert_eq!(*nan, i % c == 0, "element {i}");
     }
 }
+
+/// The trait's default bodies (what ndarray and LibTorch run) against the flex kernels, on
+/// flex primitives: attention forward and backward, the causal softmax and its gradient,
+/// LayerNorm's backward.
+#[test]
+fn the_default_bodies_match_the_flex_kernels() {
+    use burn::backend::Flex;
+    let device = Device::flex();
+    let prim = |t: Tensor<3>| burn::backend::flex::FlexTensor::from_data(t.into_data());
+    let data = |t: burn::backend::flex::FlexTensor| t.into_data();
+    let (b, t, n_head, hs) = (2, 9, 3, 4);
+    let qkv = prim(random([b, t, 3 * n_head * hs], &device));
+    let dy = prim(random([b, t, n_head * hs], &device));
+    let (y, weights) = self_attention::flex::forward(&qkv, n_head).unwrap();
+    let (y_default, weights_default) = self_attention::forward_default::<Flex>(qkv.clone(), n_head);
+    assert_close("attention output", data(y), data(y_default));
+    assert_close(
+        "attention weights",
+        data(weights.clone()),
+        data(weights_default),
+    );
+    let grad = self_attention::flex::backward(&qkv, &weights, &dy, n_head).unwrap();
+    let grad_default = self_attention::backward_default::<Flex>(qkv, weights, dy, n_head);
+    assert_close("attention gradient", data(grad), data(grad_default));
+
+    let scores = prim(random([2, 5, 5], &device));
+    let probe = prim(random([2, 5, 5], &device));
+    let y = attention::flex::forward(&scores, 2.0).unwrap();
+    let y_default = attention::causal_softmax_default::<Flex>(scores, 2.0);
+    assert_close("causal softmax", data(y.clone()), data(y_default));
+    let g = attention::flex::backward(&y, &probe, 2.0).unwrap();
+    let g_default = attention::causal_softmax_backward_default::<Flex>(y, probe, 2.0);
+    assert_close("causal softmax gradient", data(g), data(g_default));
+
+    let x = prim(random([3, 4, 37], &device));
+    let dy = prim(random([3, 4, 37], &device));
+    let vector = |t: Tensor<1>| burn::backend::flex::FlexTensor::from_data(t.into_data());
+    let (gamma, beta) = (vector(random([37], &device)), vector(random([37], &device)));
+    let (_, mean, rstd) = layer_norm_rows::forward(&x, &gamma, &beta, 1e-5).unwrap();
+    let ours = layer_norm_rows::backward(&x, &gamma, &mean, &rstd, &dy).unwrap();
+    let default = norm::backward_default::<Flex>(norm::Axis::Last, x, gamma, mean, rstd, dy);
+    for (name, (a, b)) in ["dx", "dgamma", "dbeta"].iter().zip([
+        (ours.0, default.0),
+        (ours.1, default.1),
+        (ours.2, default.2),
+    ]) {
+        assert_close(&format!("layer norm {name}"), data(a), data(b));
+    }
+}
