@@ -23,6 +23,7 @@
 // Burn deprecates its LibTorch and ndarray backends; the extension still serves them.
 #![cfg_attr(any(feature = "tch", feature = "ndarray"), allow(deprecated))]
 
+#[cfg(feature = "flex")]
 use burn::backend::ops::{ActivationOps, FloatTensorOps};
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{AutodiffBackend, Backend, TensorMetadata, backend_extension};
@@ -568,6 +569,7 @@ pub(crate) fn reference_matmul() -> bool {
 }
 
 mod attention;
+#[cfg(feature = "flex")]
 mod gelu;
 #[cfg(feature = "flex")]
 mod layer_norm_rows;
