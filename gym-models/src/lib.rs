@@ -56,11 +56,11 @@ pub(crate) fn extension_supported(device: &burn::tensor::Device) -> bool {
     }
 }
 
-/// Whether `device` is the flex backend's (where [`fused::gelu`] uses its own loops).
+/// Whether `device` is the flex backend's (where [`fused::gelu`], [`fused::linear`] and the
+/// other fused kernels use their own loops).
 pub(crate) fn is_flex(device: &burn::tensor::Device) -> bool {
-    use burn::backend::DispatchDevice;
     #[cfg(feature = "flex")]
-    if let DispatchDevice::Flex(_) = device.clone().inner().as_dispatch() {
+    if let burn::backend::DispatchDevice::Flex(_) = device.clone().inner().as_dispatch() {
         return true;
     }
     let _ = device;

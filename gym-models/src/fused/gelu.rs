@@ -65,7 +65,8 @@ pub(crate) fn exp_nonpositive(a: f32) -> f32 {
     // Round to nearest by the 1.5·2²³ trick (SSE2 has no rounding instruction).
     const ROUND: f32 = 12_582_912.0;
     let clamped = a.max(-87.0);
-    let n = (clamped * std::f32::consts::LOG2_E + ROUND) - ROUND;
+    let shifted = clamped * std::f32::consts::LOG2_E + ROUND;
+    let n = shifted - ROUND;
     // ln 2 in two parts, so that `n·ln 2` is exact in the first.
     let r = clamped - n * 0.693_359_4 - n * -2.121_944_4e-4;
     let mut p = 1.987_569_1e-4_f32;
@@ -75,7 +76,11 @@ pub(crate) fn exp_nonpositive(a: f32) -> f32 {
     p = p * r + 1.666_666_5e-1;
     p = p * r + 0.5;
     let er = p * r * r + r + 1.0;
-    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    // 2ⁿ from `shifted`'s bits, whose low mantissa bits hold n (`shifted` lies in
+    // [2²³, 2²⁴), where the spacing is 1): integer operations that vectorise, where `n as
+    // i32` (saturating, NaN to 0) compiles to scalar code. The same bits where n is finite.
+    let n_bits = (shifted.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
+    let scale = f32::from_bits((n_bits.wrapping_add(127) as u32) << 23);
     let y = er * scale;
     if a < -87.0 { 0.0 } else { y }
 }
@@ -92,6 +97,29 @@ fn gelu_backward_one(x: f32, dy: f32) -> f32 {
     let cdf = 0.5 * (1.0 + erf(x * FRAC_1_SQRT_2));
     let pdf = FRAC_1_SQRT_2PI * exp_nonpositive(-0.5 * x * x);
     dy * (cdf + x * pdf)
+}
+
+/// `(GELU(x), GELU′(x))`, each rounded as [`gelu_one`] and [`gelu_backward_one`] round
+/// them (one `erf` for both): `dy · GELU′(x)` is then `gelu_backward_one(x, dy)` bit for bit.
+#[inline(always)]
+fn gelu_and_slope_one(x: f32) -> (f32, f32) {
+    let erf = erf(x * FRAC_1_SQRT_2);
+    let cdf = 0.5 * (1.0 + erf);
+    let pdf = FRAC_1_SQRT_2PI * exp_nonpositive(-0.5 * x * x);
+    (0.5 * x * (1.0 + erf), cdf + x * pdf)
+}
+
+#[inline(always)]
+fn forward_with_slope_generic(x: &[f32], y: &mut [f32], slope: &mut [f32]) {
+    for ((x, y), slope) in x
+        .chunks(CHUNK)
+        .zip(y.chunks_mut(CHUNK))
+        .zip(slope.chunks_mut(CHUNK))
+    {
+        for ((x, y), slope) in x.iter().zip(y).zip(slope) {
+            (*y, *slope) = gelu_and_slope_one(*x);
+        }
+    }
 }
 
 #[inline(always)]
@@ -116,12 +144,57 @@ fn backward_generic(x: &[f32], dy: &[f32], dx: &mut [f32]) {
     }
 }
 
-// The same loops compiled for AVX2: eight lanes instead of SSE2's four. No FMA, so every
-// lane rounds as the SSE2 build does and the bits do not depend on the CPU.
+// The same loops compiled for AVX-512 and AVX2: sixteen and eight lanes instead of SSE2's
+// four. No FMA (Rust does not contract a multiply and an add), so every lane rounds as the
+// SSE2 build does and the bits do not depend on the CPU.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn forward_avx512(x: &[f32], y: &mut [f32]) {
+    forward_generic(x, y)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn backward_avx512(x: &[f32], dy: &[f32], dx: &mut [f32]) {
+    backward_generic(x, dy, dx)
+}
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 fn forward_avx2(x: &[f32], y: &mut [f32]) {
     forward_generic(x, y)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn forward_with_slope_avx512(x: &[f32], y: &mut [f32], slope: &mut [f32]) {
+    forward_with_slope_generic(x, y, slope)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn forward_with_slope_avx2(x: &[f32], y: &mut [f32], slope: &mut [f32]) {
+    forward_with_slope_generic(x, y, slope)
+}
+
+/// `y[i] = GELU(x[i])` and `slope[i] = GELU′(x[i])`, so that the backward pass is one
+/// product `dy · slope` (bit for bit [`backward`]'s). The slices must have the same length.
+pub(crate) fn forward_with_slope(x: &[f32], y: &mut [f32], slope: &mut [f32]) {
+    assert!(
+        x.len() == y.len() && x.len() == slope.len(),
+        "GELU: input, output and slope lengths"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the CPU has AVX-512F, checked just above.
+        return unsafe { forward_with_slope_avx512(x, y, slope) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2, checked just above.
+        return unsafe { forward_with_slope_avx2(x, y, slope) };
+    }
+    forward_with_slope_generic(x, y, slope)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -133,6 +206,11 @@ fn backward_avx2(x: &[f32], dy: &[f32], dx: &mut [f32]) {
 /// `y[i] = GELU(x[i])`. The slices must have the same length.
 pub(crate) fn forward(x: &[f32], y: &mut [f32]) {
     assert_eq!(x.len(), y.len(), "GELU: input and output lengths");
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the CPU has AVX-512F, checked just above.
+        return unsafe { forward_avx512(x, y) };
+    }
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU has AVX2, checked just above.
@@ -147,6 +225,11 @@ pub(crate) fn backward(x: &[f32], dy: &[f32], dx: &mut [f32]) {
         x.len() == dy.len() && x.len() == dx.len(),
         "GELU backward: lengths"
     );
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the CPU has AVX-512F, checked just above.
+        return unsafe { backward_avx512(x, dy, dx) };
+    }
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU has AVX2, checked just above.

@@ -23,104 +23,18 @@
 // Burn deprecates its LibTorch and ndarray backends; the extension still serves them.
 #![cfg_attr(any(feature = "tch", feature = "ndarray"), allow(deprecated))]
 
-use burn::backend::ops::ActivationOps;
+#[cfg(feature = "flex")]
+use burn::backend::ops::{ActivationOps, FloatTensorOps};
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{AutodiffBackend, Backend, TensorMetadata, backend_extension};
 use burn::nn::{BatchNorm, LayerNorm};
-use burn::tensor::{Shape, Tensor};
+use burn::tensor::{Shape, Tensor, TensorData};
 use burn_autodiff::Autodiff;
 use burn_autodiff::checkpoint::base::Checkpointer;
 use burn_autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn_autodiff::grads::Gradients;
 use burn_autodiff::ops::{Backward, Ops, OpsKind};
-
-/// Which elements a normalisation takes its statistics over.
-#[derive(Debug, Clone, Copy)]
-enum Axis {
-    /// LayerNorm: the last dimension of each row; gain and bias along it.
-    Last,
-    /// Batch norm: every dimension but the channels (1); gain and bias per channel.
-    Channels,
-}
-
-impl Axis {
-    /// The forward pass: output, and the statistics as the backend returns them.
-    fn forward<B: FusedOps>(
-        self,
-        x: FloatTensor<B>,
-        gamma: FloatTensor<B>,
-        beta: FloatTensor<B>,
-        epsilon: f64,
-    ) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
-        match self {
-            Axis::Last => B::layer_norm_with_stats(x, gamma, beta, epsilon),
-            Axis::Channels => B::batch_norm_train_with_stats(x, gamma, beta, epsilon),
-        }
-    }
-
-    /// A `[features]` gain or bias, shaped to broadcast against an input of rank `rank`.
-    fn parameter<B: Backend>(self, t: FloatTensor<B>, rank: usize) -> FloatTensor<B> {
-        match self {
-            Axis::Last => along_rows::<B>(t, rank),
-            Axis::Channels => along_channels::<B>(t, rank),
-        }
-    }
-
-    /// A statistic as the backend returns it, shaped to broadcast against an input of rank
-    /// `rank` (LayerNorm's `[..., 1]` already does; batch norm's is `[channels]`).
-    fn statistic<B: Backend>(self, t: FloatTensor<B>, rank: usize) -> FloatTensor<B> {
-        match self {
-            Axis::Last => t,
-            Axis::Channels => along_channels::<B>(t, rank),
-        }
-    }
-
-    /// The normalisation in the backend's operations: the output, and each group's mean and
-    /// reciprocal standard deviation (biased variance), broadcastable against `x`.
-    fn normalize<B: Backend>(
-        self,
-        x: FloatTensor<B>,
-        gamma: FloatTensor<B>,
-        beta: FloatTensor<B>,
-        epsilon: f64,
-    ) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
-        let rank = x.shape().num_dims();
-        let mean = self.mean::<B>(x.clone());
-        let centered = B::float_sub(x, mean.clone());
-        let variance = self.mean::<B>(B::float_mul(centered.clone(), centered.clone()));
-        let rstd = B::float_recip(B::float_sqrt(B::float_add_scalar(variance, epsilon.into())));
-        let scale = B::float_mul(rstd.clone(), self.parameter::<B>(gamma, rank));
-        let output = B::float_add(
-            B::float_mul(centered, scale),
-            self.parameter::<B>(beta, rank),
-        );
-        (output, mean, rstd)
-    }
-
-    /// The mean of each group, broadcastable against `t`.
-    fn mean<B: Backend>(self, t: FloatTensor<B>) -> FloatTensor<B> {
-        match self {
-            Axis::Last => {
-                let last = t.shape().num_dims() - 1;
-                B::float_mean_dim(t, last)
-            }
-            Axis::Channels => channel_mean::<B>(t),
-        }
-    }
-
-    /// The sum over groups for a `[features]` parameter's gradient.
-    fn parameter_sum<B: Backend>(self, t: FloatTensor<B>) -> FloatTensor<B> {
-        let shape = t.shape();
-        match self {
-            Axis::Last => {
-                let d = shape[shape.num_dims() - 1];
-                let flat = B::float_reshape(t, Shape::new([shape.num_elements() / d, d]));
-                B::float_reshape(B::float_sum_dim(flat, 0), Shape::new([d]))
-            }
-            Axis::Channels => B::float_reshape(channel_sum::<B>(t), Shape::new([shape[1]])),
-        }
-    }
-}
+use norm::{Axis, normalization};
 
 /// LayerNorm, batch normalisation and softmax as single operations, as a backend extension.
 ///
@@ -147,6 +61,19 @@ pub trait FusedOps: Backend {
         Axis::Last.normalize::<Self>(x, gamma, beta, epsilon)
     }
 
+    /// The gradients `(dx, dγ, dβ)` of [`FusedOps::layer_norm_with_stats`] given `dy`, from
+    /// its input, gain and statistics: the closed form in the backend's operations (flex:
+    /// one loop over the rows).
+    fn layer_norm_backward(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        mean: FloatTensor<Self>,
+        rstd: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        norm::backward_default::<Self>(Axis::Last, x, gamma, mean, rstd, dy)
+    }
+
     /// LayerNorm as one operation of the autodiff graph: the output of
     /// [`FusedOps::layer_norm_with_stats`].
     fn fused_layer_norm(
@@ -167,14 +94,12 @@ pub trait FusedOps: Backend {
         beta: FloatTensor<Self>,
         epsilon: f64,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        batch_norm_in_ops::<Self>(x, gamma, beta, epsilon)
+        norm::batch_norm_default::<Self>(x, gamma, beta, epsilon)
     }
 
-    /// The gradients `(dx, dγ, dβ)` of batch normalisation in training mode, given the input
-    /// `x`, the gain `gamma`, the statistics of [`FusedOps::batch_norm_train_with_stats`]
-    /// shaped `[1, channels, 1, …]` and the output gradient `dy`: `dβ = Σ dy`,
-    /// `dγ = Σ dy ⊙ x̂` per channel and `dx = rstd · (g − mean(g) − x̂ · mean(g ⊙ x̂))`,
-    /// `g = dy ⊙ γ`.
+    /// The gradients `(dx, dγ, dβ)` of batch normalisation in training mode given `dy`, from
+    /// its input, gain and statistics shaped `[1, channels, 1, …]`: the closed form in the
+    /// backend's operations (flex: per-channel loops).
     fn batch_norm_backward(
         x: FloatTensor<Self>,
         gamma: FloatTensor<Self>,
@@ -182,10 +107,7 @@ pub trait FusedOps: Backend {
         rstd: FloatTensor<Self>,
         dy: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let [dx, dgamma, dbeta] =
-            normalization_backward::<Self>(Axis::Channels, x, gamma, mean, rstd, dy, [true; 3])
-                .map(|grad| grad.expect("every gradient was asked for"));
-        (dx, dgamma, dbeta)
+        norm::backward_default::<Self>(Axis::Channels, x, gamma, mean, rstd, dy)
     }
 
     /// Batch normalisation in training mode as one operation of the autodiff graph: the
@@ -225,84 +147,87 @@ pub trait FusedOps: Backend {
     fn fused_gelu_backward(x: FloatTensor<Self>, dy: FloatTensor<Self>) -> FloatTensor<Self> {
         Self::gelu_backward(x, dy)
     }
-}
 
-/// `t` `[d]` as `[1, …, 1, d]` of rank `rank`, to broadcast over rows.
-fn along_rows<B: Backend>(t: FloatTensor<B>, rank: usize) -> FloatTensor<B> {
-    let mut dims = vec![1; rank];
-    dims[rank - 1] = t.shape()[0];
-    B::float_reshape(t, Shape::from(dims))
-}
-
-/// `t` `[c]` as `[1, c, 1, …]` of rank `rank`, to broadcast over a batch of channels.
-fn along_channels<B: Backend>(t: FloatTensor<B>, rank: usize) -> FloatTensor<B> {
-    let mut dims = vec![1; rank];
-    dims[1] = t.shape()[0];
-    B::float_reshape(t, Shape::from(dims))
-}
-
-/// [`FusedOps::batch_norm_train_with_stats`] in the backend's operations (its default body).
-fn batch_norm_in_ops<B: Backend>(
-    x: FloatTensor<B>,
-    gamma: FloatTensor<B>,
-    beta: FloatTensor<B>,
-    epsilon: f64,
-) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
-    let (output, mean, rstd) = Axis::Channels.normalize::<B>(x, gamma, beta, epsilon);
-    let channels = Shape::new([rstd.shape().num_elements()]);
-    (
-        output,
-        B::float_reshape(mean, channels.clone()),
-        B::float_reshape(rstd, channels),
-    )
-}
-
-/// The gradients for `x`, the gain and the bias of a normalisation along `axis`, each where
-/// `needed` asks for it, in the backend's operations: `dβ = Σ dy`, `dγ = Σ dy ⊙ x̂` and
-/// `dx = rstd · (g − mean(g) − x̂ · mean(g ⊙ x̂))`, `g = dy ⊙ γ`, sums and means per group.
-/// `mean` and `rstd` broadcast against `x`.
-fn normalization_backward<B: Backend>(
-    axis: Axis,
-    x: FloatTensor<B>,
-    gamma: FloatTensor<B>,
-    mean: FloatTensor<B>,
-    rstd: FloatTensor<B>,
-    dy: FloatTensor<B>,
-    [need_x, need_gamma, need_beta]: [bool; 3],
-) -> [Option<FloatTensor<B>>; 3] {
-    let rank = x.shape().num_dims();
-    let normalized = B::float_mul(B::float_sub(x, mean), rstd.clone());
-    let dgamma =
-        need_gamma.then(|| axis.parameter_sum::<B>(B::float_mul(dy.clone(), normalized.clone())));
-    let dbeta = need_beta.then(|| axis.parameter_sum::<B>(dy.clone()));
-    let dx = need_x.then(|| {
-        let g = B::float_mul(dy, axis.parameter::<B>(gamma, rank));
-        let mean_g = axis.mean::<B>(g.clone());
-        let mean_gx = axis.mean::<B>(B::float_mul(g.clone(), normalized.clone()));
-        let centered = B::float_sub(g, mean_g);
-        B::float_mul(
-            B::float_sub(centered, B::float_mul(normalized, mean_gx)),
-            rstd,
+    /// `GELU(x)` and its slope `GELU′(x)`, which the backward pass multiplies by the output
+    /// gradient: the slope is [`FusedOps::fused_gelu_backward`] of a gradient of ones (flex:
+    /// one loop, one `erf` per element for both, where the backward pass would compute it
+    /// again).
+    fn gelu_with_slope(x: FloatTensor<Self>) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let ones = TensorData::full_dtype(x.shape(), 1.0, x.dtype());
+        let ones = Self::float_from_data(ones, &x.device());
+        (
+            Self::fused_gelu(x.clone()),
+            Self::fused_gelu_backward(x, ones),
         )
-    });
-    [dx, dgamma, dbeta]
-}
+    }
 
-/// The sum `[1, c, 1, …]` of each channel of `t` `[batch, c, …]`: one reduction per other
-/// dimension, the batch first (it leaves the smallest tensor for the rest), without the
-/// transposed copy that flattening channels first would make.
-fn channel_sum<B: Backend>(t: FloatTensor<B>) -> FloatTensor<B> {
-    let rank = t.shape().num_dims();
-    (0..rank)
-        .filter(|&dim| dim != 1)
-        .fold(t, |t, dim| B::float_sum_dim(t, dim))
-}
+    /// A linear layer `x·weight + bias` of `x` `[..., k]`, `weight` `[k, n]` (any strides:
+    /// a transposed view too) and `bias` `[n]`: the backend's own (flex: one `gemm` over
+    /// every row, the bias its initial value). Without a bias, [`linear`] is a product of
+    /// `x`'s rows: [`FusedOps::fused_matmul`].
+    fn fused_linear(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        Self::linear(x, weight, Some(bias))
+    }
 
-/// The mean `[1, c, 1, …]` of each channel of `t` `[batch, c, …]`.
-fn channel_mean<B: Backend>(t: FloatTensor<B>) -> FloatTensor<B> {
-    let shape = t.shape();
-    let per_channel = shape.num_elements() / shape[1];
-    B::float_div_scalar(channel_sum::<B>(t), (per_channel as f64).into())
+    /// The batched product `lhs·rhs` of `[..., m, k]` and `[..., k, n]` with the same batch
+    /// dimensions (any strides): the backend's own (flex: `gemm` on the operands' strides,
+    /// into an output it does not zero first).
+    fn fused_matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
+        Self::float_matmul(lhs, rhs)
+    }
+
+    /// The sum of `t` `[..., n]` over every dimension but the last: `[n]` (a bias's
+    /// gradient).
+    fn fused_sum_rows(t: FloatTensor<Self>) -> FloatTensor<Self> {
+        matmul::sum_rows_default::<Self>(t)
+    }
+
+    /// Causal attention weights: the softmax over the last dimension of `scores / scale`,
+    /// `scores` `[..., t, t]`, where row `i` gives weight 0 to every column `j > i`.
+    fn fused_causal_softmax(scores: FloatTensor<Self>, scale: f64) -> FloatTensor<Self> {
+        attention::causal_softmax_default::<Self>(scores, scale)
+    }
+
+    /// The gradient of [`FusedOps::fused_causal_softmax`] whose output is `weights`, given
+    /// `dy`: `weights ⊙ (dy − Σ_last dy ⊙ weights) / scale`.
+    fn causal_softmax_backward(
+        weights: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+        scale: f64,
+    ) -> FloatTensor<Self> {
+        attention::causal_softmax_backward_default::<Self>(weights, dy, scale)
+    }
+
+    /// Causal self-attention of the `n_head` heads packed in `qkv` `[b, t, 3c]` (queries,
+    /// keys, values side by side), scores scaled by `1/√(c/n_head)`: the output `[b, t, c]`
+    /// (heads side by side) and the attention weights `[b, n_head, t, t]`.
+    fn causal_attention_with_weights(
+        qkv: FloatTensor<Self>,
+        n_head: usize,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        self_attention::forward_default::<Self>(qkv, n_head)
+    }
+
+    /// Causal self-attention as one operation of the autodiff graph: the output of
+    /// [`FusedOps::causal_attention_with_weights`].
+    fn fused_causal_attention(qkv: FloatTensor<Self>, n_head: usize) -> FloatTensor<Self> {
+        Self::causal_attention_with_weights(qkv, n_head).0
+    }
+
+    /// The gradient `[b, t, 3c]` of [`FusedOps::causal_attention_with_weights`] for `qkv`,
+    /// given its weights and the output gradient `dy` `[b, t, c]`.
+    fn causal_attention_backward(
+        qkv: FloatTensor<Self>,
+        weights: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+        n_head: usize,
+    ) -> FloatTensor<Self> {
+        self_attention::backward_default::<Self>(qkv, weights, dy, n_head)
+    }
 }
 
 #[cfg(feature = "flex")]
@@ -314,7 +239,7 @@ impl FusedOps for burn::backend::Flex {
         epsilon: f64,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
         batch_norm::train_with_stats(&x, &gamma, &beta, epsilon)
-            .unwrap_or_else(|| batch_norm_in_ops::<Self>(x, gamma, beta, epsilon))
+            .unwrap_or_else(|| norm::batch_norm_default::<Self>(x, gamma, beta, epsilon))
     }
 
     fn batch_norm_backward(
@@ -325,11 +250,29 @@ impl FusedOps for burn::backend::Flex {
         dy: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
         batch_norm::gradients(&x, &gamma, &mean, &rstd, &dy).unwrap_or_else(|| {
-            let [dx, dgamma, dbeta] =
-                normalization_backward::<Self>(Axis::Channels, x, gamma, mean, rstd, dy, [true; 3])
-                    .map(|grad| grad.expect("every gradient was asked for"));
-            (dx, dgamma, dbeta)
+            norm::backward_default::<Self>(Axis::Channels, x, gamma, mean, rstd, dy)
         })
+    }
+
+    fn layer_norm_with_stats(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        epsilon: f64,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        layer_norm_rows::forward(&x, &gamma, &beta, epsilon)
+            .unwrap_or_else(|| Axis::Last.normalize::<Self>(x, gamma, beta, epsilon))
+    }
+
+    fn layer_norm_backward(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        mean: FloatTensor<Self>,
+        rstd: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        layer_norm_rows::backward(&x, &gamma, &mean, &rstd, &dy)
+            .unwrap_or_else(|| norm::backward_default::<Self>(Axis::Last, x, gamma, mean, rstd, dy))
     }
 
     fn fused_gelu(x: FloatTensor<Self>) -> FloatTensor<Self> {
@@ -352,161 +295,78 @@ impl FusedOps for burn::backend::Flex {
         gelu::backward(input, grad, &mut output);
         flex_f32(output, x.shape())
     }
+
+    fn gelu_with_slope(x: FloatTensor<Self>) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let Some(input) = x.as_slice::<f32>() else {
+            let ones = TensorData::full_dtype(x.shape(), 1.0, x.dtype());
+            let ones = <Self as FloatTensorOps<Self>>::float_from_data(ones, &x.device());
+            let slope = <Self as ActivationOps<Self>>::gelu_backward(x.clone(), ones);
+            return (<Self as ActivationOps<Self>>::gelu(x), slope);
+        };
+        let (mut output, mut slope) = (vec![0.0; input.len()], vec![0.0; input.len()]);
+        gelu::forward_with_slope(input, &mut output, &mut slope);
+        (flex_f32(output, x.shape()), flex_f32(slope, x.shape()))
+    }
+
+    fn fused_linear(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        matmul::flex::linear(x, weight, bias)
+    }
+
+    fn fused_matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
+        match matmul::flex::matmul(&lhs, &rhs, None) {
+            Some(y) => y,
+            None => <Self as FloatTensorOps<Self>>::float_matmul(lhs, rhs),
+        }
+    }
+
+    fn fused_sum_rows(t: FloatTensor<Self>) -> FloatTensor<Self> {
+        matmul::flex::sum_rows(&t).unwrap_or_else(|| matmul::sum_rows_default::<Self>(t))
+    }
+
+    fn fused_causal_softmax(scores: FloatTensor<Self>, scale: f64) -> FloatTensor<Self> {
+        attention::flex::forward(&scores, scale)
+            .unwrap_or_else(|| attention::causal_softmax_default::<Self>(scores, scale))
+    }
+
+    fn causal_softmax_backward(
+        weights: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+        scale: f64,
+    ) -> FloatTensor<Self> {
+        attention::flex::backward(&weights, &dy, scale).unwrap_or_else(|| {
+            attention::causal_softmax_backward_default::<Self>(weights, dy, scale)
+        })
+    }
+
+    fn causal_attention_with_weights(
+        qkv: FloatTensor<Self>,
+        n_head: usize,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        self_attention::flex::forward(&qkv, n_head)
+            .unwrap_or_else(|| self_attention::forward_default::<Self>(qkv, n_head))
+    }
+
+    fn causal_attention_backward(
+        qkv: FloatTensor<Self>,
+        weights: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+        n_head: usize,
+    ) -> FloatTensor<Self> {
+        self_attention::flex::backward(&qkv, &weights, &dy, n_head)
+            .unwrap_or_else(|| self_attention::backward_default::<Self>(qkv, weights, dy, n_head))
+    }
 }
 
-/// A contiguous flex tensor of `shape` holding `values`.
 #[cfg(feature = "flex")]
 fn flex_f32(values: Vec<f32>, shape: Shape) -> burn::backend::flex::FlexTensor {
     burn::backend::flex::FlexTensor::from_data(burn::tensor::TensorData::new(values, shape))
 }
 #[cfg(feature = "ndarray")]
 impl FusedOps for burn::backend::NdArray {}
-
-/// LibTorch's output and two statistics as Burn's tensors.
-#[cfg(feature = "tch")]
-fn tch_triple(
-    (output, mean, rstd): (tch::Tensor, tch::Tensor, tch::Tensor),
-) -> (
-    burn_tch::TchTensor,
-    burn_tch::TchTensor,
-    burn_tch::TchTensor,
-) {
-    (
-        burn_tch::TchTensor::new(output),
-        burn_tch::TchTensor::new(mean),
-        burn_tch::TchTensor::new(rstd),
-    )
-}
-
-#[cfg(feature = "tch")]
-impl FusedOps for burn::backend::LibTorch {
-    fn layer_norm_with_stats(
-        x: FloatTensor<Self>,
-        gamma: FloatTensor<Self>,
-        beta: FloatTensor<Self>,
-        epsilon: f64,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let d = x.shape()[x.shape().num_dims() - 1] as i64;
-        tch_triple(x.tensor.native_layer_norm(
-            [d],
-            Some(&gamma.tensor),
-            Some(&beta.tensor),
-            epsilon,
-        ))
-    }
-
-    fn batch_norm_train_with_stats(
-        x: FloatTensor<Self>,
-        gamma: FloatTensor<Self>,
-        beta: FloatTensor<Self>,
-        epsilon: f64,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        // Without running statistics: the module updates its own.
-        tch_triple(x.tensor.native_batch_norm(
-            Some(&gamma.tensor),
-            Some(&beta.tensor),
-            None::<&tch::Tensor>,
-            None::<&tch::Tensor>,
-            true,
-            0.0,
-            epsilon,
-        ))
-    }
-
-    fn softmax_backward(
-        y: FloatTensor<Self>,
-        dy: FloatTensor<Self>,
-        dim: usize,
-    ) -> FloatTensor<Self> {
-        let kind = y.tensor.kind();
-        burn_tch::TchTensor::new(tch::Tensor::internal_softmax_backward_data(
-            &dy.tensor, &y.tensor, dim as i64, kind,
-        ))
-    }
-}
-
-/// A normalisation `γ ⊙ x̂ + β`, `x̂ = (x − mean) · rstd`, as one operation of the autodiff
-/// graph with its closed-form backward pass, the statistics returned outside the graph.
-fn normalization<B: FusedOps, C: CheckpointStrategy>(
-    x: FloatTensor<Autodiff<B, C>>,
-    gamma: FloatTensor<Autodiff<B, C>>,
-    beta: FloatTensor<Autodiff<B, C>>,
-    epsilon: f64,
-    axis: Axis,
-) -> (
-    FloatTensor<Autodiff<B, C>>,
-    B::FloatTensorPrimitive,
-    B::FloatTensorPrimitive,
-) {
-    #[derive(Debug)]
-    struct NormalizationOp;
-
-    impl<B: FusedOps> Backward<B, 3> for NormalizationOp {
-        /// The input, the gain, the statistics (broadcastable) and the axis.
-        type State = (
-            B::FloatTensorPrimitive,
-            B::FloatTensorPrimitive,
-            B::FloatTensorPrimitive,
-            B::FloatTensorPrimitive,
-            Axis,
-        );
-
-        fn backward(
-            self,
-            ops: Ops<Self::State, 3>,
-            grads: &mut Gradients,
-            _checkpointer: &mut Checkpointer,
-        ) {
-            let [node_x, node_gamma, node_beta] = ops.parents;
-            let dy = grads.consume::<B>(&ops.node);
-            let (x, gamma, mean, rstd, axis) = ops.state;
-            let needed = [node_x.is_some(), node_gamma.is_some(), node_beta.is_some()];
-            let [dx, dgamma, dbeta] = match axis {
-                Axis::Last => normalization_backward::<B>(axis, x, gamma, mean, rstd, dy, needed),
-                Axis::Channels => {
-                    let (dx, dgamma, dbeta) = B::batch_norm_backward(x, gamma, mean, rstd, dy);
-                    [Some(dx), Some(dgamma), Some(dbeta)]
-                }
-            };
-            for (node, grad) in [(node_x, dx), (node_gamma, dgamma), (node_beta, dbeta)] {
-                if let (Some(node), Some(grad)) = (node, grad) {
-                    grads.register::<B>(node.id, grad);
-                }
-            }
-        }
-    }
-
-    match NormalizationOp
-        .prepare::<C>([x.node(), gamma.node(), beta.node()])
-        .compute_bound()
-        .stateful()
-    {
-        OpsKind::Tracked(prep) => {
-            let x = x.into_primitive();
-            let gamma = gamma.into_primitive();
-            let (output, mean, rstd) =
-                axis.forward::<B>(x.clone(), gamma.clone(), beta.into_primitive(), epsilon);
-            let rank = x.shape().num_dims();
-            let state = (
-                x,
-                gamma,
-                axis.statistic::<B>(mean.clone(), rank),
-                axis.statistic::<B>(rstd.clone(), rank),
-                axis,
-            );
-            (prep.finish(state, output), mean, rstd)
-        }
-        OpsKind::UnTracked(prep) => {
-            let (output, mean, rstd) = axis.forward::<B>(
-                x.into_primitive(),
-                gamma.into_primitive(),
-                beta.into_primitive(),
-                epsilon,
-            );
-            (prep.finish(output), mean, rstd)
-        }
-    }
-}
 
 impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
     fn fused_layer_norm(
@@ -573,7 +433,7 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         struct GeluOp;
 
         impl<B: FusedOps> Backward<B, 1> for GeluOp {
-            /// The input.
+            /// The slope `GELU′(x)`.
             type State = B::FloatTensorPrimitive;
 
             fn backward(
@@ -585,18 +445,38 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
                 let [node_x] = ops.parents;
                 let dy = grads.consume::<B>(&ops.node);
                 if let Some(node) = node_x {
-                    grads.register::<B>(node.id, B::fused_gelu_backward(ops.state, dy));
+                    grads.register::<B>(node.id, B::float_mul(dy, ops.state));
                 }
             }
         }
 
         match GeluOp.prepare::<C>([x.node()]).compute_bound().stateful() {
             OpsKind::Tracked(prep) => {
-                let x = x.into_primitive();
-                prep.finish(x.clone(), B::fused_gelu(x))
+                let (y, slope) = B::gelu_with_slope(x.into_primitive());
+                prep.finish(slope, y)
             }
             OpsKind::UnTracked(prep) => prep.finish(B::fused_gelu(x.into_primitive())),
         }
+    }
+
+    fn fused_linear(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        matmul::linear_autodiff::<B, C>(x, weight, bias)
+    }
+
+    fn fused_matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
+        matmul::matmul_autodiff::<B, C>(lhs, rhs)
+    }
+
+    fn fused_causal_softmax(scores: FloatTensor<Self>, scale: f64) -> FloatTensor<Self> {
+        attention::causal_softmax_autodiff::<B, C>(scores, scale)
+    }
+
+    fn fused_causal_attention(qkv: FloatTensor<Self>, n_head: usize) -> FloatTensor<Self> {
+        self_attention::attention_autodiff::<B, C>(qkv, n_head)
     }
 }
 
@@ -708,14 +588,39 @@ pub fn gelu<const D: usize>(x: Tensor<D>) -> Tensor<D> {
     ))
 }
 
+/// Whether [`linear`], [`matmul`] and [`causal_softmax`] take Burn's path on this thread
+/// (tests compare against it).
+pub(crate) fn reference_matmul() -> bool {
+    #[cfg(test)]
+    return REFERENCE_MATMUL.with(std::cell::Cell::get);
+    #[cfg(not(test))]
+    false
+}
+
+mod attention;
 #[cfg(feature = "flex")]
 mod batch_norm;
+#[cfg(feature = "flex")]
 mod gelu;
+#[cfg(feature = "flex")]
+mod layer_norm_rows;
+#[cfg(feature = "tch")]
+mod libtorch;
+mod matmul;
+mod norm;
+mod self_attention;
+
+pub use attention::causal_softmax;
+pub use matmul::{linear, linear_forward, matmul};
+pub use self_attention::causal_self_attention;
 
 #[cfg(test)]
 thread_local! {
     /// In tests: [`gelu`] takes Burn's path on this thread, to compare against.
     pub(crate) static REFERENCE_GELU: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// In tests: [`linear`], [`matmul`] and [`causal_softmax`] take Burn's paths on this
+    /// thread, to compare against.
+    pub(crate) static REFERENCE_MATMUL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 #[cfg(all(test, feature = "flex"))]

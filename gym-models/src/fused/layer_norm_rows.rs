@@ -1,0 +1,236 @@
+//! LayerNorm on flex as loops over the rows: the forward pass reads a row twice (its mean,
+//! then its centred squares) and writes it once, the backward pass reads it twice, in place
+//! of the two dozen whole-tensor passes of the backend's operations. Sums run in
+//! [`LANES`] partial sums so that the loops vectorise.
+
+use burn::backend::flex::FlexTensor;
+use burn::tensor::{DType, Shape, TensorData};
+
+/// Partial sums per reduction: one AVX-512 register of f32s.
+const LANES: usize = 16;
+
+/// The sum of `f(a[i], b[i], c[i])` over `i`, in [`LANES`] partial sums (the slices have
+/// the same length).
+#[inline(always)]
+fn sum3(a: &[f32], b: &[f32], c: &[f32], f: impl Fn(f32, f32, f32) -> f32) -> f32 {
+    let mut lanes = [0.0f32; LANES];
+    let (ca, cb, cc) = (
+        a.chunks_exact(LANES),
+        b.chunks_exact(LANES),
+        c.chunks_exact(LANES),
+    );
+    let (ra, rb, rc) = (ca.remainder(), cb.remainder(), cc.remainder());
+    for ((a, b), c) in ca.zip(cb).zip(cc) {
+        for (((s, &a), &b), &c) in lanes.iter_mut().zip(a).zip(b).zip(c) {
+            *s += f(a, b, c);
+        }
+    }
+    let rest: f32 = ra
+        .iter()
+        .zip(rb)
+        .zip(rc)
+        .map(|((&a, &b), &c)| f(a, b, c))
+        .sum();
+    lanes.iter().sum::<f32>() + rest
+}
+
+/// One row: `y = (x − mean)·(rstd·γ) + β`; returns `(mean, rstd)` (biased variance).
+#[inline(always)]
+fn forward_row(x: &[f32], gamma: &[f32], beta: &[f32], y: &mut [f32], epsilon: f32) -> (f32, f32) {
+    let d = x.len() as f32;
+    let mean = sum3(x, x, x, |v, _, _| v) / d;
+    let variance = sum3(x, x, x, |v, _, _| (v - mean) * (v - mean)) / d;
+    let rstd = 1.0 / (variance + epsilon).sqrt();
+    for (((y, &x), &g), &b) in y.iter_mut().zip(x).zip(gamma).zip(beta) {
+        *y = (x - mean) * (rstd * g) + b;
+    }
+    (mean, rstd)
+}
+
+/// One row of the gradient: `dx = ((g − mean(g)) − x̂·mean(g ⊙ x̂))·rstd` with `g = dy ⊙ γ`
+/// and `x̂ = (x − mean)·rstd`; adds `dy ⊙ x̂` and `dy` to the gain's and bias's sums.
+#[inline(always)]
+fn backward_row(
+    (x, dy, gamma): (&[f32], &[f32], &[f32]),
+    (mean, rstd): (f32, f32),
+    dx: &mut [f32],
+    d_gamma: &mut [f32],
+    d_beta: &mut [f32],
+) {
+    let d = x.len() as f32;
+    let mean_g = sum3(dy, gamma, x, |dy, g, _| dy * g) / d;
+    let mean_gx = sum3(dy, gamma, x, |dy, g, x| dy * g * ((x - mean) * rstd)) / d;
+    let sums = d_gamma.iter_mut().zip(d_beta.iter_mut());
+    for ((((dx, &x), &dy), &gamma), (d_gamma, d_beta)) in
+        dx.iter_mut().zip(x).zip(dy).zip(gamma).zip(sums)
+    {
+        let normalized = (x - mean) * rstd;
+        let g = dy * gamma;
+        *dx = ((g - mean_g) - normalized * mean_gx) * rstd;
+        *d_gamma += dy * normalized;
+        *d_beta += dy;
+    }
+}
+
+#[inline(always)]
+fn forward_generic(
+    x: &[f32],
+    (gamma, beta): (&[f32], &[f32]),
+    y: &mut [f32],
+    stats: (&mut [f32], &mut [f32]),
+    epsilon: f32,
+) {
+    let d = gamma.len();
+    let rows = x.chunks_exact(d).zip(y.chunks_exact_mut(d));
+    for ((x, y), (mean, rstd)) in rows.zip(stats.0.iter_mut().zip(stats.1.iter_mut())) {
+        (*mean, *rstd) = forward_row(x, gamma, beta, y, epsilon);
+    }
+}
+
+#[inline(always)]
+fn backward_generic(
+    (x, dy, gamma): (&[f32], &[f32], &[f32]),
+    (mean, rstd): (&[f32], &[f32]),
+    dx: &mut [f32],
+    d_gamma: &mut [f32],
+    d_beta: &mut [f32],
+) {
+    let d = gamma.len();
+    let rows = x
+        .chunks_exact(d)
+        .zip(dy.chunks_exact(d))
+        .zip(dx.chunks_exact_mut(d));
+    for (((x, dy), dx), (&mean, &rstd)) in rows.zip(mean.iter().zip(rstd)) {
+        backward_row((x, dy, gamma), (mean, rstd), dx, d_gamma, d_beta);
+    }
+}
+
+// Compiled for AVX-512 where the CPU has it. No FMA (Rust does not contract a multiply and
+// an add), so the bits do not depend on the CPU.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn forward_avx512(
+    x: &[f32],
+    params: (&[f32], &[f32]),
+    y: &mut [f32],
+    stats: (&mut [f32], &mut [f32]),
+    epsilon: f32,
+) {
+    forward_generic(x, params, y, stats, epsilon)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn backward_avx512(
+    inputs: (&[f32], &[f32], &[f32]),
+    stats: (&[f32], &[f32]),
+    dx: &mut [f32],
+    d_gamma: &mut [f32],
+    d_beta: &mut [f32],
+) {
+    backward_generic(inputs, stats, dx, d_gamma, d_beta)
+}
+
+/// `t`'s f32 values, contiguous (copied if need be); `None` for another type.
+fn values(t: &FlexTensor) -> Option<FlexTensor> {
+    if t.dtype() != DType::F32 {
+        return None;
+    }
+    Some(if t.is_contiguous() {
+        t.clone()
+    } else {
+        t.to_contiguous()
+    })
+}
+
+/// The shape of `x` with its last dimension 1: the statistics'.
+fn stats_shape(x: &FlexTensor) -> Shape {
+    let mut dims = x.layout().shape().to_vec();
+    let last = dims.len() - 1;
+    dims[last] = 1;
+    Shape::from(dims)
+}
+
+/// LayerNorm's output and the mean and reciprocal standard deviation `[..., 1]` of each
+/// row; `None` for another type than f32 or a gain or bias of another width.
+pub(crate) fn forward(
+    x: &FlexTensor,
+    gamma: &FlexTensor,
+    beta: &FlexTensor,
+    epsilon: f64,
+) -> Option<(FlexTensor, FlexTensor, FlexTensor)> {
+    let (x, gamma, beta) = (values(x)?, values(gamma)?, values(beta)?);
+    let (input, g, b) = (
+        x.as_slice::<f32>()?,
+        gamma.as_slice::<f32>()?,
+        beta.as_slice::<f32>()?,
+    );
+    let d = *x.layout().shape().to_vec().last()?;
+    if d == 0 || g.len() != d || b.len() != d {
+        return None;
+    }
+    let rows = input.len() / d;
+    let (mut y, mut mean, mut rstd) = (vec![0.0; input.len()], vec![0.0; rows], vec![0.0; rows]);
+    let stats = (mean.as_mut_slice(), rstd.as_mut_slice());
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the CPU has AVX-512F, checked just above.
+        unsafe { forward_avx512(input, (g, b), &mut y, stats, epsilon as f32) };
+    } else {
+        forward_generic(input, (g, b), &mut y, stats, epsilon as f32);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    forward_generic(input, (g, b), &mut y, stats, epsilon as f32);
+    let flex = |v: Vec<f32>, shape: Shape| FlexTensor::from_data(TensorData::new(v, shape));
+    Some((
+        flex(y, x.layout().shape().clone()),
+        flex(mean, stats_shape(&x)),
+        flex(rstd, stats_shape(&x)),
+    ))
+}
+
+/// The gradients `(dx, dγ, dβ)` of [`forward`] given `dy`; `None` for other types or
+/// shapes than [`forward`]'s.
+pub(crate) fn backward(
+    x: &FlexTensor,
+    gamma: &FlexTensor,
+    mean: &FlexTensor,
+    rstd: &FlexTensor,
+    dy: &FlexTensor,
+) -> Option<(FlexTensor, FlexTensor, FlexTensor)> {
+    let [x, gamma, mean, rstd, dy] = [x, gamma, mean, rstd, dy].map(values);
+    let (x, gamma, mean, rstd, dy) = (x?, gamma?, mean?, rstd?, dy?);
+    let (input, g, m, r, grad) = (
+        x.as_slice::<f32>()?,
+        gamma.as_slice::<f32>()?,
+        mean.as_slice::<f32>()?,
+        rstd.as_slice::<f32>()?,
+        dy.as_slice::<f32>()?,
+    );
+    let d = g.len();
+    let rows = input.len().checked_div(d)?;
+    if d == 0
+        || input.len() != grad.len()
+        || m.len() != rows
+        || r.len() != rows
+        || rows * d != input.len()
+    {
+        return None;
+    }
+    let (mut dx, mut d_gamma, mut d_beta) = (vec![0.0; input.len()], vec![0.0; d], vec![0.0; d]);
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the CPU has AVX-512F, checked just above.
+        unsafe { backward_avx512((input, grad, g), (m, r), &mut dx, &mut d_gamma, &mut d_beta) };
+    } else {
+        backward_generic((input, grad, g), (m, r), &mut dx, &mut d_gamma, &mut d_beta);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    backward_generic((input, grad, g), (m, r), &mut dx, &mut d_gamma, &mut d_beta);
+    let flex = |v: Vec<f32>, shape: Shape| FlexTensor::from_data(TensorData::new(v, shape));
+    Some((
+        flex(dx, x.layout().shape().clone()),
+        flex(d_gamma, Shape::new([d])),
+        flex(d_beta, Shape::new([d])),
+    ))
+}
