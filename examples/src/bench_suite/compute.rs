@@ -7,8 +7,9 @@
 //! `matmul` on the default device and a reference sgemm, the [`gemm`] crate (0.19, the one
 //! Burn's flex backend calls, with every kernel its build enables: AVX-512 here). On every
 //! core, a third way counts too: a one-thread `gemm` product on each core at once, as K
-//! nodes run theirs (one product split over the cores scales worse: on the 2-core
-//! reference machine 1.1–1.2× one thread, where two products side by side reach 1.9–2×).
+//! nodes run theirs (on a busy machine a product split over the cores waits for its
+//! slowest thread: on the 2-core reference machine, with builds beside it, 1.1–1.2× one
+//! thread, where two products side by side kept 1.9–2×).
 //! Each rate is the best of [`MATMUL_REPS`] timed calls after one warm-up call.
 //!
 //! **The fractions.** `fraction_of_matmul_<model>` = the FLOP/s a node achieves in a
