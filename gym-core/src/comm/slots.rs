@@ -63,7 +63,8 @@ impl ComputeSlots {
     }
 
     /// Takes a permit for this thread, waiting for one if none is free, until the guard
-    /// drops. While it is held, [`waiting`] on this thread hands it on.
+    /// drops. While it is held, a wait of this thread for other nodes in a collective hands
+    /// it on.
     pub fn hold(self: &Arc<Self>) -> SlotGuard {
         self.acquire();
         HELD.with(|h| *h.borrow_mut() = Some(self.clone()));
