@@ -68,7 +68,9 @@ impl ComputeSlots {
     pub fn hold(self: &Arc<Self>) -> SlotGuard {
         self.acquire();
         HELD.with(|h| *h.borrow_mut() = Some(self.clone()));
-        SlotGuard { _private: () }
+        SlotGuard {
+            _not_send: std::marker::PhantomData,
+        }
     }
 
     fn acquire(&self) {
@@ -103,10 +105,11 @@ impl ComputeSlots {
     }
 }
 
-/// A held permit ([`ComputeSlots::hold`]); dropping it gives the permit back.
+/// A held permit ([`ComputeSlots::hold`]); dropping it gives the permit back. It stays on
+/// the thread that took it (not `Send`): the permit is that thread's.
 #[derive(Debug)]
 pub struct SlotGuard {
-    _private: (),
+    _not_send: std::marker::PhantomData<*const ()>,
 }
 
 impl Drop for SlotGuard {
