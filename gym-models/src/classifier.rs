@@ -1,16 +1,13 @@
 //! Loss and accuracy of classifiers.
 
-use burn::nn::loss::CrossEntropyLossConfig;
 use burn::tensor::{Int, Tensor};
 use gym_core::EvalMetrics;
 
 /// Mean cross-entropy of `logits` `[batch, classes]` against class indices `[batch]`,
-/// taken in f32 whatever the logits' precision (as under autocast).
+/// taken in f32 whatever the logits' precision (as under autocast): one operation of the
+/// graph, [`fused::cross_entropy`](crate::fused::cross_entropy).
 pub fn cross_entropy(logits: Tensor<2>, targets: Tensor<1, Int>) -> Tensor<1> {
-    let logits = gym_core::model::in_f32(logits);
-    CrossEntropyLossConfig::new()
-        .init(&logits.device())
-        .forward(logits, targets)
+    crate::fused::cross_entropy(gym_core::model::in_f32(logits), targets)
 }
 
 /// Fraction of rows of `logits` whose arg-max equals the target.

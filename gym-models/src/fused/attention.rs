@@ -172,9 +172,10 @@ pub(super) mod flex {
     }
 
     /// One row, in place: `x[j] ← softmax(x[..n] / scale)[j]` for `j < n`, 0 beyond (NaN
-    /// if the row's sum is).
+    /// if the row's sum is). Returns the largest scaled score and `Σ e^(x/scale − largest)`,
+    /// whose logarithm the cross-entropy needs.
     #[inline(always)]
-    fn forward_row(x: &mut [f32], n: usize, scale: f32) {
+    pub(crate) fn forward_row(x: &mut [f32], n: usize, scale: f32) -> (f32, f32) {
         let (x, zeros) = x.split_at_mut(n);
         // Division is monotone: the largest scaled score is the largest score, scaled.
         let max = max_of(x) / scale;
@@ -198,6 +199,7 @@ pub(super) mod flex {
         }
         // As Burn's softmax of the masked row: 0 = e⁻∞ / sum, NaN where the sum is.
         zeros.fill(0.0 / sum);
+        (max, sum)
     }
 
     /// One row of the gradient, in place: `g[j] ← y[j]·(g[j] − Σₖ g[k]·y[k]) / scale` for
