@@ -123,6 +123,24 @@ pub fn in_f32<const D: usize>(x: Tensor<D>) -> Tensor<D> {
     }
 }
 
+/// Whether `device` keeps tensors in host memory (flex, ndarray), where
+/// [`Tensor::into_data`] hands over the buffer without copying it.
+pub(crate) fn is_host(device: &burn::tensor::Device) -> bool {
+    let device = device.clone().inner();
+    #[cfg(feature = "flex")]
+    if device == burn::tensor::Device::flex() {
+        return true;
+    }
+    // Burn deprecates its ndarray backend but still ships it; its tensors live on the host.
+    #[cfg(feature = "ndarray")]
+    #[allow(deprecated)]
+    if device == burn::tensor::Device::ndarray() {
+        return true;
+    }
+    let _ = device;
+    false
+}
+
 /// A copy of `model` whose trainable float parameters are cast to `dtype`, still in the
 /// autodiff graph of the originals: the backward pass of a loss computed with the copy
 /// leaves each gradient on the original f32 parameter, in f32. Buffers (batch-norm running

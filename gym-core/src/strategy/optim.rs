@@ -1,9 +1,10 @@
 //! Each node's own optimizer: Burn's optimizers as they are, optionally one per parameter
 //! group, a learning-rate schedule and global-norm gradient clipping.
 //!
-//! Nothing here re-implements an optimizer. [`OptimizerConfig`] holds Burn's own
+//! Nothing here changes an optimizer's arithmetic. [`OptimizerConfig`] holds Burn's own
 //! configuration (`AdamWConfig`, `SgdConfig`, `MuonConfig`, `LionConfig`, …), and
-//! [`InnerOptimizerConfig`] builds Burn's `ModuleOptimizer` from it, with a group per
+//! [`InnerOptimizerConfig`] builds Burn's `ModuleOptimizer` from it (AdamW's step on the CPU
+//! as one pass per parameter with Burn's results bit for bit), with a group per
 //! [`OptimizerGroup`] (Burn's `ModuleOptimizer::with_group`) and a schedule per group
 //! (Burn's `ModuleLrSchedulerConfig::with_group`). Burn's optimizers take the learning rate at
 //! every step rather than in their configuration, so the learning rate lives here.
@@ -21,8 +22,10 @@ use burn::optim::lr_scheduler::module_lr_scheduler::ModuleLrScheduler;
 use burn::optim::momentum::MomentumConfig;
 use burn::optim::{
     AdaGradConfig, AdafactorConfig, AdamConfig, AdamWConfig, AdanConfig, LambConfig, LionConfig,
-    ModuleOptimizer, MuonConfig, RmsPropConfig, SgdConfig,
+    ModuleOptimizer, MuonConfig, Optimizer, RmsPropConfig, SgdConfig,
 };
+
+mod adamw;
 use burn::tensor::Tensor;
 
 crate::record! {
@@ -84,14 +87,16 @@ macro_rules! burn_optimizers {
             /// Burn's optimizer for a whole module.
             pub fn init(&self) -> ModuleOptimizer {
                 match self {
-                    $(OptimizerConfig::$variant(c) => ModuleOptimizer::from(c.build()),)*
+                    $(OptimizerConfig::$variant(c) => ModuleOptimizer::from(c.node_optimizer()),)*
                 }
             }
 
             /// `optim` with this optimizer for the parameters of `group`.
             fn add_group(&self, optim: ModuleOptimizer, group: ParamGroup) -> ModuleOptimizer {
                 match self {
-                    $(OptimizerConfig::$variant(c) => optim.with_group(group, c.build(), None),)*
+                    $(OptimizerConfig::$variant(c) => {
+                        optim.with_group(group, c.node_optimizer(), None)
+                    })*
                 }
             }
 
@@ -103,6 +108,40 @@ macro_rules! burn_optimizers {
             }
         }
     };
+}
+
+/// The optimizer a configuration builds for a node: Burn's own (its `build()`), but for
+/// AdamW, whose arithmetic runs in one pass per parameter on the CPU (`optim/adamw.rs`).
+trait NodeOptimizer {
+    fn node_optimizer(&self) -> impl Optimizer;
+}
+
+macro_rules! burns_own {
+    ($($config:ident),* $(,)?) => {
+        $(impl NodeOptimizer for $config {
+            fn node_optimizer(&self) -> impl Optimizer {
+                self.build()
+            }
+        })*
+    };
+}
+
+burns_own!(
+    SgdConfig,
+    AdamConfig,
+    AdaGradConfig,
+    RmsPropConfig,
+    LionConfig,
+    LambConfig,
+    AdanConfig,
+    AdafactorConfig,
+    MuonConfig,
+);
+
+impl NodeOptimizer for AdamWConfig {
+    fn node_optimizer(&self) -> impl Optimizer {
+        adamw::OnePassAdamW::new(self)
+    }
 }
 
 burn_optimizers! {

@@ -23,29 +23,11 @@ const CHUNK: usize = 1 << 14;
 /// smaller ones, and there is nothing to share out.
 const MIN_ELEMENTS: usize = CHUNK;
 
-/// Whether `device` keeps tensors in host memory, where [`Tensor::into_data`] hands over
-/// the buffer without copying it.
-fn is_host(device: &Device) -> bool {
-    let device = device.clone().inner();
-    #[cfg(feature = "flex")]
-    if device == Device::flex() {
-        return true;
-    }
-    // Burn deprecates its ndarray backend but still ships it; its tensors live on the host.
-    #[cfg(feature = "ndarray")]
-    #[allow(deprecated)]
-    if device == Device::ndarray() {
-        return true;
-    }
-    let _ = device;
-    false
-}
-
 /// A tensor this path takes: an `f32` host tensor of at least [`MIN_ELEMENTS`] elements.
 pub(super) fn takes(tensor: &Tensor<1>) -> bool {
     tensor.dtype() == DType::F32
         && tensor.shape().num_elements() >= MIN_ELEMENTS
-        && is_host(&tensor.device())
+        && crate::model::is_host(&tensor.device())
 }
 
 /// A raw pointer the members share; every access is to a chunk one member has claimed.
