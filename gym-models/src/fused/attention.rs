@@ -189,8 +189,16 @@ pub(super) mod flex {
             }
         }
         let mut sum = lanes.iter().sum::<f32>();
-        for x in chunks.into_remainder() {
-            let e = exp_or_nan(*x / scale - max);
+        // The tail's `exp`s as one full vector (a causal row's tail is on average half a
+        // vector; one at a time, its `exp`s were most of the row's time), summed one by one
+        // in order as before.
+        let tail = chunks.into_remainder();
+        let mut padded = [0.0f32; LANES];
+        padded[..tail.len()].copy_from_slice(tail);
+        for v in padded.iter_mut() {
+            *v = exp_or_nan(*v / scale - max);
+        }
+        for (x, &e) in tail.iter_mut().zip(&padded) {
             *x = e;
             sum += e;
         }
