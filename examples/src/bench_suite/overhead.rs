@@ -286,23 +286,29 @@ pub(super) fn overhead(config: &SuiteConfig, out: &mut SuiteResult) -> Result<()
     ];
     for &model in &config.models {
         let steps = config.steps_for(model);
-        let mut base = None;
+        let name = model.name();
         for k in config.ks_for(model) {
-            eprintln!(
-                "overhead: {} on {k} node(s), {steps} timed steps …",
-                model.name()
-            );
-            let time_once = || time_model(model, k, config, &data, None);
-            let mut times = (0..config.repeats.max(1))
-                .map(|_| time_once())
-                .collect::<Result<Vec<f64>, BoxError>>()?;
-            times.sort_by(f64::total_cmp);
-            let seconds = times[times.len() / 2];
-            // K = 1 comes first (ks_for), so the baseline is known for every K after it.
-            let one = *base.get_or_insert(seconds);
-            let limit = one * k as f64 / k.min(cores) as f64;
-            let ratio = seconds / limit;
-            let name = model.name();
+            eprintln!("overhead: {name} on {k} node(s), {steps} timed steps …");
+            let time_once = |k| time_model(model, k, config, &data, None);
+            // Each timing of K nodes is paired with a one-node timing just before it, and
+            // the ratio is the median of the pairs' ratios: this machine's speed drifts by
+            // 10–30% over minutes (one node's GPT step 4.8–7.1 ms in runs a minute apart), so
+            // a baseline timed once at the start would carry that drift into every ratio.
+            let mut pairs = Vec::new();
+            for _ in 0..config.repeats.max(1) {
+                let one = time_once(1)?;
+                let seconds = if k == 1 { one } else { time_once(k)? };
+                pairs.push((one, seconds));
+            }
+            let median = |mut v: Vec<f64>| {
+                v.sort_by(f64::total_cmp);
+                v[v.len() / 2]
+            };
+            let seconds = median(pairs.iter().map(|p| p.1).collect());
+            let one = median(pairs.iter().map(|p| p.0).collect());
+            let per_core = |one: f64| one * k as f64 / k.min(cores) as f64;
+            let ratio = median(pairs.iter().map(|&(o, s)| s / per_core(o)).collect());
+            let limit = per_core(one);
             out.figures
                 .insert(format!("step_ms_{name}_k{k}"), seconds * 1e3);
             out.figures
@@ -321,7 +327,9 @@ pub(super) fn overhead(config: &SuiteConfig, out: &mut SuiteResult) -> Result<()
     }
     let note = format!(
         "Overhead ratio = wall seconds per step of K nodes ÷ (one node's seconds per step at \
-         K = 1 × K ÷ min(K, {cores} cores)); 1.0 is the compute limit. Strategy: DiLoCo with \
+         K = 1 × K ÷ min(K, {cores} cores)), each K-node timing paired with a one-node timing \
+         just before it, the median of the pairs' ratios (the compute limit column: the \
+         median one-node timing × K ÷ min(K, cores)); 1.0 is the compute limit. Strategy: DiLoCo with \
          H larger than the steps run, so the timed steps are each node's forward/backward and \
          inner AdamW step only (no communication): the excess over 1 is the interference \
          between node threads. Seconds per step = (loop time of a run of W + N steps − \

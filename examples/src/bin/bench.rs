@@ -183,13 +183,13 @@ struct SuiteArgs {
     #[arg(long)]
     suite_no_precision: bool,
     /// Suite: timed steps of the MLP (its step is under 1 ms: fewer steps time noise).
-    #[arg(long, default_value_t = 500)]
+    #[arg(long, default_value_t = 1000)]
     suite_mlp_steps: usize,
     /// Suite: timed steps of the CNN.
     #[arg(long, default_value_t = 3)]
     suite_cnn_steps: usize,
     /// Suite: timed steps of the GPT.
-    #[arg(long, default_value_t = 60)]
+    #[arg(long, default_value_t = 120)]
     suite_gpt_steps: usize,
     /// Suite: tensor sizes of the bandwidth part in MiB (0: skip the part).
     #[arg(long, value_delimiter = ',', default_value = "1,4,16,64,256")]
