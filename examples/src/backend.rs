@@ -52,7 +52,9 @@ fn parse_device(entry: &str) -> Result<Device, String> {
             return Err(missing("flex"));
         }
         "ndarray" => {
+            // Burn deprecates its ndarray backend but still ships it.
             #[cfg(feature = "ndarray")]
+            #[allow(deprecated)]
             return Ok(Device::ndarray());
             #[cfg(not(feature = "ndarray"))]
             return Err(missing("ndarray"));

@@ -11,8 +11,10 @@
 //! [`max_pool2d_forward`] uses it for a [`MaxPool2d`] with kernel 2, stride 2, no padding, no
 //! dilation and floor rounding on flex, and the module's own forward pass otherwise.
 
+#[cfg(feature = "flex")]
+use burn::backend::TensorMetadata;
 use burn::backend::tensor::FloatTensor;
-use burn::backend::{Backend, TensorMetadata, backend_extension};
+use burn::backend::{Backend, backend_extension};
 use burn::nn::PaddingConfig2d;
 use burn::nn::pool::MaxPool2d;
 use burn::tensor::IntDType;
@@ -128,6 +130,7 @@ fn flex_f32(t: burn::backend::flex::FlexTensor) -> burn::backend::flex::FlexTens
     }
 }
 
+#[cfg(feature = "flex")]
 /// The index in `0..4` (row-major) of the window `[a, b, c, d]`'s maximum as Burn chooses it:
 /// the first maximum, or the last NaN. Selects without branches or indexing, so the backward
 /// loop vectorises.
@@ -142,6 +145,7 @@ fn argmax4([a, b, c, d]: [f32; 4]) -> u32 {
     best
 }
 
+#[cfg(feature = "flex")]
 /// The maximum of the window as Burn computes it: NaN if any value is NaN.
 #[inline(always)]
 fn max4([a, b, c, d]: [f32; 4]) -> f32 {
@@ -153,6 +157,7 @@ fn max4([a, b, c, d]: [f32; 4]) -> f32 {
     }
 }
 
+#[cfg(feature = "flex")]
 /// `out[p, y, x] = max(x[p, 2y..2y+2, 2x..2x+2])` for planes `[planes, h, w]`; an odd last row
 /// or column is left out.
 pub(crate) fn forward(x: &[f32], [planes, h, w]: [usize; 3], out: &mut [f32]) {
@@ -172,6 +177,7 @@ pub(crate) fn forward(x: &[f32], [planes, h, w]: [usize; 3], out: &mut [f32]) {
     }
 }
 
+#[cfg(feature = "flex")]
 /// The gradient of [`forward`]: `grad[p, y, x]` at each window's maximum ([`argmax4`]), zeros
 /// elsewhere (and in an odd last row or column).
 pub(crate) fn backward(x: &[f32], grad: &[f32], [planes, h, w]: [usize; 3], dx: &mut [f32]) {

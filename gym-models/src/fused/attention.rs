@@ -249,64 +249,28 @@ pub(super) mod flex {
         }
     }
 
-    // The same loops compiled for AVX-512 and AVX2. No FMA (Rust does not contract a
-    // multiply and an add), so every lane rounds as the SSE2 build does.
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f")]
-    fn forward_avx512(x: &mut [f32], side: usize, scale: f32) {
-        forward_generic(x, side, scale)
+    widest_simd! {
+        fn forward_simd = forward_generic(x: &mut [f32], side: usize, scale: f32);
     }
 
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    fn forward_avx2(x: &mut [f32], side: usize, scale: f32) {
-        forward_generic(x, side, scale)
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f")]
-    fn backward_avx512(y: &[f32], g: &mut [f32], side: usize, scale: f32) {
-        backward_generic(y, g, side, scale)
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    fn backward_avx2(y: &[f32], g: &mut [f32], side: usize, scale: f32) {
-        backward_generic(y, g, side, scale)
+    widest_simd! {
+        fn backward_simd = backward_generic(y: &[f32], g: &mut [f32], side: usize, scale: f32);
     }
 
     /// In place, each `side × side` matrix of `x`: the causal softmax of `x / scale`.
     pub(crate) fn softmax_rows(x: &mut [f32], side: usize, scale: f32) {
-        if side == 0 {
-            return;
+        if side > 0 {
+            forward_simd(x, side, scale)
         }
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU has AVX-512F, checked just above.
-            return unsafe { forward_avx512(x, side, scale) };
-        } else if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2, checked just above.
-            return unsafe { forward_avx2(x, side, scale) };
-        }
-        forward_generic(x, side, scale)
     }
 
     /// In place, each `side × side` matrix of `g`: the gradient of [`softmax_rows`] whose
     /// output is `y`, given the output gradient `g`.
     pub(crate) fn softmax_backward_rows(y: &[f32], g: &mut [f32], side: usize, scale: f32) {
         assert_eq!(y.len(), g.len(), "causal softmax backward: lengths");
-        if side == 0 {
-            return;
+        if side > 0 {
+            backward_simd(y, g, side, scale)
         }
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU has AVX-512F, checked just above.
-            return unsafe { backward_avx512(y, g, side, scale) };
-        } else if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2, checked just above.
-            return unsafe { backward_avx2(y, g, side, scale) };
-        }
-        backward_generic(y, g, side, scale)
     }
 
     /// The causal softmax of `scores` `[..., t, t]` divided by `scale`; `None` for another

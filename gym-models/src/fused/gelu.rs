@@ -159,47 +159,20 @@ fn backward_generic(x: &[f32], dy: &[f32], dx: &mut [MaybeUninit<f32>]) {
     }
 }
 
-// The same loops compiled for AVX-512 and AVX2: sixteen and eight lanes instead of SSE2's
-// four. No FMA (Rust does not contract a multiply and an add), so every lane rounds as the
-// SSE2 build does and the bits do not depend on the CPU.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn forward_avx512(x: &[f32], y: &mut [MaybeUninit<f32>]) {
-    forward_generic(x, y)
+widest_simd! {
+    fn forward_with_slope_simd = forward_with_slope_generic(
+        x: &[f32],
+        y: &mut [MaybeUninit<f32>],
+        slope: &mut [MaybeUninit<f32>],
+    );
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn forward_avx2(x: &[f32], y: &mut [MaybeUninit<f32>]) {
-    forward_generic(x, y)
+widest_simd! {
+    fn forward_simd = forward_generic(x: &[f32], y: &mut [MaybeUninit<f32>]);
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn backward_avx512(x: &[f32], dy: &[f32], dx: &mut [MaybeUninit<f32>]) {
-    backward_generic(x, dy, dx)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn backward_avx2(x: &[f32], dy: &[f32], dx: &mut [MaybeUninit<f32>]) {
-    backward_generic(x, dy, dx)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn forward_with_slope_avx512(
-    x: &[f32],
-    y: &mut [MaybeUninit<f32>],
-    slope: &mut [MaybeUninit<f32>],
-) {
-    forward_with_slope_generic(x, y, slope)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn forward_with_slope_avx2(x: &[f32], y: &mut [MaybeUninit<f32>], slope: &mut [MaybeUninit<f32>]) {
-    forward_with_slope_generic(x, y, slope)
+widest_simd! {
+    fn backward_simd = backward_generic(x: &[f32], dy: &[f32], dx: &mut [MaybeUninit<f32>]);
 }
 
 /// `(GELU(x[i]), GELU′(x[i]))` for every `i`, so that the backward pass is one product
@@ -207,56 +180,20 @@ fn forward_with_slope_avx2(x: &[f32], y: &mut [MaybeUninit<f32>], slope: &mut [M
 pub(crate) fn forward_with_slope(x: &[f32]) -> (Vec<f32>, Vec<f32>) {
     let mut slope = Vec::new();
     let y = filled(x.len(), |y| {
-        slope = filled(x.len(), |slope| {
-            #[cfg(target_arch = "x86_64")]
-            if std::arch::is_x86_feature_detected!("avx512f") {
-                // SAFETY: the CPU has AVX-512F, checked just above.
-                return unsafe { forward_with_slope_avx512(x, y, slope) };
-            }
-            #[cfg(target_arch = "x86_64")]
-            if std::arch::is_x86_feature_detected!("avx2") {
-                // SAFETY: the CPU has AVX2, checked just above.
-                return unsafe { forward_with_slope_avx2(x, y, slope) };
-            }
-            forward_with_slope_generic(x, y, slope)
-        })
+        slope = filled(x.len(), |slope| forward_with_slope_simd(x, y, slope));
     });
     (y, slope)
 }
 
 /// `GELU(x[i])` for every `i`.
 pub(crate) fn forward(x: &[f32]) -> Vec<f32> {
-    filled(x.len(), |y| {
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU has AVX-512F, checked just above.
-            return unsafe { forward_avx512(x, y) };
-        }
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2, checked just above.
-            return unsafe { forward_avx2(x, y) };
-        }
-        forward_generic(x, y)
-    })
+    filled(x.len(), |y| forward_simd(x, y))
 }
 
 /// `dy[i] · GELU′(x[i])` for every `i`. The slices must have the same length.
 pub(crate) fn backward(x: &[f32], dy: &[f32]) -> Vec<f32> {
     assert_eq!(x.len(), dy.len(), "GELU backward: lengths");
-    filled(x.len(), |dx| {
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU has AVX-512F, checked just above.
-            return unsafe { backward_avx512(x, dy, dx) };
-        }
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2, checked just above.
-            return unsafe { backward_avx2(x, dy, dx) };
-        }
-        backward_generic(x, dy, dx)
-    })
+    filled(x.len(), |dx| backward_simd(x, dy, dx))
 }
 
 #[cfg(all(test, feature = "flex"))]

@@ -105,30 +105,24 @@ fn backward_generic(
     }
 }
 
-// Compiled for AVX-512 where the CPU has it. No FMA (Rust does not contract a multiply and
-// an add), so the bits do not depend on the CPU.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn forward_avx512(
-    x: &[f32],
-    params: (&[f32], &[f32]),
-    y: &mut [f32],
-    stats: (&mut [f32], &mut [f32]),
-    epsilon: f32,
-) {
-    forward_generic(x, params, y, stats, epsilon)
+widest_simd! {
+    fn forward_simd = forward_generic(
+        x: &[f32],
+        params: (&[f32], &[f32]),
+        y: &mut [f32],
+        stats: (&mut [f32], &mut [f32]),
+        epsilon: f32,
+    );
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn backward_avx512(
-    inputs: (&[f32], &[f32], &[f32]),
-    stats: (&[f32], &[f32]),
-    dx: &mut [f32],
-    d_gamma: &mut [f32],
-    d_beta: &mut [f32],
-) {
-    backward_generic(inputs, stats, dx, d_gamma, d_beta)
+widest_simd! {
+    fn backward_simd = backward_generic(
+        inputs: (&[f32], &[f32], &[f32]),
+        stats: (&[f32], &[f32]),
+        dx: &mut [f32],
+        d_gamma: &mut [f32],
+        d_beta: &mut [f32],
+    );
 }
 
 /// `t`'s f32 values, contiguous (copied if need be); `None` for another type.
@@ -172,15 +166,7 @@ pub(crate) fn forward(
     let rows = input.len() / d;
     let (mut y, mut mean, mut rstd) = (vec![0.0; input.len()], vec![0.0; rows], vec![0.0; rows]);
     let stats = (mean.as_mut_slice(), rstd.as_mut_slice());
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: the CPU has AVX-512F, checked just above.
-        unsafe { forward_avx512(input, (g, b), &mut y, stats, epsilon as f32) };
-    } else {
-        forward_generic(input, (g, b), &mut y, stats, epsilon as f32);
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    forward_generic(input, (g, b), &mut y, stats, epsilon as f32);
+    forward_simd(input, (g, b), &mut y, stats, epsilon as f32);
     let flex = |v: Vec<f32>, shape: Shape| FlexTensor::from_data(TensorData::new(v, shape));
     Some((
         flex(y, x.layout().shape().clone()),
@@ -218,15 +204,7 @@ pub(crate) fn backward(
         return None;
     }
     let (mut dx, mut d_gamma, mut d_beta) = (vec![0.0; input.len()], vec![0.0; d], vec![0.0; d]);
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: the CPU has AVX-512F, checked just above.
-        unsafe { backward_avx512((input, grad, g), (m, r), &mut dx, &mut d_gamma, &mut d_beta) };
-    } else {
-        backward_generic((input, grad, g), (m, r), &mut dx, &mut d_gamma, &mut d_beta);
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    backward_generic((input, grad, g), (m, r), &mut dx, &mut d_gamma, &mut d_beta);
+    backward_simd((input, grad, g), (m, r), &mut dx, &mut d_gamma, &mut d_beta);
     let flex = |v: Vec<f32>, shape: Shape| FlexTensor::from_data(TensorData::new(v, shape));
     Some((
         flex(dx, x.layout().shape().clone()),
