@@ -50,17 +50,20 @@ impl OnePassAdamW {
     }
 }
 
-/// `t`'s values, if it is an `f32` tensor in host memory (handed over without a copy).
+/// Whether `t` is an `f32` tensor in host memory, whose values [`values`] takes without a
+/// copy where `t` holds the only reference to them.
 fn host_f32<const D: usize>(t: &Tensor<D>) -> bool {
     t.dtype() == DType::F32 && crate::model::is_host(&t.device())
 }
 
+/// The values of a tensor [`host_f32`] accepted.
 fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
     t.into_data()
         .try_into_vec::<f32>()
         .expect("an f32 tensor, checked by host_f32")
 }
 
+/// `values` as a tensor of shape `like` on `device`.
 fn tensor<const D: usize>(values: Vec<f32>, like: &[usize], device: &Device) -> Tensor<D> {
     Tensor::from_data(TensorData::new(values, like.to_vec()), device)
 }
