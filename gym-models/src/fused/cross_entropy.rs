@@ -166,7 +166,8 @@ pub(super) mod flex {
             // where −log softmax_t would be ∞ once softmax_t underflows.
             total += f64::from(sum.ln() - (logit - max));
         }
-        let loss = (total / n.max(1) as f64) as f32;
+        // No rows: 0/0, NaN, as Burn's mean of nothing.
+        let loss = (total / n as f64) as f32;
         Some((
             FlexTensor::from_data(TensorData::new(vec![loss], Shape::new([1]))),
             FlexTensor::from_data(TensorData::new(softmax, Shape::new([n, classes]))),
@@ -323,5 +324,15 @@ mod tests {
         let (loss, dx) = loss_and_gradient(cross_entropy, (&[0.0, -200.0, 0.0], &[1]));
         assert!((loss - (200.0 + 2f32.ln())).abs() < 1e-4, "{loss}");
         assert_eq!(dx, vec![0.5, -1.0, 0.5]);
+    }
+
+    #[test]
+    fn no_rows_give_nan_as_burns_loss_does() {
+        let device = Device::flex();
+        let logits = Tensor::<2>::zeros([0, 5], &device);
+        let targets = Tensor::<1, Int>::zeros([0], &device);
+        let ours = cross_entropy(logits.clone(), targets.clone()).into_scalar::<f32>();
+        let burns = burns(logits, targets).into_scalar::<f32>();
+        assert!(ours.is_nan() && burns.is_nan(), "{ours}, Burn's {burns}");
     }
 }
