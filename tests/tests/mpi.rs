@@ -364,9 +364,15 @@ fn mpi_two_hosts_over_tcp_on_loopback_give_the_same_bits() {
              # Stands in for ssh: runs the command here, whatever the host.\n\
              while [ $# -gt 0 ]; do case \"$1\" in -*) shift ;; *) break ;; esac; done\n\
              echo \"$1\" >> '{}'\n\
+             # Each host's daemon its own session directory, as on two machines: two\n\
+             # daemons of one job on one machine race to create the same one.\n\
+             OMPI_MCA_orte_tmpdir_base='{}/session-'\"$1\"\n\
+             export OMPI_MCA_orte_tmpdir_base\n\
+             mkdir -p \"$OMPI_MCA_orte_tmpdir_base\"\n\
              shift\n\
              exec sh -c \"$*\"\n",
-            log.display()
+            log.display(),
+            dir.display()
         ),
     )
     .unwrap();
