@@ -29,6 +29,8 @@ mod cifar_cnn;
 mod classifier;
 mod cnn;
 pub mod conv;
+#[cfg(feature = "flex")]
+mod flex_values;
 pub mod fused;
 pub mod gpt;
 mod mlp;

@@ -12,6 +12,8 @@
 //! dilation and floor rounding on flex, and the module's own forward pass otherwise.
 
 #[cfg(feature = "flex")]
+use crate::flex_values::{contiguous, slice};
+#[cfg(feature = "flex")]
 use burn::backend::TensorMetadata;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Backend, backend_extension};
@@ -98,10 +100,10 @@ impl<B: MaxPool2x2Ops, C: CheckpointStrategy> MaxPool2x2Ops for Autodiff<B, C> {
 impl MaxPool2x2Ops for burn::backend::Flex {
     fn max_pool2x2(x: FloatTensor<Self>) -> FloatTensor<Self> {
         let [b, c, h, w] = x.shape().dims();
-        let x = flex_f32(x);
-        let values = x.as_slice::<f32>().expect("contiguous f32");
+        // Only f32 comes here: see `max_pool2d_forward`.
+        let x = contiguous(&x).expect("an f32 tensor");
         let mut output = vec![0.0; b * c * (h / 2) * (w / 2)];
-        forward(values, [b * c, h, w], &mut output);
+        forward(slice(&x), [b * c, h, w], &mut output);
         burn::backend::flex::FlexTensor::from_data(burn::tensor::TensorData::new(
             output,
             [b, c, h / 2, w / 2],
@@ -110,23 +112,11 @@ impl MaxPool2x2Ops for burn::backend::Flex {
 
     fn max_pool2x2_backward(x: FloatTensor<Self>, grad: FloatTensor<Self>) -> FloatTensor<Self> {
         let [b, c, h, w] = x.shape().dims();
-        let (x, grad) = (flex_f32(x), flex_f32(grad));
-        let values = x.as_slice::<f32>().expect("contiguous f32");
-        let grad = grad.as_slice::<f32>().expect("contiguous f32");
+        let x = contiguous(&x).expect("an f32 tensor");
+        let grad = contiguous(&grad).expect("an f32 tensor");
         let mut dx = vec![0.0; b * c * h * w];
-        backward(values, grad, [b * c, h, w], &mut dx);
+        backward(slice(&x), slice(&grad), [b * c, h, w], &mut dx);
         burn::backend::flex::FlexTensor::from_data(burn::tensor::TensorData::new(dx, [b, c, h, w]))
-    }
-}
-
-/// `t` as a contiguous `f32` flex tensor (the pooling is only called on `f32`: see
-/// [`max_pool2d_forward`]).
-#[cfg(feature = "flex")]
-fn flex_f32(t: burn::backend::flex::FlexTensor) -> burn::backend::flex::FlexTensor {
-    if t.as_slice::<f32>().is_some() {
-        t
-    } else {
-        t.to_contiguous()
     }
 }
 

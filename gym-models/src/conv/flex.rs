@@ -6,9 +6,10 @@
 //! Burn flex's own convolution builds its im2col in tiles of 512 positions from an NHWC copy
 //! and runs at 70–90 GFLOP/s on the CNN's layers; these run the `gemm` crate on whole images.
 
+use crate::flex_values::{contiguous, slice};
+use burn::backend::TensorMetadata;
 use burn::backend::flex::FlexTensor;
 use burn::backend::ops::ConvOptions;
-use burn::backend::{DType, TensorMetadata};
 use burn::tensor::{Shape, TensorData};
 
 /// The sizes of a stride-1, one-group convolution.
@@ -321,23 +322,6 @@ pub(crate) fn weight_gradient(g: &Geometry, x: &[f32], grad: &[f32]) -> Vec<f32>
     sum
 }
 
-/// `t` as a contiguous `f32` tensor, or `None` for another dtype.
-fn contiguous_f32(t: FlexTensor) -> Option<FlexTensor> {
-    if t.dtype() != DType::F32 {
-        return None;
-    }
-    Some(if t.as_slice::<f32>().is_some() {
-        t
-    } else {
-        t.to_contiguous()
-    })
-}
-
-/// The values of a tensor from [`contiguous_f32`].
-fn values(t: &FlexTensor) -> &[f32] {
-    t.as_slice::<f32>().expect("a contiguous f32 tensor")
-}
-
 /// A contiguous flex tensor of `shape` holding `values`.
 fn tensor(values: Vec<f32>, shape: [usize; 4]) -> FlexTensor {
     FlexTensor::from_data(TensorData::new(values, shape))
@@ -351,8 +335,8 @@ pub(crate) fn conv2d(
     options: &ConvOptions<2>,
 ) -> Option<FlexTensor> {
     let g = Geometry::new(&x.shape(), &weight.shape(), options)?;
-    let (x, weight) = (contiguous_f32(x.clone())?, contiguous_f32(weight.clone())?);
-    let output = forward(&g, values(&x), values(&weight));
+    let (x, weight) = (contiguous(x)?, contiguous(weight)?);
+    let output = forward(&g, slice(&x), slice(&weight));
     Some(tensor(output, [g.batch, g.c_out, g.h_out, g.w_out]))
 }
 
@@ -375,10 +359,10 @@ pub(crate) fn conv2d_x_backward(
         return None;
     }
     let transposed = g.input_gradient()?;
-    let weight = contiguous_f32(weight.clone())?;
-    let grad = contiguous_f32(grad.clone())?;
-    let kernel = flip_transpose(&g, values(&weight));
-    let dx = forward(&transposed, values(&grad), &kernel);
+    let weight = contiguous(weight)?;
+    let grad = contiguous(grad)?;
+    let kernel = flip_transpose(&g, slice(&weight));
+    let dx = forward(&transposed, slice(&grad), &kernel);
     Some(tensor(dx, [g.batch, g.c_in, g.h, g.w]))
 }
 
@@ -390,8 +374,8 @@ pub(crate) fn conv2d_weight_backward(
     options: &ConvOptions<2>,
 ) -> Option<FlexTensor> {
     let g = Geometry::new(&x.shape(), weight_shape, options)?;
-    let x = contiguous_f32(x.clone())?;
-    let grad = contiguous_f32(grad.clone())?;
-    let dw = weight_gradient(&g, values(&x), values(&grad));
+    let x = contiguous(x)?;
+    let grad = contiguous(grad)?;
+    let dw = weight_gradient(&g, slice(&x), slice(&grad));
     Some(tensor(dw, [g.c_out, g.c_in, g.kh, g.kw]))
 }

@@ -5,8 +5,9 @@
 //! sums are added in order in `f64`.
 
 use super::flex_f32;
+use crate::flex_values::{contiguous, slice};
+use burn::backend::TensorMetadata;
 use burn::backend::flex::FlexTensor;
-use burn::backend::{DType, TensorMetadata};
 use burn::tensor::Shape;
 
 /// Lanes of the sums within one run: four AVX-512 registers of `f32`, so that the adds of
@@ -149,8 +150,8 @@ pub(super) fn train_with_stats(
     epsilon: f64,
 ) -> Option<(FlexTensor, FlexTensor, FlexTensor)> {
     let dims = dims(x)?;
-    let [xs, g, b] = [x, gamma, beta].map(contiguous_f32);
-    let (y, mean, rstd) = forward(f32s(&xs?), f32s(&g?), f32s(&b?), dims, epsilon);
+    let [xs, g, b] = [x, gamma, beta].map(contiguous);
+    let (y, mean, rstd) = forward(slice(&xs?), slice(&g?), slice(&b?), dims, epsilon);
     let channels = Shape::new([dims[1]]);
     Some((
         flex_f32(y, x.shape()),
@@ -169,9 +170,15 @@ pub(super) fn gradients(
     dy: &FlexTensor,
 ) -> Option<(FlexTensor, FlexTensor, FlexTensor)> {
     let dims = dims(x).filter(|_| dy.shape() == x.shape())?;
-    let [xs, g, m, r, d] = [x, gamma, mean, rstd, dy].map(contiguous_f32);
-    let (dx, dgamma, dbeta) =
-        backward(f32s(&xs?), f32s(&g?), f32s(&m?), f32s(&r?), f32s(&d?), dims);
+    let [xs, g, m, r, d] = [x, gamma, mean, rstd, dy].map(contiguous);
+    let (dx, dgamma, dbeta) = backward(
+        slice(&xs?),
+        slice(&g?),
+        slice(&m?),
+        slice(&r?),
+        slice(&d?),
+        dims,
+    );
     let channels = Shape::new([dims[1]]);
     Some((
         flex_f32(dx, x.shape()),
@@ -189,23 +196,6 @@ fn dims(x: &FlexTensor) -> Option<Dims> {
     }
     let (batch, channels) = (shape[0], shape[1]);
     Some([batch, channels, shape.num_elements() / (batch * channels)])
-}
-
-/// `t` as a contiguous `f32` flex tensor, or `None` for another dtype.
-fn contiguous_f32(t: &FlexTensor) -> Option<FlexTensor> {
-    if t.dtype() != DType::F32 {
-        return None;
-    }
-    Some(if t.as_slice::<f32>().is_some() {
-        t.clone()
-    } else {
-        t.to_contiguous()
-    })
-}
-
-/// The values of a tensor from [`contiguous_f32`].
-fn f32s(t: &FlexTensor) -> &[f32] {
-    t.as_slice::<f32>().expect("a contiguous f32 tensor")
 }
 
 #[cfg(test)]

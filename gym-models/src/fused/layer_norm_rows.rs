@@ -3,8 +3,9 @@
 //! of the two dozen whole-tensor passes of the backend's operations. Sums run in
 //! [`LANES`] partial sums so that the loops vectorise.
 
+use crate::flex_values::contiguous;
 use burn::backend::flex::FlexTensor;
-use burn::tensor::{DType, Shape, TensorData};
+use burn::tensor::{Shape, TensorData};
 
 /// Partial sums per reduction: one AVX-512 register of f32s.
 const LANES: usize = 16;
@@ -125,18 +126,6 @@ widest_simd! {
     );
 }
 
-/// `t`'s f32 values, contiguous (copied if need be); `None` for another type.
-fn values(t: &FlexTensor) -> Option<FlexTensor> {
-    if t.dtype() != DType::F32 {
-        return None;
-    }
-    Some(if t.is_contiguous() {
-        t.clone()
-    } else {
-        t.to_contiguous()
-    })
-}
-
 /// The shape of `x` with its last dimension 1: the statistics'.
 fn stats_shape(x: &FlexTensor) -> Shape {
     let mut dims = x.layout().shape().to_vec();
@@ -153,7 +142,7 @@ pub(crate) fn forward(
     beta: &FlexTensor,
     epsilon: f64,
 ) -> Option<(FlexTensor, FlexTensor, FlexTensor)> {
-    let (x, gamma, beta) = (values(x)?, values(gamma)?, values(beta)?);
+    let (x, gamma, beta) = (contiguous(x)?, contiguous(gamma)?, contiguous(beta)?);
     let (input, g, b) = (
         x.as_slice::<f32>()?,
         gamma.as_slice::<f32>()?,
@@ -184,7 +173,7 @@ pub(crate) fn backward(
     rstd: &FlexTensor,
     dy: &FlexTensor,
 ) -> Option<(FlexTensor, FlexTensor, FlexTensor)> {
-    let [x, gamma, mean, rstd, dy] = [x, gamma, mean, rstd, dy].map(values);
+    let [x, gamma, mean, rstd, dy] = [x, gamma, mean, rstd, dy].map(contiguous);
     let (x, gamma, mean, rstd, dy) = (x?, gamma?, mean?, rstd?, dy?);
     let (input, g, m, r, grad) = (
         x.as_slice::<f32>()?,

@@ -383,12 +383,8 @@ pub(super) mod flex {
 
     /// The sum over every row of `t` `[..., n]`: `[n]`. `None` for another type than f32.
     pub(crate) fn sum_rows(t: &FlexTensor) -> Option<FlexTensor> {
-        let t = if t.is_contiguous() {
-            t.clone()
-        } else {
-            t.to_contiguous()
-        };
-        let values = t.as_slice::<f32>()?;
+        let t = crate::flex_values::contiguous(t)?;
+        let values = crate::flex_values::slice(&t);
         let shape = t.layout().shape();
         let n = shape[shape.num_dims() - 1];
         let mut sum = vec![0.0f32; n];
