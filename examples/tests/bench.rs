@@ -89,10 +89,22 @@ fn bench_suite_writes_every_named_figure() {
             "{name}: {v}"
         );
     }
-    // One node is its own compute limit.
+    // One node is its own compute limit, and has no independent runs to compare with; K = 2
+    // has both figures.
     for model in ["mlp", "cnn", "gpt"] {
         let ratio = map[&format!("overhead_ratio_{model}_k1")].as_f64().unwrap();
         assert!((ratio - 1.0).abs() < 1e-9, "{model}: {ratio}");
+        for key in ["independent_runs_ratio", "overhead_vs_independent"] {
+            assert!(
+                !map.contains_key(&format!("{key}_{model}_k1")),
+                "{key}_{model}_k1"
+            );
+            let v = map
+                .get(&format!("{key}_{model}_k2"))
+                .and_then(|v| v.as_f64())
+                .unwrap_or_else(|| panic!("{key}_{model}_k2 missing from {json:#}"));
+            assert!(v.is_finite() && v > 0.0, "{key}_{model}_k2 = {v}");
+        }
     }
     // The compute limit: each matmul rate measured, and the two limits are the best of
     // them on one thread and on every core (not compared with each other: on a shared

@@ -16,6 +16,10 @@
 //!    [`Trainer::fit`](gym_core::Trainer::fit) under DiLoCo with H larger than the steps
 //!    taken, so the timed steps are each node's forward/backward and inner optimizer only:
 //!    what remains above 1 is the interference between node threads, not communication.
+//!    Beside it, for K ≥ 2, the same cores' loss with no simulator between the nodes:
+//!    min(K, cores) independent one-node trainings at once against one alone
+//!    (`independent_runs_ratio_<model>_k<K>`), and the K nodes against those
+//!    (`overhead_vs_independent_<model>_k<K>`, the simulator's own share).
 //!    The compute limit ([`compute`]): the matmul rate of these cores (`matmul_flops_1t`,
 //!    `matmul_flops_all`) and each model's achieved FLOP/s as a fraction of it
 //!    (`fraction_of_matmul_<model>`), measured in the same run; and, in a build with
@@ -148,8 +152,9 @@ pub struct SuiteConfig {
     /// initialisation): each K also runs alone for this many steps, and its loop time is
     /// subtracted.
     pub warmup_steps: usize,
-    /// Timings of each model and node count: the overhead figures are their median, so one
-    /// disturbed run does not decide a ratio.
+    /// Timings of each model and node count: the overhead figures are their median, so two
+    /// disturbed runs do not decide a ratio (5 by default: with 3, one run of the MLP at
+    /// K = 8 in four came out at 1.16 against 1.04–1.05 in the others).
     pub repeats: usize,
     /// Precision part: each model's one-node step in f32 and under `--autocast bf16`.
     pub precision: bool,
@@ -197,8 +202,8 @@ pub struct SuiteConfig {
 }
 
 impl SuiteConfig {
-    /// The default suite (about 4 minutes on a 2-core machine): every model at K = 1, 2, 4,
-    /// 8, 16 (the CNN up to 8); every collective at 1–256 MiB over 2–16 ranks; peak memory at K = 1, 64, 256,
+    /// The default suite (about 6 minutes on a 2-core machine): every model at K = 1, 2, 4,
+    /// 8, 16; every collective at 1–256 MiB over 2–16 ranks; peak memory at K = 1, 64, 256,
     /// 1024; start-up at K = 16.
     pub fn new(mnist_dir: PathBuf, gpt_dir: PathBuf, mnist_bin: Option<PathBuf>) -> Self {
         SuiteConfig {
@@ -208,7 +213,7 @@ impl SuiteConfig {
             // K = 16 of the CNN alone would take over a minute on 2 cores.
             cnn_max_k: 16,
             warmup_steps: 1,
-            repeats: 3,
+            repeats: 5,
             precision: true,
             matmul_sizes: vec![1024, 2048],
             gpt_6l384_steps: 3,

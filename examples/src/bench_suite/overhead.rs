@@ -280,10 +280,15 @@ pub(super) fn overhead(config: &SuiteConfig, out: &mut SuiteResult) -> Result<()
     let cores = out.machine.cores;
     let tag = backend_tag();
     let mut rows = vec![
-        "| model | K | ms/step (K nodes) | compute limit ms/step | overhead ratio | node-steps/s |"
+        "| model | K | ms/step (K nodes) | compute limit ms/step | overhead ratio | \
+         independent runs ratio | overhead ÷ independent | node-steps/s |"
             .to_string(),
-        "|---|---|---|---|---|---|".to_string(),
+        "|---|---|---|---|---|---|---|---|".to_string(),
     ];
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
     for &model in &config.models {
         let steps = config.steps_for(model);
         let name = model.name();
@@ -294,31 +299,48 @@ pub(super) fn overhead(config: &SuiteConfig, out: &mut SuiteResult) -> Result<()
             // the ratio is the median of the pairs' ratios: this machine's speed drifts by
             // 10–30% over minutes (one node's GPT step 4.8–7.1 ms in runs a minute apart), so
             // a baseline timed once at the start would carry that drift into every ratio.
-            let mut pairs = Vec::new();
+            // Between the two, min(K, cores) independent one-node trainings run at once:
+            // what the cores lose to each other (shared cache, memory) with no simulator
+            // between the nodes, the floor under the overhead ratio.
+            let mut timings = Vec::new();
             for _ in 0..config.repeats.max(1) {
                 let one = time_once(1)?;
+                let independent = match k {
+                    1 => one,
+                    _ => {
+                        independent_runs(k.min(cores), &|| time_once(1).map_err(|e| e.to_string()))?
+                    }
+                };
                 let seconds = if k == 1 { one } else { time_once(k)? };
-                pairs.push((one, seconds));
+                timings.push((one, independent, seconds));
             }
-            let median = |mut v: Vec<f64>| {
-                v.sort_by(f64::total_cmp);
-                v[v.len() / 2]
-            };
-            let seconds = median(pairs.iter().map(|p| p.1).collect());
-            let one = median(pairs.iter().map(|p| p.0).collect());
             let per_core = |one: f64| one * k as f64 / k.min(cores) as f64;
-            let ratio = median(pairs.iter().map(|&(o, s)| s / per_core(o)).collect());
+            let seconds = median(timings.iter().map(|t| t.2).collect());
+            let one = median(timings.iter().map(|t| t.0).collect());
+            let ratio = median(timings.iter().map(|&(o, _, s)| s / per_core(o)).collect());
+            let independent = median(timings.iter().map(|&(o, i, _)| i / o).collect());
+            let beyond = median(timings.iter().map(|&(_, i, s)| s / per_core(i)).collect());
             let limit = per_core(one);
             out.figures
                 .insert(format!("step_ms_{name}_k{k}"), seconds * 1e3);
             out.figures
                 .insert(format!("overhead_ratio_{name}_k{k}"), ratio);
+            if k > 1 {
+                out.figures
+                    .insert(format!("independent_runs_ratio_{name}_k{k}"), independent);
+                out.figures
+                    .insert(format!("overhead_vs_independent_{name}_k{k}"), beyond);
+            }
             if k == 1 && model != SuiteModel::Mlp {
                 out.figures
                     .insert(format!("{name}_step_ms_{tag}"), seconds * 1e3);
             }
+            let (independent, beyond) = match k {
+                1 => ("—".to_string(), "—".to_string()),
+                _ => (format!("{independent:.3}"), format!("{beyond:.3}")),
+            };
             rows.push(format!(
-                "| {name} | {k} | {:.2} | {:.2} | {ratio:.3} | {:.1} |",
+                "| {name} | {k} | {:.2} | {:.2} | {ratio:.3} | {independent} | {beyond} | {:.1} |",
                 seconds * 1e3,
                 limit * 1e3,
                 k as f64 / seconds
@@ -329,7 +351,11 @@ pub(super) fn overhead(config: &SuiteConfig, out: &mut SuiteResult) -> Result<()
         "Overhead ratio = wall seconds per step of K nodes ÷ (one node's seconds per step at \
          K = 1 × K ÷ min(K, {cores} cores)), each K-node timing paired with a one-node timing \
          just before it, the median of the pairs' ratios (the compute limit column: the \
-         median one-node timing × K ÷ min(K, cores)); 1.0 is the compute limit. Strategy: DiLoCo with \
+         median one-node timing × K ÷ min(K, cores)); 1.0 is the compute limit. Independent \
+         runs ratio = seconds per step of one node while min(K, cores) separate one-node \
+         trainings run at once (no collective, no shared permits) ÷ one node alone, timed \
+         between the two: what the cores lose to each other. Overhead ÷ independent = the K \
+         nodes against those independent runs, the simulator's own share. Strategy: DiLoCo with \
          H larger than the steps run, so the timed steps are each node's forward/backward and \
          inner AdamW step only (no communication): the excess over 1 is the interference \
          between node threads. Seconds per step = (loop time of a run of W + N steps − \
@@ -350,4 +376,24 @@ pub(super) fn overhead(config: &SuiteConfig, out: &mut SuiteResult) -> Result<()
         rows,
     });
     Ok(())
+}
+
+/// The median seconds per step of `copies` one-node trainings (`time_one`) run at once, each
+/// on a thread of its own, started together.
+fn independent_runs(
+    copies: usize,
+    time_one: &(dyn Fn() -> Result<f64, String> + Sync),
+) -> Result<f64, BoxError> {
+    let timings: Vec<Result<f64, String>> = std::thread::scope(|s| {
+        let runs: Vec<_> = (0..copies).map(|_| s.spawn(time_one)).collect();
+        runs.into_iter()
+            .map(|run| {
+                run.join()
+                    .unwrap_or_else(|_| Err("a timing run panicked".into()))
+            })
+            .collect()
+    });
+    let mut timings = timings.into_iter().collect::<Result<Vec<f64>, String>>()?;
+    timings.sort_by(f64::total_cmp);
+    Ok(timings[timings.len() / 2])
 }

@@ -150,7 +150,7 @@ struct SoakArgs {
     soak_seed: u64,
 }
 
-/// The sizes of the benchmark suite (`--suite`); the defaults take about 5 minutes on a
+/// The sizes of the benchmark suite (`--suite`); the defaults take about 6 minutes on a
 /// 2-core machine.
 #[derive(Debug, clap::Args)]
 struct SuiteArgs {
@@ -176,7 +176,7 @@ struct SuiteArgs {
     #[arg(long, default_value_t = 1)]
     suite_warmup: usize,
     /// Suite: timings of each model and node count; the overhead figures are their median.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 5)]
     suite_repeats: usize,
     /// Suite: skip the precision part (each model's one-node step in f32 and under
     /// `--autocast bf16`).
