@@ -9,21 +9,8 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
-use super::{MB, SuiteCollective, SuiteConfig, SuiteResult, SuiteTable, caption};
+use super::{MB, SuiteCollective, SuiteConfig, SuiteResult, SuiteTable, caption, median};
 use crate::runner::BoxError;
-
-/// The median of `v` (the mean of the middle two for an even count; NaN if empty).
-pub(super) fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n == 0 {
-        f64::NAN
-    } else if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
 
 /// Median seconds of copying `bytes` bytes into a buffer that is already faulted in: the
 /// memory bandwidth a collective of that size is held against.
@@ -321,15 +308,4 @@ pub fn mpi_worker(nodes: usize, sizes: &[usize], reps: usize) -> Result<(), BoxE
         println!("mpi-allreduce-seconds {}", line.join(","));
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_median_of_an_even_count_is_the_mean_of_the_middle_two() {
-        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
-        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
-    }
 }

@@ -71,6 +71,7 @@ fn measure(
     out: &mut SuiteResult,
     rows: &mut Vec<String>,
 ) -> Result<(), BoxError> {
+    use super::median;
     use super::overhead::{MNIST_BATCH, mnist_data, time_steps};
     use burn::tensor::Device;
     use gym_core::NodeData;
@@ -80,10 +81,6 @@ fn measure(
     #[allow(deprecated)] // burn-tch is deprecated by Burn; it is the comparison here
     let devices = [Device::flex(), Device::libtorch()];
     let steps = config.cnn_steps.max(1);
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
     let mnist = mnist_data(config)?;
     let cifar = synthetic_cifar(8 * MNIST_BATCH)?;
     let cifar = NodeData::shared(cifar.clone(), cifar);

@@ -11,7 +11,7 @@ use gym_data::{
 use gym_models::{GptConfig, MlpConfig, MnistCnnConfig};
 use gym_strategies::{DiLoCoCommunicatorConfig, DiLoCoConfig};
 
-use super::{SuiteConfig, SuiteModel, SuiteResult, SuiteTable, backend_tag, caption};
+use super::{SuiteConfig, SuiteModel, SuiteResult, SuiteTable, backend_tag, caption, median};
 use crate::runner::BoxError;
 use crate::tasks::{GptArgs, TextDataset};
 
@@ -239,17 +239,13 @@ pub(super) fn precision(config: &SuiteConfig, out: &mut SuiteResult) -> Result<(
                 }
             }
         }
-        let median = |v: &mut Vec<f64>| {
-            v.sort_by(f64::total_cmp);
-            v[v.len() / 2]
-        };
-        let f32_ms = median(&mut f32_s) * 1e3;
+        let f32_ms = median(f32_s) * 1e3;
         out.figures
             .insert(format!("f32_step_ms_{name}_{tag}"), f32_ms);
         match refused {
             Some(why) => rows.push(format!("| {name} | {f32_ms:.2} | refused: {why} | - |")),
             None => {
-                let bf16_ms = median(&mut bf16_s) * 1e3;
+                let bf16_ms = median(bf16_s) * 1e3;
                 out.figures
                     .insert(format!("bf16_step_ms_{name}_{tag}"), bf16_ms);
                 out.figures
@@ -285,10 +281,6 @@ pub(super) fn overhead(config: &SuiteConfig, out: &mut SuiteResult) -> Result<()
             .to_string(),
         "|---|---|---|---|---|---|---|---|".to_string(),
     ];
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
     for &model in &config.models {
         let steps = config.steps_for(model);
         let name = model.name();
@@ -393,7 +385,7 @@ fn independent_runs(
             })
             .collect()
     });
-    let mut timings = timings.into_iter().collect::<Result<Vec<f64>, String>>()?;
-    timings.sort_by(f64::total_cmp);
-    Ok(timings[timings.len() / 2])
+    Ok(median(
+        timings.into_iter().collect::<Result<Vec<f64>, String>>()?,
+    ))
 }
