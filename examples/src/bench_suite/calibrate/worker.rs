@@ -144,7 +144,7 @@ pub fn worker(args: &CalibrateArgs, processes: usize) -> Result<(), BoxError> {
                 println!(
                     "calibrate-timing {} {bytes} {calls} {:e}",
                     op.name(),
-                    crate::bench_suite::bandwidth::median(slowest)
+                    crate::bench_suite::median(slowest)
                 );
             }
         }
