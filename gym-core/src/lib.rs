@@ -33,6 +33,7 @@ pub mod metrics;
 pub mod model;
 pub mod planner;
 pub mod run;
+mod simd;
 pub mod state;
 pub mod strategy;
 

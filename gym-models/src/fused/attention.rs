@@ -249,11 +249,11 @@ pub(super) mod flex {
         }
     }
 
-    widest_simd! {
+    gym_core::widest_simd! {
         fn forward_simd = forward_generic(x: &mut [f32], side: usize, scale: f32);
     }
 
-    widest_simd! {
+    gym_core::widest_simd! {
         fn backward_simd = backward_generic(y: &[f32], g: &mut [f32], side: usize, scale: f32);
     }
 

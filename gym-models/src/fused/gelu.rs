@@ -159,7 +159,7 @@ fn backward_generic(x: &[f32], dy: &[f32], dx: &mut [MaybeUninit<f32>]) {
     }
 }
 
-widest_simd! {
+gym_core::widest_simd! {
     fn forward_with_slope_simd = forward_with_slope_generic(
         x: &[f32],
         y: &mut [MaybeUninit<f32>],
@@ -167,11 +167,11 @@ widest_simd! {
     );
 }
 
-widest_simd! {
+gym_core::widest_simd! {
     fn forward_simd = forward_generic(x: &[f32], y: &mut [MaybeUninit<f32>]);
 }
 
-widest_simd! {
+gym_core::widest_simd! {
     fn backward_simd = backward_generic(x: &[f32], dy: &[f32], dx: &mut [MaybeUninit<f32>]);
 }
 

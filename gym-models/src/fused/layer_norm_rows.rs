@@ -3,7 +3,7 @@
 //! of the two dozen whole-tensor passes of the backend's operations. Sums run in
 //! [`LANES`] partial sums so that the loops vectorise.
 
-use crate::flex_values::contiguous;
+use crate::flex_values::{contiguous, slice};
 use burn::backend::flex::FlexTensor;
 use burn::tensor::{Shape, TensorData};
 
@@ -106,7 +106,7 @@ fn backward_generic(
     }
 }
 
-widest_simd! {
+gym_core::widest_simd! {
     fn forward_simd = forward_generic(
         x: &[f32],
         params: (&[f32], &[f32]),
@@ -116,7 +116,7 @@ widest_simd! {
     );
 }
 
-widest_simd! {
+gym_core::widest_simd! {
     fn backward_simd = backward_generic(
         inputs: (&[f32], &[f32], &[f32]),
         stats: (&[f32], &[f32]),
@@ -143,11 +143,7 @@ pub(crate) fn forward(
     epsilon: f64,
 ) -> Option<(FlexTensor, FlexTensor, FlexTensor)> {
     let (x, gamma, beta) = (contiguous(x)?, contiguous(gamma)?, contiguous(beta)?);
-    let (input, g, b) = (
-        x.as_slice::<f32>()?,
-        gamma.as_slice::<f32>()?,
-        beta.as_slice::<f32>()?,
-    );
+    let (input, g, b) = (slice(&x), slice(&gamma), slice(&beta));
     let d = *x.layout().shape().to_vec().last()?;
     if d == 0 || g.len() != d || b.len() != d {
         return None;
@@ -176,11 +172,11 @@ pub(crate) fn backward(
     let [x, gamma, mean, rstd, dy] = [x, gamma, mean, rstd, dy].map(contiguous);
     let (x, gamma, mean, rstd, dy) = (x?, gamma?, mean?, rstd?, dy?);
     let (input, g, m, r, grad) = (
-        x.as_slice::<f32>()?,
-        gamma.as_slice::<f32>()?,
-        mean.as_slice::<f32>()?,
-        rstd.as_slice::<f32>()?,
-        dy.as_slice::<f32>()?,
+        slice(&x),
+        slice(&gamma),
+        slice(&mean),
+        slice(&rstd),
+        slice(&dy),
     );
     let d = g.len();
     let rows = input.len().checked_div(d)?;

@@ -648,10 +648,6 @@ pub(crate) fn reference_matmul() -> bool {
     false
 }
 
-#[cfg(feature = "flex")]
-#[macro_use]
-mod simd;
-
 mod attention;
 #[cfg(feature = "flex")]
 mod batch_norm;

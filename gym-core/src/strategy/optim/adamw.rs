@@ -105,43 +105,19 @@ impl Step {
         };
         *p = decayed - delta * self.rate;
     }
+}
 
-    #[inline(always)]
-    fn run_generic(&self, p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
-        for (((p, g), m), v) in p.iter_mut().zip(g).zip(m).zip(v) {
-            self.element(p, *g, m, v);
-        }
+/// Burn's operations, in its order, on every element.
+#[inline(always)]
+fn step_all(step: &Step, p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
+    for (((p, g), m), v) in p.iter_mut().zip(g).zip(m).zip(v) {
+        step.element(p, *g, m, v);
     }
+}
 
-    // The loop compiled for AVX-512 and AVX2 too: no FMA (Rust does not contract a
-    // multiply and an add) and IEEE division and root, so every lane rounds as Burn's
-    // kernels do.
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f")]
-    fn run_avx512(&self, p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
-        self.run_generic(p, g, m, v)
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    fn run_avx2(&self, p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
-        self.run_generic(p, g, m, v)
-    }
-
-    /// The step on every element, with the widest vectors the CPU has.
-    fn run(&self, p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU has AVX-512F, checked just above.
-            return unsafe { self.run_avx512(p, g, m, v) };
-        }
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2, checked just above.
-            return unsafe { self.run_avx2(p, g, m, v) };
-        }
-        self.run_generic(p, g, m, v)
-    }
+crate::widest_simd! {
+    /// [`step_all`] with the widest vectors the CPU has.
+    fn step_widest = step_all(step: &Step, p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]);
 }
 
 impl Optimizer for OnePassAdamW {
@@ -154,14 +130,14 @@ impl Optimizer for OnePassAdamW {
         grad: Tensor<D>,
         state: Option<Self::State<D>>,
     ) -> (Tensor<D>, Option<Self::State<D>>) {
+        let Some(s) = self.settings else {
+            return self.burns.step(lr, param, grad, state);
+        };
         let moments_on_host = state.as_ref().is_none_or(|s| {
             host_f32(&s.momentum.moment_1)
                 && host_f32(&s.momentum.moment_2)
                 && s.momentum.max_moment_2.is_none()
         });
-        let Some(s) = self.settings else {
-            return self.burns.step(lr, param, grad, state);
-        };
         if !(host_f32(&param) && host_f32(&grad) && moments_on_host)
             || param.shape() != grad.shape()
         {
@@ -197,7 +173,7 @@ impl Optimizer for OnePassAdamW {
             rate: lr as f32,
             first: time == 1,
         };
-        step.run(&mut p, &g, &mut m, &mut v);
+        step_widest(&step, &mut p, &g, &mut m, &mut v);
         let momentum = AdaptiveMomentumState {
             time,
             moment_1: tensor(m, &dims, &device),
