@@ -62,21 +62,54 @@ fn the_written_out_attention_matches_the_fused_one() {
     assert!(diff < 1e-5, "max difference {diff}");
 }
 
+/// Replaces every matrix of `model` (the weights and embeddings; biases and LayerNorm gains
+/// are constants) with draws from a seeded host generator: uniform with the initialisation's
+/// standard deviation 0.02. Burn's generator is one per process, and the other tests in
+/// this binary draw from it at the same time, so weights drawn there differ between runs.
+fn host_drawn_weights(model: Gpt, seed: u64) -> Gpt {
+    use burn::module::{ModuleMapper, Param};
+    use rand::{Rng, SeedableRng};
+    struct Draw(rand_chacha::ChaCha8Rng);
+    impl ModuleMapper for Draw {
+        fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+            if D < 2 {
+                return param;
+            }
+            let half_width = 0.02 * 3f32.sqrt();
+            param.map(|t| {
+                let shape = t.shape();
+                let values: Vec<f32> = (0..shape.num_elements())
+                    .map(|_| self.0.random_range(-half_width..half_width))
+                    .collect();
+                Tensor::from_data(burn::tensor::TensorData::new(values, shape), &t.device())
+                    .require_grad()
+            })
+        }
+    }
+    model.map(&mut Draw(rand_chacha::ChaCha8Rng::seed_from_u64(seed)))
+}
+
 /// The fused operations' training curve (GELU, linear layers, attention's products and
 /// causal softmax) against Burn's: 30 steps of Adam on a small GPT from the same weights
 /// and batches, the losses within 2·10⁻⁴ of each other.
+///
+/// The two round differently, and training can widen the gap: over 300 seeds of this
+/// setup, the largest gap in 30 steps was below 5·10⁻⁵ for all but one seed (1.6·10⁻⁴);
+/// from Burn's generator, one CI run drew weights that ended 9·10⁻⁴ apart. So the weights
+/// and tokens come from a fixed seed on the host (seed 0: 5·10⁻⁷), the same in every run.
 #[test]
 fn training_with_the_fused_ops_follows_burns_loss_curve() {
     use burn::optim::{AdamConfig, GradientsParams};
-    use burn::tensor::Distribution;
+    use rand::{Rng, SeedableRng};
     let device = Device::flex().autodiff();
     let config = GptConfig::new(65, 32)
         .with_n_layer(2)
         .with_n_head(2)
         .with_n_embd(32);
-    let initial = config.init(&device).unwrap();
-    let tokens = Tensor::<2, Int>::random([8, 33], Distribution::Uniform(0.0, 65.0), &device);
-    let data = tokens.into_data();
+    let initial = host_drawn_weights(config.init(&device).unwrap(), 0);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
+    let ids: Vec<i64> = (0..8 * 33).map(|_| rng.random_range(0..65)).collect();
+    let data = burn::tensor::TensorData::new(ids, [8, 33]);
     let run = |reference: bool| {
         crate::fused::REFERENCE_GELU.with(|r| r.set(reference));
         crate::fused::REFERENCE_MATMUL.with(|r| r.set(reference));
