@@ -3,9 +3,20 @@
 
 use examples::bench_suite::{self, SuiteConfig};
 use std::path::PathBuf;
+use std::sync::Mutex;
+
+/// Held by each test here: the suite's figures are ratios of timings, so the other tests of
+/// this binary must not take the cores while it times (a matmul rate timed beside the soak
+/// would put a model above its bound below).
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 #[test]
 fn bench_suite_writes_every_named_figure() {
+    let _alone = one_at_a_time();
     let scratch = std::env::temp_dir().join(format!("gym-bench-test-{}", std::process::id()));
     let mut config = SuiteConfig::new(
         tests::shared_data("mnist"),
@@ -163,6 +174,7 @@ fn bench_suite_writes_every_named_figure() {
 /// it.
 #[test]
 fn bench_shows_the_peer_results_it_is_given_and_no_other() {
+    let _alone = one_at_a_time();
     let bench = env!("CARGO_BIN_EXE_bench");
     let scratch = std::env::temp_dir().join(format!("gym-bench-peer-{}", std::process::id()));
     std::fs::create_dir_all(&scratch).unwrap();
@@ -232,6 +244,7 @@ fn bench_shows_the_peer_results_it_is_given_and_no_other() {
 /// figures are the samples the growth is computed from, and the JSON names them.
 #[test]
 fn bench_soak_balances_its_traffic_and_reports_its_memory() {
+    let _alone = one_at_a_time();
     let mut config = bench_suite::SoakConfig::new();
     config.nodes = 4;
     config.steps = 60;

@@ -4,6 +4,10 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
+// The Ctrl-C helper of the series tests; the rest of the module is theirs.
+#[allow(dead_code)]
+mod series;
+
 fn mnist_dir() -> PathBuf {
     tests::shared_data("mnist")
 }
@@ -264,19 +268,13 @@ fn resume_after_ctrl_c_with_the_printed_command_ends_as_the_run_left_alone() {
         .chain(["--log-dir".into(), logs.to_string_lossy().into_owned()])
         .collect()
     };
-    let child = Command::new(env!("CARGO_BIN_EXE_mnist"))
-        .args(flags("stopped"))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(1200));
-    let killed = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
-    let out = child.wait_with_output().unwrap();
+    // SIGINT once 3 steps are logged: inside the run on a machine of any speed.
+    let out = series::interrupted(
+        env!("CARGO_BIN_EXE_mnist"),
+        &flags("stopped"),
+        &logs.join("stopped").join("train.csv"),
+        3,
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(130), "{stderr}");
     let summary = |run: &str| -> serde_json::Value {

@@ -6,7 +6,7 @@
 #![allow(deprecated)]
 
 use burn::tensor::Device;
-use gym_core::{Collective, InProcessGroup, NodeData, ReduceOp, Trainer, TrainerConfig};
+use gym_core::{InProcessGroup, NodeData, ReduceOp, Trainer, TrainerConfig};
 use gym_strategies::AllReduceConfig;
 use tests::{Synthetic, SyntheticBatcher, flat_params, host, max_abs_diff, rank_values, small_mlp};
 
@@ -60,7 +60,12 @@ fn allreduce_on_two_backends_trains_as_on_one() {
     };
     let one = fit(vec![Device::flex()]);
     let two = fit(vec![Device::flex(), Device::ndarray()]);
-    let start = flat_params(&small_mlp(&Device::flex().autodiff()));
+    // The run's starting weights: `fit` draws them from its seed.
+    let start = flat_params(&gym_core::rng::init_seeded(
+        &Device::flex().autodiff(),
+        3,
+        small_mlp,
+    ));
     let moved = max_abs_diff(&flat_params(&one.model), &start);
     let apart = max_abs_diff(&flat_params(&one.model), &flat_params(&two.model));
     assert!(moved > 1e-3, "training moved the parameters by {moved}");

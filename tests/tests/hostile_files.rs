@@ -696,6 +696,10 @@ fn fault_vocab_parser_survives_random_inputs() {
 // ---------------------------------------------------------------------------------------
 // Headers that lie, and hostile files on disk.
 
+/// "At once" for a refused header: far below reading or filling 2^31 elements (seconds), with
+/// room for a 2-core machine busy with the fuzz tests beside it.
+const PROMPTLY: Duration = Duration::from_secs(1);
+
 /// Headers claiming 2^31 elements (and `u32::MAX` of each dimension) over 16 bytes of data
 /// are refused at once, allocating nothing of the claimed size.
 #[test]
@@ -716,7 +720,7 @@ fn fault_a_header_claiming_2_31_elements_over_16_bytes_errors_promptly() {
         let inputs = [input.clone()];
         let start = Instant::now();
         let err = survive("IDX", case, &inputs, 1, || parse_idx(input, origin)).unwrap_err();
-        assert!(start.elapsed() < Duration::from_millis(100), "{err}");
+        assert!(start.elapsed() < PROMPTLY, "{err}");
         assert!(matches!(&err, DataError::Format { .. }), "{err}");
         let message = err.to_string();
         assert!(
@@ -735,7 +739,7 @@ fn fault_a_header_claiming_2_31_elements_over_16_bytes_errors_promptly() {
         MnistDataset::from_idx(&inputs[0], &inputs[1], origin)
     })
     .unwrap_err();
-    assert!(start.elapsed() < Duration::from_millis(100), "{err}");
+    assert!(start.elapsed() < PROMPTLY, "{err}");
     assert!(err.to_string().contains("2147483648"), "{err}");
     // A gzip trailer claiming 2^31 bytes over 16.
     let mut gz = gzip(&data);

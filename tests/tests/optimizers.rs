@@ -30,7 +30,8 @@ fn muon_and_adamw() -> InnerOptimizerConfig {
 #[test]
 fn a_grouped_step_routes_each_parameter_to_its_optimizer_and_lr() {
     let device = Device::default().autodiff();
-    let model = small_mlp(&device);
+    // Seeded: the same weights in every run, so that a failure reproduces.
+    let model = gym_core::rng::init_seeded(&device, 0, small_mlp);
     let layout = ParamLayout::trainable(&model);
     let initial = values(layout.flatten(&model));
     let mut optimizer = muon_and_adamw().init(&layout, 10).unwrap();

@@ -349,10 +349,17 @@ fn resume_after_an_interruption_ends_where_the_run_left_alone_does() {
     // Interrupted from another thread while it runs: it stops at a step boundary common to
     // every node and saves a checkpoint there, which resumes to the same end.
     flag.store(false, std::sync::atomic::Ordering::SeqCst);
+    // Set once the run has logged 3 steps (not after a fixed time: the run may still be
+    // setting up then, on a loaded machine).
     let setter = {
         let flag = flag.clone();
+        let log = dir.join("long").join("train.csv");
         std::thread::spawn(move || {
-            std::thread::sleep(std::time::Duration::from_millis(30));
+            let start = std::time::Instant::now();
+            let logged = || std::fs::read_to_string(&log).map_or(0, |t| t.lines().count());
+            while logged() < 1 + 3 && start.elapsed() < std::time::Duration::from_secs(300) {
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
             flag.store(true, std::sync::atomic::Ordering::SeqCst);
         })
     };

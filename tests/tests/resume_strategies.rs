@@ -105,7 +105,7 @@ fn initial_params() -> Vec<f32> {
     static INITIAL: OnceLock<Vec<f32>> = OnceLock::new();
     INITIAL
         .get_or_init(|| {
-            let model = small_mlp(&Device::default().autodiff());
+            let model = gym_core::rng::init_seeded(&Device::default().autodiff(), 0, small_mlp);
             values(ParamLayout::trainable(&model).flatten(&model))
         })
         .clone()
