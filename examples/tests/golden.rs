@@ -13,12 +13,12 @@
 //! (the file `golden.json` beside this one); a change of results is a new recording, made
 //! on purpose, with its reason in the commit.
 //!
-//! Bit for bit holds on the machine type the set was recorded on (the CI's, named in the
-//! file as `recorded_on`). Another CPU rounds differently in its matrix products (`gemm`
-//! picks its kernels and blocking by the CPU's vectors and caches), so elsewhere the test
-//! passes over the CSV columns that hold fractions (losses, accuracies, the learning rate,
-//! simulated times), holds the summaries' numbers with a fraction to [`ELSEWHERE`] of the
-//! recorded ones and everything else exactly; it says which of the two it did.
+//! Bit for bit holds on the machine type the set was recorded on (named in the file as
+//! `recorded_on`). Another CPU rounds differently in its matrix products (`gemm` picks its
+//! kernels and blocking by the CPU's vectors and caches), so elsewhere the test passes over
+//! the CSV columns that hold fractions (losses, accuracies, the learning rate, simulated
+//! times), holds the summaries' numbers with a fraction to [`ELSEWHERE`] of the recorded
+//! ones and everything else exactly; it says which of the two it did.
 
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
