@@ -64,8 +64,7 @@ fn q_on_the_dashboard_stops_the_run_as_ctrl_c_does() {
     // Wait for the first steps, then press q.
     let train = logs.join("t/train.csv");
     for _ in 0..600 {
-        let lines = std::fs::read_to_string(&train).map_or(0, |t| t.lines().count());
-        if lines > 20 {
+        if tests::steps_logged(&train) >= 20 {
             break;
         }
         std::thread::sleep(Duration::from_millis(50));

@@ -11,7 +11,8 @@ use gym_core::{
     FitOutput, ImageBatch, NodeData, ParamLayout, StrategyConfig, Trainer, TrainerConfig,
 };
 use gym_models::{Mlp, MlpConfig};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 pub mod trace_file;
 pub mod twin;
@@ -340,4 +341,24 @@ pub fn python_with(modules: &str) -> Option<String> {
             .output()
             .is_ok_and(|o| o.status.success())
     })
+}
+
+/// The data rows of a run's `train.csv` (0 before it exists): the steps a running run has
+/// logged, each flushed as it is written.
+pub fn steps_logged(train_csv: &Path) -> usize {
+    std::fs::read_to_string(train_csv).map_or(0, |t| t.lines().count().saturating_sub(1))
+}
+
+/// Waits until the run writing `train_csv` has logged `steps` steps: a known point inside
+/// that run, whatever the machine's speed. Panics after 300 s.
+pub fn wait_for_steps(train_csv: &Path, steps: usize) {
+    let start = Instant::now();
+    while steps_logged(train_csv) < steps {
+        assert!(
+            start.elapsed() < Duration::from_secs(300),
+            "{} never held {steps} steps",
+            train_csv.display()
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
 }

@@ -355,11 +355,7 @@ fn resume_after_an_interruption_ends_where_the_run_left_alone_does() {
         let flag = flag.clone();
         let log = dir.join("long").join("train.csv");
         std::thread::spawn(move || {
-            let start = std::time::Instant::now();
-            let logged = || std::fs::read_to_string(&log).map_or(0, |t| t.lines().count());
-            while logged() < 1 + 3 && start.elapsed() < std::time::Duration::from_secs(300) {
-                std::thread::sleep(std::time::Duration::from_millis(2));
-            }
+            tests::wait_for_steps(&log, 3);
             flag.store(true, std::sync::atomic::Ordering::SeqCst);
         })
     };

@@ -3,7 +3,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
 
 /// A fresh folder for test `name`.
 pub fn temp_dir(name: &str) -> PathBuf {
@@ -21,26 +20,13 @@ pub fn interrupted(bin: &str, args: &[String], log: &Path, rows: usize) -> Outpu
         .stderr(Stdio::piped())
         .spawn()
         .expect("the binary runs");
-    let start = Instant::now();
-    while steps_logged(log) < rows {
-        assert!(
-            start.elapsed() < Duration::from_secs(300),
-            "{} never held {rows} steps",
-            log.display()
-        );
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    tests::wait_for_steps(log, rows);
     let killed = Command::new("kill")
         .args(["-INT", &child.id().to_string()])
         .status()
         .unwrap();
     assert!(killed.success());
     child.wait_with_output().unwrap()
-}
-
-/// The data rows of a `train.csv` (0 before it exists).
-fn steps_logged(log: &Path) -> usize {
-    std::fs::read_to_string(log).map_or(0, |t| t.lines().count().saturating_sub(1))
 }
 
 /// Runs the `resume with` command that `stopped` printed, as printed.
