@@ -446,7 +446,12 @@ fn mpi_a_killed_process_ends_the_job_with_an_error_naming_it() {
 fn mpi_a_hung_process_makes_the_others_give_up_after_the_timeout() {
     let printed = failing_job("hang");
     assert!(
-        printed.contains("waited") && printed.contains("AllReduce(Sum)"),
+        printed.contains("AllReduce(Sum) in group [0, 1, 2, 3] received nothing from"),
         "a waiting rank says what it waited in: {printed}"
+    );
+    // Rank 1 is process 1 (one node per process): the others name it and its host.
+    assert!(
+        printed.contains("nothing from process 1 (host "),
+        "a waiting rank names the process it waited for: {printed}"
     );
 }

@@ -8,49 +8,56 @@
 //! communicator of the group's own (one per group of ranks, so calls on different groups
 //! never wait for each other; the library runs at `MPI_THREAD_MULTIPLE`).
 //!
-//! Results are the thread transport's, bit for bit: an all-reduce is a reduce-scatter by
-//! hand (each process receives one slice of every member's tensor and adds the members'
-//! slices in rank order, as the threads add whole tensors), then an all-gather of the
-//! summed slices. MPI's own `MPI_Allreduce` is not used, since its order of additions is the
-//! library's choice. Every call first gathers the members' [`Header`]s, so members that
-//! disagree all get [`CollectiveError::Mismatch`] instead of exchanging buffers of
-//! different sizes; the headers carry each member's readiness on the simulated clock, so
-//! every process computes the same start and end of a transfer.
+//! Results are the thread transport's, bit for bit: reductions add the members' values in
+//! member order ([`collectives`]). MPI's own `MPI_Allreduce` is not used, since its order of
+//! additions is the library's choice; nor are MPI's other collectives: every call is made of
+//! point-to-point transfers in chunks ([`p2p`]), which run both directions of a link at
+//! its rate and let a stalled call say which process it waits for. Every call first
+//! exchanges the members' [`Header`]s, so members that disagree all get
+//! [`CollectiveError::Mismatch`] instead of exchanging buffers of different sizes; the
+//! headers carry each member's readiness on the simulated clock, so every process computes
+//! the same start and end of a transfer.
 //!
 //! A process that dies ends the job: `mpirun` notices and stops the others, naming it. A
-//! process that hangs, or a launcher that does not watch its processes, is caught by the
-//! timeout ([`MpiTransport::with_timeout`]): a rank that has waited that long in one call
-//! says so on stderr and exits with status 70, which ends the job.
+//! process that hangs, or a host whose link is lost, is caught by the timeout
+//! ([`MpiTransport::with_timeout`]): a rank that has received nothing for that long in one
+//! call says which process and host it was waiting for and exits with status 70, which ends
+//! the job.
 //!
 //! Built with the `mpi` feature (it needs an MPI library and `libclang` to build).
+
+mod collectives;
+mod p2p;
+mod watch;
+
+pub use watch::TIMEOUT_EXIT_CODE;
 
 use super::combine::{self, Input, Met, Outcome};
 use super::rendezvous::{Rendezvous, lock};
 use super::{Contribution, Exchanged, Header, Transport, check_agreement};
-use crate::comm::group::{CollectiveOp, Group, ReduceOp};
+use crate::comm::group::{CollectiveOp, Group};
 use crate::error::{CollectiveError, GymError};
 use burn::tensor::{DType, Device, Tensor, TensorData};
 use mpi::Threading;
-use mpi::datatype::{Partition, PartitionMut};
+use mpi::datatype::PartitionMut;
 use mpi::environment::Universe;
 use mpi::topology::{Group as _, SimpleCommunicator};
 use mpi::traits::*;
+use p2p::{Peers, Tag};
 use std::collections::HashMap;
 use std::ops::Range;
-use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, Instant};
-
-/// The exit status of a rank that gave up waiting for the others (`EX_SOFTWARE`).
-pub const TIMEOUT_EXIT_CODE: i32 = 70;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use watch::{Placement, Watch};
 
 /// The ranks of a run over the processes of an MPI job. Create it once per process with
 /// [`init`](Self::init), under `mpirun`.
 pub struct MpiTransport {
     world_size: usize,
-    process: usize,
+    placement: Arc<Placement>,
     processes: usize,
-    per_process: usize,
     meetings: Rendezvous<Input, Result<Met, CollectiveError>>,
+    chunk_bytes: usize,
     mpi: Arc<MpiState>,
 }
 
@@ -60,8 +67,8 @@ struct MpiState {
     /// One communicator per group of ranks that spans processes, made by its members on
     /// first use.
     groups: Mutex<HashMap<Vec<usize>, Arc<Mutex<GroupComm>>>>,
-    /// The calls in progress, by rank: since when and what (what the timeout watches).
-    calls: Mutex<HashMap<usize, (Instant, String)>>,
+    /// The calls in progress (what the timeout watches).
+    watch: Arc<Watch>,
     /// Declared last, so dropped last: finalises MPI after the communicators are freed.
     _universe: Universe,
 }
@@ -75,6 +82,8 @@ unsafe impl Sync for MpiState {}
 
 struct GroupComm {
     comm: SimpleCommunicator,
+    /// The job's process at each position of the communicator.
+    processes: Vec<usize>,
     /// The reduce-scatter's receive buffer, kept from call to call: a fresh one of that
     /// size would be faulted in page by page every time.
     scratch: Vec<f32>,
@@ -88,8 +97,9 @@ impl std::fmt::Debug for MpiTransport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MpiTransport")
             .field("world_size", &self.world_size)
-            .field("process", &self.process)
+            .field("process", &self.placement.process)
             .field("processes", &self.processes)
+            .field("hosts", &self.placement.hosts)
             .finish()
     }
 }
@@ -118,24 +128,33 @@ impl MpiTransport {
                 processes * num_nodes.div_ceil(processes).max(1)
             )));
         }
-        Ok(MpiTransport {
+        let hosts = host_names(&world);
+        let transport = MpiTransport {
             world_size: num_nodes,
-            process,
+            placement: Arc::new(Placement {
+                process,
+                hosts,
+                per_process: num_nodes / processes,
+            }),
             processes,
-            per_process: num_nodes / processes,
             meetings: Rendezvous::new(num_nodes),
+            chunk_bytes: p2p::CHUNK_BYTES,
             mpi: Arc::new(MpiState {
                 world,
                 groups: Mutex::new(HashMap::new()),
-                calls: Mutex::new(HashMap::new()),
+                watch: Arc::new(Watch::default()),
                 _universe: universe,
             }),
-        })
+        };
+        // The world's communicator now, while every process is here: a peer that hangs
+        // later is then caught in a transfer, which names it.
+        transport.communicator(&Group::world(num_nodes))?;
+        Ok(transport)
     }
 
     /// This process's index in the MPI job.
     pub fn process(&self) -> usize {
-        self.process
+        self.placement.process
     }
 
     /// The number of processes in the MPI job.
@@ -143,36 +162,31 @@ impl MpiTransport {
         self.processes
     }
 
-    /// Gives up on a call that has waited `timeout` for the other ranks: the rank prints what
-    /// it was waiting in and the process exits with [`TIMEOUT_EXIT_CODE`], which makes
-    /// `mpirun` end the job. For a peer that hangs rather than dies (a dead one ends the job
-    /// at once), and for launchers that do not stop a job when one of its processes dies.
+    /// Each process's host, as MPI names it (`MPI_Get_processor_name`), by process.
+    pub fn hosts(&self) -> &[String] {
+        &self.placement.hosts
+    }
+
+    /// Gives up on a call that has received nothing for `timeout`: the rank prints the call,
+    /// the processes (and hosts) it was waiting for, and the process exits with
+    /// [`TIMEOUT_EXIT_CODE`], which makes `mpirun` end the job. For a peer that hangs
+    /// rather than dies (a dead one ends the job at once), a host whose link is lost, and
+    /// launchers that do not stop a job when one of its processes dies. The time counts
+    /// from the last data that arrived, so a long transfer that keeps moving is not cut.
     pub fn with_timeout(self, timeout: Duration) -> Self {
-        let state: Weak<MpiState> = Arc::downgrade(&self.mpi);
-        let tick = (timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
-        std::thread::Builder::new()
-            .name("gym-mpi-timeout".into())
-            .spawn(move || {
-                // Ends with the transport: the thread holds no strong reference.
-                while let Some(state) = state.upgrade() {
-                    let late = lock(&state.calls)
-                        .iter()
-                        .map(|(&rank, (since, what))| (rank, since.elapsed(), what.clone()))
-                        .find(|(_, waited, _)| *waited > timeout);
-                    if let Some((rank, waited, what)) = late {
-                        eprintln!(
-                            "rank {rank}: {what} waited {:.1} s for the other ranks (timeout \
-                             {:.1} s): a peer has hung or died; exiting",
-                            waited.as_secs_f64(),
-                            timeout.as_secs_f64()
-                        );
-                        std::process::exit(TIMEOUT_EXIT_CODE);
-                    }
-                    drop(state);
-                    std::thread::sleep(tick);
-                }
-            })
-            .expect("a watch thread starts");
+        watch::spawn(
+            Arc::downgrade(&self.mpi.watch),
+            self.placement.clone(),
+            timeout,
+        );
+        self
+    }
+
+    /// Messages between hosts cut into chunks of `bytes` (default 60 KiB, under Open MPI's
+    /// TCP eager limit; see [`p2p`]); calls among processes of one host use at least
+    /// 1 MiB. Every process of the job must use the same value.
+    pub fn with_chunk_bytes(mut self, bytes: usize) -> Self {
+        self.chunk_bytes = bytes.max(1);
         self
     }
 
@@ -183,9 +197,21 @@ impl MpiTransport {
         self.mpi.world.abort(code)
     }
 
+    /// The chunk size of a call among `processes`: on one host, MPI moves large messages
+    /// through shared memory in one copy, and chunks only add calls.
+    fn chunk_bytes(&self, processes: &[usize]) -> usize {
+        let hosts = &self.placement.hosts;
+        let here = &hosts[self.placement.process];
+        if processes.iter().all(|&p| &hosts[p] == here) {
+            self.chunk_bytes.max(p2p::SHARED_MEMORY_CHUNK_BYTES)
+        } else {
+            self.chunk_bytes
+        }
+    }
+
     /// The process that runs `rank`.
     fn process_of(&self, rank: usize) -> usize {
-        rank / self.per_process
+        rank / self.placement.per_process
     }
 
     /// This process's part of a call among `group` (it holds members of other processes):
@@ -198,20 +224,38 @@ impl MpiTransport {
         inputs: Vec<Input>,
     ) -> Result<Met, CollectiveError> {
         let me = local[0];
+        if !lock(&self.mpi.groups).contains_key(group.members()) {
+            // Making a communicator waits for every process of the group, which MPI does
+            // not name: all of them are suspects until it is made.
+            let others: Vec<usize> = (group.members().iter())
+                .map(|&r| self.process_of(r))
+                .filter(|&p| p != self.placement.process)
+                .collect();
+            self.mpi.watch.waiting_for(local, &dedup(others));
+        }
         let comm = self.communicator(group)?;
         let mut comm = lock(&comm);
-        let GroupComm { comm, scratch } = &mut *comm;
-        // The processes of the group, in order, and how many members each holds.
-        let mut counts: Vec<(usize, usize)> = Vec::new();
-        for &m in group.members() {
-            let p = self.process_of(m);
-            match counts.last_mut() {
-                Some((last, n)) if *last == p => *n += 1,
-                _ => counts.push((p, 1)),
-            }
-        }
-        let members: Vec<usize> = counts.iter().map(|&(_, n)| n).collect();
-        let all = gather_headers(comm, &headers, &members);
+        let GroupComm {
+            comm,
+            processes,
+            scratch,
+        } = &mut *comm;
+        let peers = Peers {
+            comm,
+            processes,
+            ranks: local,
+            watch: &self.mpi.watch,
+            chunk_bytes: self.chunk_bytes(processes),
+        };
+        // How many members each of the group's processes holds, in order.
+        let members: Vec<usize> = processes
+            .iter()
+            .map(|&p| {
+                let ranks = self.placement.ranks_of(p);
+                group.members().iter().filter(|m| ranks.contains(m)).count()
+            })
+            .collect();
+        let all = collectives::headers(&peers, &headers, &members);
         check_agreement(group, &all)?;
         let op = all[0].op;
         let n = all[0].len as usize;
@@ -220,12 +264,18 @@ impl MpiTransport {
             Input::Host(_, device) => Some(device.clone()),
             _ => None,
         });
+        let root_position = |root: usize| {
+            processes
+                .iter()
+                .position(|&p| p == self.process_of(root))
+                .expect("the root is a member")
+        };
         let delivery = match op {
             // The header exchange is itself a barrier.
             CollectiveOp::Barrier | CollectiveOp::Quorum => Outcome::None,
             CollectiveOp::AllReduce(reduce) => {
                 let mine = host_values(me, inputs)?;
-                let sum = all_reduce(comm, mine, n, &members, reduce, group.size(), scratch);
+                let sum = collectives::all_reduce(&peers, &mine, n, &members, reduce, scratch);
                 Outcome::One(Box::new(tensor_on(sum, &device.expect("tensors in"))))
             }
             CollectiveOp::Broadcast { root } => {
@@ -233,12 +283,12 @@ impl MpiTransport {
                     Some(t) => host_values(me, vec![t])?,
                     None => vec![0f32; n],
                 };
-                root_process(comm, group, root, self).broadcast_into(&mut values[..]);
+                collectives::broadcast(&peers, root_position(root), &mut values);
                 Outcome::One(Box::new(tensor_on(values, &device.expect("tensors in"))))
             }
             CollectiveOp::AllGather => {
                 let mine = host_values(me, inputs)?;
-                let all = gather_varcount(comm, &mine, n, &members);
+                let all = collectives::all_gather(&peers, &mine, n, &members, Tag::Data);
                 let device = device.expect("tensors in");
                 let tensors = (0..group.size())
                     .map(|i| tensor_on(all[i * n..(i + 1) * n].to_vec(), &device))
@@ -247,7 +297,7 @@ impl MpiTransport {
             }
             CollectiveOp::AllGatherBytes => {
                 let mine: Vec<u8> = inputs.into_iter().flat_map(bytes_of).collect();
-                let all = gather_varcount(comm, &mine, n, &members);
+                let all = collectives::all_gather(&peers, &mine, n, &members, Tag::Data);
                 Outcome::AllBytes(split(&all, n, group.size()))
             }
             CollectiveOp::BroadcastBytes { root } => {
@@ -257,7 +307,7 @@ impl MpiTransport {
                     Some(Input::Given(Contribution::Bytes(b))) => b,
                     _ => vec![0u8; len],
                 };
-                root_process(comm, group, root, self).broadcast_into(&mut buffer[..]);
+                collectives::broadcast(&peers, root_position(root), &mut buffer);
                 Outcome::Bytes(buffer)
             }
         };
@@ -274,10 +324,11 @@ impl MpiTransport {
         if let Some(comm) = lock(&self.mpi.groups).get(&key) {
             return Ok(comm.clone());
         }
-        let mut processes: Vec<i32> = key.iter().map(|&r| self.process_of(r) as i32).collect();
+        let mut processes: Vec<usize> = key.iter().map(|&r| self.process_of(r)).collect();
         processes.dedup();
         let world = &self.mpi.world;
-        let sub = world.group().include(&processes);
+        let ranks: Vec<i32> = processes.iter().map(|&p| p as i32).collect();
+        let sub = world.group().include(&ranks);
         // MPI_Comm_create_group: only the group's processes take part. Groups in flight at
         // once hold different ranks, so their smallest members tell them apart.
         let tag = key[0] as i32;
@@ -286,6 +337,7 @@ impl MpiTransport {
             .ok_or_else(|| transport(key[0], format!("no communicator for group {key:?}")))?;
         let comm = Arc::new(Mutex::new(GroupComm {
             comm,
+            processes,
             scratch: Vec::new(),
         }));
         lock(&self.mpi.groups).insert(key, comm.clone());
@@ -299,8 +351,7 @@ impl Transport for MpiTransport {
     }
 
     fn local_ranks(&self) -> Range<usize> {
-        let first = self.process * self.per_process;
-        first..first + self.per_process
+        self.placement.ranks_of(self.placement.process)
     }
 
     fn exchange(
@@ -314,15 +365,13 @@ impl Transport for MpiTransport {
             .members()
             .iter()
             .copied()
-            .filter(|&m| self.process_of(m) == self.process)
+            .filter(|&m| self.process_of(m) == self.placement.process)
             .collect();
         let spans = local.len() < group.size();
-        lock(&self.mpi.calls).insert(
+        let watch = &self.mpi.watch;
+        watch.begin(
             rank,
-            (
-                Instant::now(),
-                format!("{:?} in group {:?}", header.op, group.members()),
-            ),
+            format!("{:?} in group {:?}", header.op, group.members()),
         );
         let input = Input::of(header.op, contribution);
         let met = self
@@ -334,7 +383,7 @@ impl Transport for MpiTransport {
                     combine::meet(group, headers, inputs)
                 }
             });
-        lock(&self.mpi.calls).remove(&rank);
+        watch.end(rank);
         Met::deliver(&*met?)
     }
 
@@ -352,146 +401,40 @@ impl Transport for MpiTransport {
     fn leave(&self, _rank: usize) {}
 }
 
-/// Every member's header, in member order: each process sends its members'.
-fn gather_headers(comm: &SimpleCommunicator, mine: &[Header], members: &[usize]) -> Vec<Header> {
-    const H: usize = 5;
-    let encoded: Vec<u64> = mine
+/// Every process's host name, by process (gathered once, at start-up).
+fn host_names(world: &SimpleCommunicator) -> Vec<String> {
+    let mine = mpi::environment::processor_name()
+        .unwrap_or_else(|_| "?".into())
+        .into_bytes();
+    let size = world.size() as usize;
+    let mut lengths = vec![0i32; size];
+    world.all_gather_into(&(mine.len() as i32), &mut lengths[..]);
+    let displs: Vec<i32> = lengths
         .iter()
-        .flat_map(|h| {
-            let (code, root) = op_code(h.op);
-            [code, root as u64, h.len, h.ready_s.to_bits(), 0]
-        })
-        .collect();
-    let all = gather_varcount(comm, &encoded, H, members);
-    all.chunks(H)
-        .map(|h| Header {
-            op: op_from_code(h[0], h[1] as usize),
-            len: h[2],
-            ready_s: f64::from_bits(h[3]),
-        })
-        .collect()
-}
-
-/// Every process's `mine` (`per_member` values for each of its members, `members[p]` of
-/// them for process `p`), concatenated in process order.
-fn gather_varcount<T: Equivalence + Default + Clone>(
-    comm: &SimpleCommunicator,
-    mine: &[T],
-    per_member: usize,
-    members: &[usize],
-) -> Vec<T> {
-    let counts: Vec<i32> = members.iter().map(|&m| (m * per_member) as i32).collect();
-    let displs = displacements(&counts);
-    let total = counts.iter().sum::<i32>() as usize;
-    let mut all = vec![T::default(); total];
-    let mut recv = PartitionMut::new(&mut all[..], &counts[..], &displs[..]);
-    comm.all_gather_varcount_into(mine, &mut recv);
-    all
-}
-
-fn displacements(counts: &[i32]) -> Vec<i32> {
-    counts
-        .iter()
-        .scan(0, |at, &c| {
+        .scan(0, |at, &len| {
             let here = *at;
-            *at += c;
+            *at += len;
             Some(here)
         })
-        .collect()
-}
-
-/// Element ranges of the slices a reduce-scatter hands out: `k` contiguous parts of `n`,
-/// the first `n % k` one longer.
-fn slices(n: usize, k: usize) -> Vec<(usize, usize)> {
-    let (base, extra) = (n / k, n % k);
-    let mut start = 0;
-    (0..k)
-        .map(|i| {
-            let len = base + usize::from(i < extra);
-            let range = (start, len);
-            start += len;
-            range
+        .collect();
+    let mut all = vec![0u8; lengths.iter().sum::<i32>() as usize];
+    {
+        let mut recv = PartitionMut::new(&mut all[..], &lengths[..], &displs[..]);
+        world.all_gather_varcount_into(&mine[..], &mut recv);
+    }
+    lengths
+        .iter()
+        .zip(&displs)
+        .map(|(&len, &at)| {
+            String::from_utf8_lossy(&all[at as usize..(at + len) as usize]).into_owned()
         })
         .collect()
 }
 
-/// The all-reduce of the members' tensors of `n` values (`mine`: this process's members',
-/// one after the other), each element added in member order and then, for a mean, divided
-/// by the member count: the thread transport's arithmetic. `received` is scratch space.
-fn all_reduce(
-    comm: &SimpleCommunicator,
-    mine: Vec<f32>,
-    n: usize,
-    members: &[usize],
-    op: ReduceOp,
-    group_size: usize,
-    received: &mut Vec<f32>,
-) -> Vec<f32> {
-    let processes = members.len();
-    let me = comm.rank() as usize;
-    let parts = slices(n, processes);
-    let local = members[me];
-    // Reduce-scatter: process q receives slice q of every member's tensor, members in order.
-    let mut send = Vec::with_capacity(mine.len());
-    let mut send_counts = Vec::with_capacity(processes);
-    for &(start, len) in &parts {
-        for m in 0..local {
-            send.extend_from_slice(&mine[m * n + start..m * n + start + len]);
-        }
-        send_counts.push((local * len) as i32);
-    }
-    let own = parts[me].1;
-    let recv_counts: Vec<i32> = members.iter().map(|&m| (m * own) as i32).collect();
-    received.resize(group_size * own, 0.0);
-    {
-        let send_displs = displacements(&send_counts);
-        let recv_displs = displacements(&recv_counts);
-        let send = Partition::new(&send[..], &send_counts[..], &send_displs[..]);
-        let mut recv = PartitionMut::new(&mut received[..], &recv_counts[..], &recv_displs[..]);
-        comm.all_to_all_varcount_into(&send, &mut recv);
-    }
-    // Summed into the first member's slice, in member order.
-    let (sum, rest) = received.split_at_mut(own);
-    for j in 1..group_size {
-        for (s, &x) in sum.iter_mut().zip(&rest[(j - 1) * own..j * own]) {
-            *s += x;
-        }
-    }
-    if op == ReduceOp::Mean {
-        let divisor = group_size as f32;
-        for s in sum.iter_mut() {
-            *s /= divisor;
-        }
-    }
-    // All-gather of the summed slices.
-    let counts: Vec<i32> = parts.iter().map(|&(_, len)| len as i32).collect();
-    let displs: Vec<i32> = parts.iter().map(|&(start, _)| start as i32).collect();
-    let mut out = vec![0f32; n];
-    {
-        let mut recv = PartitionMut::new(&mut out[..], &counts[..], &displs[..]);
-        comm.all_gather_varcount_into(&*sum, &mut recv);
-    }
-    out
-}
-
-/// The root process of a broadcast from `root` on `group`'s communicator.
-fn root_process<'a>(
-    comm: &'a SimpleCommunicator,
-    group: &Group,
-    root: usize,
-    transport: &MpiTransport,
-) -> mpi::topology::Process<'a> {
-    let mut processes: Vec<usize> = group
-        .members()
-        .iter()
-        .map(|&m| transport.process_of(m))
-        .collect();
-    processes.dedup();
-    let position = processes
-        .iter()
-        .position(|&p| p == transport.process_of(root))
-        .expect("the root is a member");
-    comm.process_at_rank(position as i32)
+/// `sorted` without repeats.
+fn dedup(mut sorted: Vec<usize>) -> Vec<usize> {
+    sorted.dedup();
+    sorted
 }
 
 /// The root's contribution, if the root runs in this process.
@@ -550,59 +493,9 @@ fn split(all: &[u8], n: usize, count: usize) -> Vec<Vec<u8>> {
         .collect()
 }
 
-fn op_code(op: CollectiveOp) -> (u64, usize) {
-    match op {
-        CollectiveOp::AllReduce(ReduceOp::Sum) => (1, 0),
-        CollectiveOp::AllReduce(ReduceOp::Mean) => (2, 0),
-        CollectiveOp::Broadcast { root } => (3, root),
-        CollectiveOp::AllGather => (4, 0),
-        CollectiveOp::AllGatherBytes => (5, 0),
-        CollectiveOp::Barrier => (6, 0),
-        CollectiveOp::BroadcastBytes { root } => (7, root),
-        CollectiveOp::Quorum => (8, 0),
-    }
-}
-
-fn op_from_code(code: u64, root: usize) -> CollectiveOp {
-    match code {
-        1 => CollectiveOp::AllReduce(ReduceOp::Sum),
-        2 => CollectiveOp::AllReduce(ReduceOp::Mean),
-        3 => CollectiveOp::Broadcast { root },
-        4 => CollectiveOp::AllGather,
-        5 => CollectiveOp::AllGatherBytes,
-        7 => CollectiveOp::BroadcastBytes { root },
-        8 => CollectiveOp::Quorum,
-        _ => CollectiveOp::Barrier,
-    }
-}
-
 fn transport(rank: usize, reason: impl Into<String>) -> CollectiveError {
     CollectiveError::Transport {
         rank,
         reason: reason.into(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{displacements, slices};
-
-    #[test]
-    fn slices_cover_the_tensor_in_order() {
-        for (n, k) in [(10, 3), (2, 4), (0, 2), (1_000_003, 16)] {
-            let parts = slices(n, k);
-            assert_eq!(parts.len(), k);
-            let mut next = 0;
-            for (start, len) in parts {
-                assert_eq!(start, next);
-                next += len;
-            }
-            assert_eq!(next, n);
-        }
-    }
-
-    #[test]
-    fn displacements_are_running_sums() {
-        assert_eq!(displacements(&[3, 0, 2, 5]), vec![0, 3, 3, 5]);
     }
 }
