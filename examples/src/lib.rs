@@ -4,13 +4,15 @@
 //! ([`compare`], [`plot`]) and grids of runs on a simulated cluster ([`sweep`]), both stopped
 //! by Ctrl-C and continued by `--resume` ([`series`]), plans at any size without a model
 //! ([`plan`]), the self-contained `report.html` of a run or a series ([`report`]) and a live
-//! dashboard ([`tui`]).
+//! dashboard ([`tui`]), and an emulated cluster of hosts with shaped links to run MPI jobs
+//! across ([`cluster`]).
 
 #![warn(missing_docs)]
 
 pub mod backend;
 pub mod bench_suite;
 pub mod cli;
+pub mod cluster;
 pub mod compare;
 pub mod config_file;
 pub mod networks;

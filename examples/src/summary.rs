@@ -63,6 +63,14 @@ pub struct RunSummary {
     pub bytes_sent_per_node: f64,
     /// Payload bytes each node received (mean over nodes).
     pub bytes_received_per_node: f64,
+    /// Payload bytes each node sent for the simulator's own calls (evaluations, reports
+    /// between processes), not counted as training traffic (mean over nodes).
+    #[serde(default)]
+    pub observer_bytes_sent_per_node: f64,
+    /// Training calls each node made (all-reduces, broadcasts, all-gathers, barriers; mean
+    /// over nodes).
+    #[serde(default)]
+    pub calls_per_node: f64,
     /// Peak resident memory of the process, where the OS reports it.
     pub peak_rss_bytes: Option<u64>,
     /// Simulated seconds of the run (the slowest node's clock), with `--network`.
@@ -195,6 +203,8 @@ impl RunSummary {
             strategy_ms_per_step: report.strategy_s_per_step() * 1e3,
             bytes_sent_per_node: report.bytes_sent_per_node(),
             bytes_received_per_node: report.bytes_received_per_node(),
+            observer_bytes_sent_per_node: report.observer_bytes_sent_per_node(),
+            calls_per_node: report.calls_per_node(),
             peak_rss_bytes: peak_rss_bytes(),
             interrupted_at_step: report.interrupted_at,
             extended_from_steps: report.schedule_steps,

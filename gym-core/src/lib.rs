@@ -42,9 +42,9 @@ pub use batch::{ImageBatch, TokenBatch};
 pub use comm::transport::{MpiTransport, TIMEOUT_EXIT_CODE};
 pub use comm::transport::{ThreadTransport, Transport};
 pub use comm::{
-    Collective, CommStats, ComputeModel, Group, InProcessGroup, Link, Network, ParamCount,
-    PayloadScale, Pending, QuorumRule, ReduceOp, SimulatedTime, SimulationConfig, Topology,
-    TransferTiming, faults,
+    Collective, CommStats, ComputeModel, Group, InProcessGroup, Incoming, Link, Network,
+    ParamCount, PayloadScale, Pending, QuorumRule, ReduceOp, SimulatedTime, SimulationConfig,
+    Topology, TransferTiming, faults,
 };
 pub use error::{CollectiveError, GymError, Result};
 pub use metrics::ledger::{ElasticReport, NodeLedger};

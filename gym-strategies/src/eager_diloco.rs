@@ -13,7 +13,7 @@ use gym_core::comm::CollectiveOp;
 use gym_core::planner::{PlanInfo, PlannedCall, PlannedEvent, PlannedGroups, Traffic};
 use gym_core::state::fields::{Record, Values};
 use gym_core::{
-    GymError, InnerOptimizerConfig, NodeInfo, OptimizerConfig, ReduceOp, Replica, Result,
+    GymError, Incoming, InnerOptimizerConfig, NodeInfo, OptimizerConfig, ReduceOp, Replica, Result,
     StateDict, StepContext, TransferTiming,
 };
 use serde::{Deserialize, Serialize};
@@ -78,7 +78,7 @@ pub struct EagerDiLoCoCommunicator {
     /// Δ_k of the last round.
     previous: Option<Tensor<1>>,
     /// The average started at the last round: its value, and its transfer's clock charge.
-    in_flight: Option<(Tensor<1>, Transfer)>,
+    in_flight: Option<(Incoming<Tensor<1>>, Transfer)>,
     /// Inner steps taken since the last outer step.
     uncommitted: bool,
 }
@@ -187,7 +187,7 @@ impl CommunicationModule for EagerDiLoCoCommunicator {
         let last_mean = match self.in_flight.take() {
             Some((mean, transfer)) => {
                 transfer.wait(ctx)?;
-                Some(mean)
+                Some(mean.into_inner()?)
             }
             None => None,
         };
@@ -225,7 +225,7 @@ impl CommunicationModule for EagerDiLoCoCommunicator {
             in_flight: self
                 .in_flight
                 .as_ref()
-                .map(|(m, _)| values(m))
+                .map(|(m, _)| values(m.get()?))
                 .transpose()?,
             own_ready_s: timing.map(|t| t.own_ready_s),
             start_s: timing.map(|t| t.start_s),
@@ -248,7 +248,8 @@ impl CommunicationModule for EagerDiLoCoCommunicator {
                     start_s: record.start_s.unwrap_or(end_s),
                     end_s,
                 });
-                Some((mean.tensor(n, &device)?, Transfer::Resumed(timing)))
+                let mean = Incoming::ready(mean.tensor(n, &device)?);
+                Some((mean, Transfer::Resumed(timing)))
             }
         };
         Ok(())

@@ -27,8 +27,8 @@ use gym_core::comm::CollectiveOp;
 use gym_core::planner::{PlanInfo, PlannedCall, PlannedEvent, PlannedGroups, Traffic};
 use gym_core::state::fields::{Bytes, Record, Values};
 use gym_core::{
-    GymError, InnerOptimizerConfig, NodeInfo, ReduceOp, Replica, Result, StateDict, StepContext,
-    TransferTiming,
+    GymError, Incoming, InnerOptimizerConfig, NodeInfo, ReduceOp, Replica, Result, StateDict,
+    StepContext, TransferTiming,
 };
 use serde::{Deserialize, Serialize};
 
@@ -122,7 +122,7 @@ pub struct SparseCommunicator {
 /// One synchronisation's averaged values, waiting for their turn.
 struct Delayed {
     indices: Vec<usize>,
-    mean: Tensor<1>,
+    mean: Incoming<Tensor<1>>,
     transfer: Transfer,
 }
 
@@ -251,7 +251,7 @@ impl CommunicationModule for SparseCommunicator {
             let selected = flat
                 .clone()
                 .select(0, index_tensor(&indices, &flat.device()));
-            // The value is held from here; the clock's charge stays with the transfer.
+            // The value arrives when it does; the clock's charge stays with the transfer.
             let (mean, transfer) = ctx
                 .collective
                 .all_reduce_start(selected, ReduceOp::Mean)?
@@ -265,7 +265,7 @@ impl CommunicationModule for SparseCommunicator {
             // Nothing averaged this time: an empty turn keeps the FIFO's count.
             self.delayed.push_back(Delayed {
                 indices,
-                mean: Tensor::zeros([0], &self.device),
+                mean: Incoming::ready(Tensor::zeros([0], &self.device)),
                 transfer: Transfer::Resumed(None),
             });
         }
@@ -281,6 +281,7 @@ impl CommunicationModule for SparseCommunicator {
             }
             let flat = replica.params();
             let idx = index_tensor(&indices, &flat.device());
+            let mean = mean.into_inner()?;
             replica.set_params(flat.select_assign(0, idx, mean, IndexingUpdateOp::Assign));
         }
         Ok(())
@@ -301,7 +302,7 @@ impl CommunicationModule for SparseCommunicator {
                                 .flat_map(|&i| (i as u64).to_le_bytes())
                                 .collect(),
                         ),
-                        mean: Values::of(&d.mean)?,
+                        mean: Values::of(d.mean.get()?)?,
                         own_ready_s: timing.map(|t| t.own_ready_s),
                         start_s: timing.map(|t| t.start_s),
                         end_s: timing.map(|t| t.end_s),
@@ -334,7 +335,7 @@ impl CommunicationModule for SparseCommunicator {
                     _ => None,
                 };
                 Ok(Delayed {
-                    mean: d.mean.tensor(indices.len(), &self.device)?,
+                    mean: Incoming::ready(d.mean.tensor(indices.len(), &self.device)?),
                     indices,
                     transfer: Transfer::Resumed(timing),
                 })

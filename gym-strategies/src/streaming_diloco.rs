@@ -13,8 +13,8 @@ use burn::tensor::Tensor;
 use gym_core::planner::{PlanInfo, PlannedCall, PlannedEvent, PlannedGroups, Traffic};
 use gym_core::state::fields::{Record, Values};
 use gym_core::{
-    GymError, InnerOptimizerConfig, NodeInfo, OptimizerConfig, ParamLayout, Replica, Result,
-    StateDict, StepContext, TransferTiming,
+    GymError, Incoming, InnerOptimizerConfig, NodeInfo, OptimizerConfig, ParamLayout, Replica,
+    Result, StateDict, StepContext, TransferTiming,
 };
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
@@ -296,15 +296,15 @@ fn scatter(ranges: &[Range<usize>], flat: Tensor<1>, values: Tensor<1>) -> Tenso
 
 /// A mean started at a prepare step, applied at its sync step.
 ///
-/// A collective exchanges the values when it starts; its [`Pending`] only defers charging
-/// the simulated clock for the transfer. So the mean's value is taken at once and kept
-/// apart from that charge: a checkpoint between the prepare and the sync saves the value
-/// (a `Pending` cannot be saved), and waiting stays where it was, at the sync step.
+/// The mean's value (which may still be on its way over a real link) is kept apart from the
+/// simulated clock's charge for the transfer: a checkpoint between the prepare and the sync
+/// saves the value once it has arrived (a `Pending` cannot be saved), and the charge stays
+/// where it was, at the sync step.
 struct InFlight {
     fragment: usize,
     sync_step: usize,
-    /// Δ̄_p, as decoded (a decoding error surfaces at the sync step, as before).
-    mean: Result<Tensor<1>>,
+    /// Δ̄_p, as decoded once it has arrived (a decoding error surfaces at the sync step).
+    mean: Incoming<Result<Tensor<1>>>,
     /// The transfer's charge to the clock, paid at the sync step.
     transfer: Transfer,
 }
@@ -424,7 +424,7 @@ impl StreamingDiLoCo {
         let fragment = &mut self.fragments[p];
         let delta = fragment.outer.master() - gather(&fragment.ranges, &replica.params());
         let world = ctx.world();
-        // The value is held from here; the clock's charge stays with the transfer.
+        // The value arrives when it does; the clock's charge stays with the transfer.
         let (mean, transfer) = fragment
             .compressor
             .start_mean(&world, delta, ctx)?
@@ -453,7 +453,7 @@ impl StreamingDiLoCo {
             return Ok(());
         };
         transfer.wait(ctx)?;
-        let mean = mean?;
+        let mean = mean.into_inner()??;
         let fragment = &mut self.fragments[fragment];
         let phi = fragment.outer.step(mean);
         let theta = replica.params();
@@ -507,7 +507,7 @@ impl CommunicationModule for StreamingDiLoCo {
         let in_flight = match &self.in_flight {
             None => None,
             Some(f) => {
-                let mean = f.mean.as_ref().map_err(|e| {
+                let mean = f.mean.get()?.as_ref().map_err(|e| {
                     GymError::Checkpoint(format!(
                         "Streaming DiLoCo: the mean in flight failed: {e}"
                     ))
@@ -563,7 +563,7 @@ impl CommunicationModule for StreamingDiLoCo {
         self.in_flight = Some(InFlight {
             fragment: f.fragment,
             sync_step: f.sync_step,
-            mean: Ok(f.mean.tensor(n, &device)?),
+            mean: Incoming::ready(Ok(f.mean.tensor(n, &device)?)),
             transfer: Transfer::Resumed(f.end_s.map(|end_s| TransferTiming {
                 own_ready_s: f.own_ready_s.unwrap_or(end_s),
                 start_s: f.start_s.unwrap_or(end_s),

@@ -222,10 +222,14 @@ pub fn host(t: Tensor<1>) -> Vec<f32> {
 
 /// The runs that must come out the same whether every node is a thread of one `fit` or
 /// the nodes are spread over several processes (threads standing in for them, or an MPI
-/// job): AllReduce, DiLoCo
-/// (H = 3, so the replicas differ at step 20) on a simulated network, and DeMo, by name.
+/// job): AllReduce, DiLoCo (H = 3, so the replicas differ at step 20) on a simulated
+/// network, DeMo, and Streaming DiLoCo (H = 4, τ = 1) and eager DiLoCo (H = 3), whose
+/// means are taken steps after they start, on a simulated network; by name.
 pub fn spread_cases() -> Vec<(&'static str, Box<dyn StrategyConfig>, bool)> {
-    use gym_strategies::{AllReduceConfig, DeMoConfig, DiLoCoCommunicatorConfig, DiLoCoConfig};
+    use gym_strategies::{
+        AllReduceConfig, DeMoConfig, DiLoCoCommunicatorConfig, DiLoCoConfig,
+        EagerDiLoCoCommunicatorConfig, EagerDiLoCoConfig, StreamingDiLoCoConfig,
+    };
     vec![
         ("allreduce", Box::new(AllReduceConfig::new()), false),
         (
@@ -237,6 +241,25 @@ pub fn spread_cases() -> Vec<(&'static str, Box<dyn StrategyConfig>, bool)> {
             true,
         ),
         ("demo", Box::new(DeMoConfig::new()), false),
+        // Means taken steps after they were started: across processes, their data moves
+        // while the nodes compute.
+        (
+            "streaming-diloco",
+            Box::new(
+                StreamingDiLoCoConfig::new()
+                    .with_sync_interval(4)
+                    .with_overlap(1),
+            ),
+            true,
+        ),
+        (
+            "eager-diloco",
+            Box::new(
+                EagerDiLoCoConfig::new()
+                    .with_communicator(EagerDiLoCoCommunicatorConfig::new().with_sync_interval(3)),
+            ),
+            true,
+        ),
     ]
 }
 

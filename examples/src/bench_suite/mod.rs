@@ -35,7 +35,8 @@
 //!
 //! `bench --calibrate` ([`calibrate`]) times the MPI transport, fits the simulated network's
 //! latency and bandwidth to it, writes them as a network file and checks the simulator's
-//! charge against a job of another size.
+//! charge against a job of another size. `bench --real-links` ([`real_links`]) sets the
+//! simulated clock against whole MPI training runs across emulated hosts with shaped links.
 
 mod bandwidth;
 pub mod calibrate;
@@ -46,6 +47,7 @@ pub mod libtorch;
 pub mod live_heap;
 mod overhead;
 mod planner;
+pub mod real_links;
 mod soak;
 mod soak_table;
 

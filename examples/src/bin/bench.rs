@@ -63,7 +63,7 @@ enum Task {
 #[derive(Debug, Parser)]
 #[command(version, about)]
 // --json needs one of the modes that write figures.
-#[command(group = clap::ArgGroup::new("figures").args(["suite", "soak", "calibrate"]).multiple(true))]
+#[command(group = clap::ArgGroup::new("figures").args(["suite", "soak", "calibrate", "real_links"]).multiple(true))]
 struct Cli {
     /// Which set-up to time.
     #[arg(long, value_enum, default_value = "mnist")]
@@ -119,6 +119,14 @@ struct Cli {
     /// --json count.
     #[arg(long, conflicts_with_all = ["suite", "soak"])]
     calibrate: bool,
+    /// Run MNIST and nanoGPT jobs under MPI across emulated hosts whose links have a set
+    /// bandwidth (as root; the `mpi` build of the binaries), and set each run's wall
+    /// seconds per step against its simulated ones: --real-links-cases picks the cases,
+    /// --data-dir is MNIST's; writes logs under --log-dir.
+    #[arg(long, conflicts_with_all = ["suite", "soak", "calibrate"])]
+    real_links: bool,
+    #[command(flatten)]
+    real_links_args: bench_suite::real_links::RealLinksArgs,
     #[command(flatten)]
     suite_args: SuiteArgs,
     #[command(flatten)]
@@ -366,6 +374,52 @@ fn calibrate_main(cli: &Cli) -> ExitCode {
     }
 }
 
+/// `bench --real-links`: the grid's table, printed and in `--json`; fails (exit status 1)
+/// where a case is outside its band or its wire bytes are off by more than 15%.
+fn real_links_main(cli: &Cli) -> ExitCode {
+    use bench_suite::real_links;
+    let inputs = real_links::Inputs {
+        bin_dir: std::env::current_exe()
+            .ok()
+            .and_then(|p| p.parent().map(PathBuf::from))
+            .unwrap_or_default(),
+        mnist_dir: cli
+            .data_dir
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("../shared/data/mnist")),
+        text_dir: cli.real_links_args.real_links_text_dir.clone(),
+        log_dir: cli.log_dir.join("real-links"),
+    };
+    let cases = match real_links::select(&cli.real_links_args.real_links_cases) {
+        Ok(cases) => cases,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match real_links::run_real_links(&cases, &inputs, &command_line()) {
+        Ok((result, measured)) => {
+            if let Err(code) = show(&result, cli) {
+                return code;
+            }
+            let failed = measured.iter().any(|m| {
+                !m.within()
+                    || (m.wire_comparable()
+                        && (m.wire_ratio() - 1.0).abs() > real_links::WIRE_TOLERANCE)
+            });
+            if failed {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 /// Sequences per node per step and their length in the nanoGPT set-up.
 const GPT_BATCH: usize = 16;
 const GPT_BLOCK: usize = 64;
@@ -467,6 +521,9 @@ fn main() -> ExitCode {
     }
     if cli.calibrate {
         return calibrate_main(&cli);
+    }
+    if cli.real_links {
+        return real_links_main(&cli);
     }
     if cli.suite {
         return suite_main(&cli, sibling("mnist"));

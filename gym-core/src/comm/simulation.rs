@@ -44,8 +44,10 @@ pub enum ComputeModel {
         /// Effective FLOP/s of a node at speed 1 (peak × model FLOPs utilisation).
         flops_per_s: f64,
     },
-    /// The wall time of the forward and backward passes on this machine. Not reproducible:
-    /// it measures the host, and on a shared CPU mostly the host's load.
+    /// The wall time of the forward and backward passes on this machine, and of the
+    /// strategy's own work between its collective calls (an optimizer step, a codec), less
+    /// the time it waited for communication. Not reproducible: it measures the host, and
+    /// on a shared CPU mostly the host's load.
     Measured,
 }
 

@@ -41,7 +41,9 @@ pub(crate) struct Recorder {
 struct RecorderState {
     pending: BTreeMap<usize, PendingStep>,
     next_step: usize,
-    last_emit: Instant,
+    /// Steps recorded by this recorder, and the sum of their wall times.
+    emitted: usize,
+    walls: f64,
     last_step_done: Instant,
     train: Vec<TrainRecord>,
     pending_val: BTreeMap<usize, PendingEval>,
@@ -66,6 +68,8 @@ struct PendingStep {
     received: u64,
     compute_s: f64,
     strategy_s: f64,
+    /// The slowest node's wall seconds for the step.
+    wall_s: f64,
     /// Per node, the step's compute, communication and idle seconds and its clock after it
     /// (summed in rank order when the step is emitted, so the sums do not depend on which
     /// node reported first).
@@ -117,6 +121,10 @@ pub(crate) struct NodeStep {
     pub compute_s: f64,
     /// Seconds in the strategy's step.
     pub strategy_s: f64,
+    /// Wall seconds of the whole step on the node: from the end of its previous step (or
+    /// the start of its loop) to the end of this one.
+    #[serde(default)]
+    pub wall_s: f64,
     /// The node's simulated clock after the step, if time is simulated.
     pub simulated: Option<SimulatedTime>,
 }
@@ -158,7 +166,8 @@ impl Recorder {
             state: Mutex::new(RecorderState {
                 pending: BTreeMap::new(),
                 next_step: 0,
-                last_emit: now,
+                emitted: 0,
+                walls: 0.0,
                 last_step_done: now,
                 // Room for every step's record from the start: the records then take memory
                 // one record at a time, as written (no doubling, no copy, no freed old
@@ -190,6 +199,7 @@ impl Recorder {
             received: 0,
             compute_s: 0.0,
             strategy_s: 0.0,
+            wall_s: 0.0,
             simulated: vec![None; k],
             skipped: false,
         });
@@ -202,6 +212,7 @@ impl Recorder {
         p.received += node.comm.bytes_received;
         p.compute_s += node.compute_s;
         p.strategy_s += node.strategy_s;
+        p.wall_s = p.wall_s.max(node.wall_s);
         if let Some(now) = node.simulated {
             let before = std::mem::replace(&mut st.last_simulated[rank], now);
             let p = st.pending.get_mut(&step).expect("inserted above");
@@ -233,9 +244,10 @@ impl Recorder {
                     + computed as u64 * self.examples_per_step / k as u64,
                 train_loss: mean_loss(&p.losses),
                 lr: p.lr,
-                step_time_s: now.duration_since(st.last_emit).as_secs_f64(),
-                its_per_s: (step + 1) as f64
-                    / now.duration_since(self.start).as_secs_f64().max(1e-9),
+                // The nodes' own measure, not the time between records here: a process of
+                // an MPI job gets other processes' reports in batches.
+                step_time_s: p.wall_s,
+                its_per_s: (st.emitted + 1) as f64 / (st.walls + p.wall_s).max(1e-9),
                 compute_s: p.compute_s / k as f64,
                 strategy_s: p.strategy_s / k as f64,
                 bytes_sent: p.sent / k as u64,
@@ -251,7 +263,8 @@ impl Recorder {
             {
                 st.first_steps.push(nodes);
             }
-            st.last_emit = now;
+            st.emitted += 1;
+            st.walls += p.wall_s;
             st.last_step_done = now;
             self.bar.set_position(step as u64 + 1);
             self.bar
@@ -445,6 +458,7 @@ mod tests {
             comm: c,
             compute_s,
             strategy_s: 0.5,
+            wall_s: compute_s + 1.0,
             simulated: None,
             skipped: false,
         };
@@ -472,6 +486,10 @@ mod tests {
         assert_eq!(train[0].bytes_sent, 10);
         assert_eq!((train[0].compute_s, train[1].compute_s), (3.0, 2.0));
         assert_eq!(train[0].strategy_s, 0.5);
+        // A step's wall time is its slowest node's (2 + 1 and 4 + 1 at step 0).
+        assert_eq!((train[0].step_time_s, train[1].step_time_s), (5.0, 4.0));
+        assert_eq!(train[2].step_time_s, 4.0);
+        assert!((train[1].its_per_s - 2.0 / 9.0).abs() < 1e-12);
     }
 
     #[test]
@@ -493,6 +511,7 @@ mod tests {
                     comm: CommStats::default(),
                     compute_s: 0.0,
                     strategy_s: 0.0,
+                    wall_s: 0.0,
                     simulated: Some(*clock),
                     skipped: false,
                 };

@@ -190,6 +190,11 @@ pub struct RunReport {
     pub data_fingerprint: u64,
     /// Each node's training traffic.
     pub comm: Vec<CommStats>,
+    /// Each node's traffic that is the simulator's own, not training's (evaluating the
+    /// averaged model, exchanging reports between processes): counted apart, never timed;
+    /// what crosses a real link besides the training traffic.
+    #[serde(default)]
+    pub observer_comm: Vec<CommStats>,
     /// Each node's simulated clock at the end; empty without simulated time.
     pub simulated: Vec<SimulatedTime>,
     /// The first [`FIRST_STEPS_KEPT`] steps this call took (from
@@ -246,6 +251,20 @@ impl RunReport {
     /// Mean over nodes of the bytes each sent.
     pub fn bytes_sent_per_node(&self) -> f64 {
         mean(self.comm.iter().map(|c| c.bytes_sent as f64))
+    }
+
+    /// Mean over nodes of the bytes each sent for the simulator's own calls
+    /// ([`observer_comm`](Self::observer_comm)).
+    pub fn observer_bytes_sent_per_node(&self) -> f64 {
+        mean(self.observer_comm.iter().map(|c| c.bytes_sent as f64))
+    }
+
+    /// Mean over nodes of the training calls each made (all-reduces, broadcasts,
+    /// all-gathers, barriers).
+    pub fn calls_per_node(&self) -> f64 {
+        mean(self.comm.iter().map(|c| {
+            (c.all_reduce_calls + c.broadcast_calls + c.all_gather_calls + c.barrier_calls) as f64
+        }))
     }
 
     /// Mean over nodes of the bytes each received.

@@ -1,7 +1,8 @@
 //! How a node's reports reach the run's recorder: straight in when every node of the run
-//! shares one recorder (one process), or exchanged between the nodes once per step when
-//! each process runs one node and keeps its own recorder (an MPI job). Either way every
-//! recorder sees the reports of every node, in rank order within a step.
+//! shares one recorder (one process), or exchanged between the nodes every few steps (about
+//! every two seconds) when the nodes are spread over processes that each keep a recorder
+//! (an MPI job). Either way every recorder sees the reports of every node, in rank order
+//! within a step.
 
 use super::recorder::{EvalKind, NodeStep, Recorder};
 use crate::comm::Collective;
@@ -9,7 +10,7 @@ use crate::error::{GymError, Result};
 use crate::model::EvalMetrics;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 
 /// One thing a node reports.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -47,11 +48,18 @@ impl Recorder {
     }
 }
 
+/// How often, in wall seconds, nodes of different processes exchange their reports: a
+/// flush waits for every process and, over a slow link, behind whatever data the node's
+/// link is already carrying, which the simulated clock does not see.
+const FLUSH_PERIOD_S: f64 = 2.0;
+
 /// One node's way to the recorder.
 pub(crate) struct Reporter<'a> {
     recorder: &'a Recorder,
     /// Reports held until the next [`flush`](Self::flush), when they are exchanged.
     held: Option<RefCell<Vec<Report>>>,
+    /// The step after which the next exchange is due (held reports only).
+    next_flush: Cell<usize>,
     /// Whether the reports exchanged at a flush go into the recorder (one node of each
     /// process feeds it).
     feeds: bool,
@@ -63,6 +71,7 @@ impl<'a> Reporter<'a> {
         Reporter {
             recorder,
             held: None,
+            next_flush: Cell::new(0),
             feeds: true,
         }
     }
@@ -73,6 +82,7 @@ impl<'a> Reporter<'a> {
         Reporter {
             recorder,
             held: Some(RefCell::new(Vec::new())),
+            next_flush: Cell::new(0),
             feeds,
         }
     }
@@ -85,21 +95,58 @@ impl<'a> Reporter<'a> {
         }
     }
 
+    /// The node has reported `step`: held reports are exchanged if `now` or if the next
+    /// exchange is due. Exchanges come about every [`FLUSH_PERIOD_S`] seconds: each sets the
+    /// next from the slowest wall time among the steps it carried, which every node sees
+    /// alike, so every node exchanges after the same steps.
+    pub fn step_done(&self, step: usize, observer: &Collective, now: bool) -> Result<()> {
+        if self.held.is_none() || !(now || step >= self.next_flush.get()) {
+            return Ok(());
+        }
+        let all = self.exchange_held(observer)?;
+        let slowest = all
+            .iter()
+            .filter_map(|r| match r {
+                Report::Train { node, .. } => Some(node.wall_s),
+                _ => None,
+            })
+            .fold(0.0, f64::max);
+        let steps = (FLUSH_PERIOD_S / slowest.max(1e-6))
+            .floor()
+            .clamp(1.0, 1000.0);
+        self.next_flush.set(step + steps as usize);
+        self.hand_over(all);
+        Ok(())
+    }
+
     /// Exchanges the reports held by every node through `observer` (every node calls it at
     /// the same points) and hands them to the recorder, in rank order. Nothing happens for
     /// a direct reporter.
     pub fn flush(&self, observer: &Collective) -> Result<()> {
-        let Some(held) = &self.held else {
+        if self.held.is_none() {
             return Ok(());
-        };
+        }
+        let all = self.exchange_held(observer)?;
+        self.hand_over(all);
+        Ok(())
+    }
+
+    /// Every node's held reports, in rank order.
+    fn exchange_held(&self, observer: &Collective) -> Result<Vec<Report>> {
+        let held = self.held.as_ref().expect("an exchanging reporter");
         let mine = std::mem::take(&mut *held.borrow_mut());
-        let all = exchange(observer, &mine, "reports")?;
+        Ok(exchange(observer, &mine, "reports")?
+            .into_iter()
+            .flatten()
+            .collect())
+    }
+
+    fn hand_over(&self, all: Vec<Report>) {
         if self.feeds {
-            for r in all.into_iter().flatten() {
+            for r in all {
                 self.recorder.report(r);
             }
         }
-        Ok(())
     }
 }
 

@@ -7,6 +7,7 @@ use super::data::{NodeLoader, NodeView, get_item, validation_indices};
 use super::plan::RunPlan;
 use super::rejoin;
 use crate::comm::faults::FaultTimeline;
+use crate::comm::own_work::not_own_work;
 use crate::comm::{Collective, ReduceOp};
 use crate::error::{GymError, Result};
 use crate::metrics::ledger::NodeLedger;
@@ -112,6 +113,8 @@ where
     }
 
     let mut step = plan.start_step;
+    // Each step's wall time runs from the end of the previous one.
+    let mut last_step_end = Instant::now();
     let interrupted = loop {
         // Between two steps: stop here if interrupted, checkpoint if one is due.
         let stopping = step < plan.max_steps && shared.stop.stops_before(step);
@@ -120,7 +123,10 @@ where
             && (plan.checkpoints_before(step) || (stopping && step > plan.start_step && !failed))
         {
             let node = snapshot(&mut replica, &*strategy, &loader, &comm, ledger)?;
-            match writer.deposit(rank, step, node, || shared.recorder.snapshot(step)) {
+            let deposited = not_own_work(|| {
+                writer.deposit(rank, step, node, || shared.recorder.snapshot(step))
+            });
+            match deposited {
                 // A checkpoint that cannot be written stops every node at the next step
                 // boundary; the previous checkpoint stays, and the report holds the steps
                 // done. Spread over processes, the others could not agree: it fails.
@@ -158,7 +164,13 @@ where
             }
         }
         if plan.evaluates_before(step) {
-            eval.evaluate(step, replica.model(), &layout, &subset)?;
+            not_own_work(|| eval.evaluate(step, replica.model(), &layout, &subset))?;
+        }
+        if plan.measures_compute() {
+            // This machine's time is the simulated compute: the node's own work from here
+            // on (reading data, forward and backward, the strategy's) is charged as it is
+            // done, at this step's speed.
+            comm.measure_own_work(plan.step_compute_s(rank, step, 1.0));
         }
         let present = faults.is_present(rank, step);
         let view;
@@ -179,7 +191,9 @@ where
         let computed = if present && strategy.computes(step) {
             let mut work = compute_gradient(&mut replica, &layout, &mut loader, shared, device)?;
             if let Some(simulated) = plan.step_compute_s(rank, step, work.compute_s) {
-                comm.compute(simulated);
+                if !plan.measures_compute() {
+                    comm.compute(simulated);
+                }
                 work.simulated_s = simulated;
             }
             Some(work)
@@ -223,6 +237,8 @@ where
                 (None, 0.0)
             }
         };
+        // Measured, the rest of the step's own work is charged before it ends.
+        comm.charge_own_work();
         if !present {
             ledger.absent_steps += 1;
         }
@@ -238,23 +254,34 @@ where
                 comm: comm.stats(),
                 compute_s,
                 strategy_s,
+                wall_s: last_step_end.elapsed().as_secs_f64(),
                 simulated: comm.simulated_time(),
             },
         });
-        reports.flush(&eval.comm)?;
+        last_step_end = Instant::now();
+        // The records a checkpoint before the next step holds must all be in.
+        let checkpoint_next = plan.checkpoints_before(step + 1);
+        not_own_work(|| reports.step_done(step, &eval.comm, checkpoint_next))?;
         if plan.correlates_after(step) {
-            correlate(rank, step, replica.model(), &eval.comm, plan, &reports)?;
+            not_own_work(|| correlate(rank, step, replica.model(), &eval.comm, plan, &reports))?;
         }
         step += 1;
     };
     current_step.store(step, Ordering::SeqCst);
+    comm.measure_own_work(None);
     let model = replica.into_model();
     // The master of the first node still present at the end.
     let last = plan.max_steps - 1;
     let first_present = (0..plan.num_nodes).find(|&r| plan.faults.is_present(r, last));
-    let keeps_master = shared.spans_processes || Some(rank) == first_present;
     let master = match strategy.master_params() {
-        Some(flat) if keeps_master => Some(layout.load(model.clone(), flat)),
+        // Every process returns the first present node's master, whose values may differ
+        // from other nodes' (eager DiLoCo applies each node's own outer gradient at once).
+        Some(flat) if shared.spans_processes => {
+            let root = first_present.unwrap_or(0);
+            let flat = eval.comm.broadcast(flat, root)?;
+            Some(layout.load(model.clone(), flat))
+        }
+        Some(flat) if Some(rank) == first_present => Some(layout.load(model.clone(), flat)),
         _ => None,
     };
     // An interrupted run skips the final evaluation: rank 0's replica stands for the model.

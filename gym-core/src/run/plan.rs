@@ -60,6 +60,15 @@ impl RunPlan {
         })
     }
 
+    /// Whether simulated compute is this machine's wall time
+    /// ([`ComputeModel::Measured`](crate::comm::ComputeModel::Measured)): then a strategy's
+    /// own work is charged too, as measured.
+    pub fn measures_compute(&self) -> bool {
+        self.simulation
+            .as_ref()
+            .is_some_and(|(sim, _)| sim.compute == crate::comm::ComputeModel::Measured)
+    }
+
     /// Whether a checkpoint is due before `next_step` (every interval, and at the end).
     pub fn checkpoints_before(&self, next_step: usize) -> bool {
         next_step > self.start_step

@@ -351,6 +351,7 @@ impl Trainer {
                 let outcome = run_node(rank, start, &shared, comm.clone(), &current_step[slot])?;
                 let end = NodeEnd {
                     comm: comm.stats(),
+                    observer: comm.observer_stats(),
                     simulated: comm.simulated_time(),
                     data_fingerprint: outcome.data_fingerprint,
                     ledger: outcome.ledger,
@@ -508,6 +509,9 @@ impl TraceTarget<'_> {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(super) struct NodeEnd {
     pub comm: CommStats,
+    /// The simulator's own traffic (evaluations, reports), up to the end.
+    #[serde(default)]
+    pub observer: CommStats,
     pub simulated: Option<SimulatedTime>,
     pub data_fingerprint: u64,
     pub ledger: NodeLedger,

@@ -7,10 +7,11 @@ use super::clock::{NodeClock, SimulatedTime};
 use super::cost::{CommStats, PayloadScale};
 use super::group::{CollectiveOp, Group, ReduceOp};
 use super::network::Network;
-use super::pending::{Pending, TransferTiming};
+use super::own_work::{LocalWork, not_own_work};
+use super::pending::{Incoming, Pending, TransferTiming};
 use super::quorum::QuorumRule;
 use super::trace::{CallInfo, group_text};
-use super::transport::{Contribution, Delivery, Exchanged, Header, Transport};
+use super::transport::{Contribution, Delivery, Header, Transport};
 use crate::error::CollectiveError;
 use burn::tensor::{Device, Tensor, TensorData};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -54,6 +55,10 @@ struct NodeState {
     clock: Mutex<NodeClock>,
     /// `[training, observer]`.
     stats: Mutex<[CommStats; 2]>,
+    /// While the node's own work is charged as measured on this machine
+    /// ([`Collective::measure_own_work`]): since when, and the factor of its step (its
+    /// speed and jitter).
+    local: Mutex<Option<(LocalWork, f64)>>,
 }
 
 impl std::fmt::Debug for Collective {
@@ -86,6 +91,7 @@ impl Collective {
                 network,
                 clock: Mutex::new(NodeClock::default()),
                 stats: Mutex::new([CommStats::default(); 2]),
+                local: Mutex::new(None),
             }),
             rank,
             observer: false,
@@ -168,7 +174,14 @@ impl Collective {
         tensor: Tensor<1>,
         op: ReduceOp,
     ) -> Result<Tensor<1>, CollectiveError> {
-        self.all_reduce_start_in(group, tensor, op)?.wait()
+        let group = self.present_in(group)?;
+        let device = tensor.device().inner();
+        let op = CollectiveOp::AllReduce(op);
+        let contribution = Contribution::Tensor(Box::new(tensor.inner()));
+        let reduced = self
+            .call(&group, op, contribution, None, Lane::Now)?
+            .wait()?;
+        Ok(one_tensor(reduced, &device))
     }
 
     /// Every member of `group` gets `root`'s tensor. Non-root ranks pass a tensor of the
@@ -179,7 +192,14 @@ impl Collective {
         tensor: Tensor<1>,
         root: usize,
     ) -> Result<Tensor<1>, CollectiveError> {
-        self.broadcast_start_in(group, tensor, root)?.wait()
+        let group = self.present_in(group)?;
+        let device = tensor.device().inner();
+        let op = CollectiveOp::Broadcast { root };
+        let contribution = Contribution::Tensor(Box::new(tensor.inner()));
+        let sent = self
+            .call(&group, op, contribution, None, Lane::Now)?
+            .wait()?;
+        Ok(one_tensor(sent, &device))
     }
 
     /// Every member of `group` gets every member's tensor, in member order.
@@ -188,7 +208,14 @@ impl Collective {
         group: &Group,
         tensor: Tensor<1>,
     ) -> Result<Vec<Tensor<1>>, CollectiveError> {
-        self.all_gather_start_in(group, tensor)?.wait()
+        let group = self.present_in(group)?;
+        let device = tensor.device().inner();
+        let contribution = Contribution::Tensor(Box::new(tensor.inner()));
+        let op = CollectiveOp::AllGather;
+        let gathered = self
+            .call(&group, op, contribution, None, Lane::Now)?
+            .wait()?;
+        Ok(all_tensors(gathered, &device))
     }
 
     /// Every member of `group` gets every member's byte buffer, in member order. For
@@ -199,13 +226,20 @@ impl Collective {
         group: &Group,
         bytes: Vec<u8>,
     ) -> Result<Vec<Vec<u8>>, CollectiveError> {
-        self.all_gather_bytes_start_in(group, bytes)?.wait()
+        let group = self.present_in(group)?;
+        let op = CollectiveOp::AllGatherBytes;
+        let contribution = Contribution::Bytes(bytes);
+        let gathered = self
+            .call(&group, op, contribution, None, Lane::Now)?
+            .wait()?;
+        Ok(all_buffers(gathered))
     }
 
     /// Returns once every member of `group` has called it.
     pub fn barrier_in(&self, group: &Group) -> Result<(), CollectiveError> {
         let group = self.present_in(group)?;
-        self.start(&group, CollectiveOp::Barrier, Contribution::None)?
+        let op = CollectiveOp::Barrier;
+        self.call(&group, op, Contribution::None, None, Lane::Now)?
             .wait()
             .map(|_| ())
     }
@@ -220,7 +254,11 @@ impl Collective {
     ) -> Result<Vec<u8>, CollectiveError> {
         let group = self.present_in(group)?;
         let op = CollectiveOp::BroadcastBytes { root };
-        match self.start(&group, op, Contribution::Bytes(bytes))?.wait()? {
+        let contribution = Contribution::Bytes(bytes);
+        match self
+            .call(&group, op, contribution, None, Lane::Now)?
+            .wait()?
+        {
             Delivery::Bytes(b) => Ok(b),
             _ => unreachable!("a byte broadcast yields the root's buffer"),
         }
@@ -235,13 +273,14 @@ impl Collective {
     pub fn quorum_in(&self, group: &Group, rule: &QuorumRule) -> Result<Group, CollectiveError> {
         let group = self.present_in(group)?;
         let own_ready = self.own_ready();
-        let (exchanged, _) =
-            self.exchange(&group, CollectiveOp::Quorum, own_ready, Contribution::None)?;
+        let op = CollectiveOp::Quorum;
+        let (headers, _, _) =
+            self.exchange(&group, op, own_ready, Contribution::None, None, Lane::Now)?;
         let arrivals: Vec<(usize, f64)> = group
             .members()
             .iter()
             .copied()
-            .zip(exchanged.headers.iter().map(|h| h.ready_s))
+            .zip(headers.iter().map(|h| h.ready_s))
             .collect();
         let (taken, close) = rule.select(&arrivals);
         let taken = Group::new(taken);
@@ -306,12 +345,14 @@ impl Collective {
     ) -> Result<Pending<Tensor<1>>, CollectiveError> {
         let group = self.present_in(group)?;
         let device = tensor.device().inner();
-        let pending = self.start(
+        let pending = self.call(
             &group,
             CollectiveOp::AllReduce(op),
             Contribution::Tensor(Box::new(tensor.inner())),
+            None,
+            Lane::Background,
         )?;
-        Ok(pending.map(|d| one_tensor(d, &device)))
+        Ok(pending.map(move |d| one_tensor(d, &device)))
     }
 
     /// Starts a ring all-reduce in bfloat16, as NCCL's on bf16 buffers: every member's
@@ -329,11 +370,12 @@ impl Collective {
         let device = tensor.device().inner();
         let rank = self.rank;
         let rounded = map_values(tensor, round_bf16, rank)?;
-        let pending = self.start_as(
+        let pending = self.call(
             &group,
             CollectiveOp::AllReduce(op),
             Contribution::Tensor(Box::new(rounded.inner())),
             Some(2),
+            Lane::Background,
         )?;
         Ok(pending.map(move |d| {
             let reduced = one_tensor(d, &device);
@@ -362,8 +404,9 @@ impl Collective {
         let group = self.present_in(group)?;
         let device = tensor.device().inner();
         let op = CollectiveOp::Broadcast { root };
-        let pending = self.start(&group, op, Contribution::Tensor(Box::new(tensor.inner())))?;
-        Ok(pending.map(|d| one_tensor(d, &device)))
+        let contribution = Contribution::Tensor(Box::new(tensor.inner()));
+        let pending = self.call(&group, op, contribution, None, Lane::Background)?;
+        Ok(pending.map(move |d| one_tensor(d, &device)))
     }
 
     /// Starts [`all_gather_in`](Self::all_gather_in) without waiting for it (see
@@ -376,11 +419,9 @@ impl Collective {
         let group = self.present_in(group)?;
         let device = tensor.device().inner();
         let op = CollectiveOp::AllGather;
-        let pending = self.start(&group, op, Contribution::Tensor(Box::new(tensor.inner())))?;
-        Ok(pending.map(|d| match d {
-            Delivery::Tensors(ts) => ts.into_iter().map(|t| t.to_device(&device)).collect(),
-            _ => unreachable!("an all-gather yields every tensor"),
-        }))
+        let contribution = Contribution::Tensor(Box::new(tensor.inner()));
+        let pending = self.call(&group, op, contribution, None, Lane::Background)?;
+        Ok(pending.map(move |d| all_tensors(d, &device)))
     }
 
     /// [`all_gather_start_in`](Self::all_gather_start_in) over [`world`](Self::world).
@@ -399,22 +440,17 @@ impl Collective {
         bytes: Vec<u8>,
     ) -> Result<Pending<Vec<Vec<u8>>>, CollectiveError> {
         let group = self.present_in(group)?;
-        let pending = self.start(
-            &group,
-            CollectiveOp::AllGatherBytes,
-            Contribution::Bytes(bytes),
-        )?;
-        Ok(pending.map(|d| match d {
-            Delivery::AllBytes(all) => all,
-            _ => unreachable!("a byte all-gather yields every buffer"),
-        }))
+        let op = CollectiveOp::AllGatherBytes;
+        let contribution = Contribution::Bytes(bytes);
+        let pending = self.call(&group, op, contribution, None, Lane::Background)?;
+        Ok(pending.map(all_buffers))
     }
 
     /// The wait of a started collective saved in a checkpoint ([`Pending::timing`]), to be
     /// taken in the resumed run: it charges the clock as the original would have.
     pub fn resume_pending(&self, timing: TransferTiming) -> Pending<()> {
         if self.timed() {
-            self.pending((), timing, None)
+            self.pending(Incoming::ready(()), timing, None)
         } else {
             Pending::ready(())
         }
@@ -447,6 +483,33 @@ impl Collective {
     /// when time is not simulated).
     pub fn compute(&self, seconds: f64) {
         if self.node.network.is_some() {
+            lock(&self.node.clock).compute(seconds);
+        }
+    }
+
+    /// Charges the node's own work to its clock as measured on this machine
+    /// ([`own_work`](super::own_work)), `factor` times (its speed and jitter this step),
+    /// from now on (or on from where it was): each training call first charges the work
+    /// done since the last charge, and so does [`charge_own_work`](Self::charge_own_work).
+    /// `None` stops it.
+    pub(crate) fn measure_own_work(&self, factor: Option<f64>) {
+        if self.node.network.is_none() {
+            return;
+        }
+        let mut local = lock(&self.node.local);
+        *local = match (factor, local.take()) {
+            (Some(f), Some((work, _))) => Some((work, f)),
+            (Some(f), None) => Some((LocalWork::start(), f)),
+            (None, _) => None,
+        };
+    }
+
+    /// Charges the own work done since the last charge, if it is being measured.
+    pub(crate) fn charge_own_work(&self) {
+        let work = lock(&self.node.local)
+            .as_mut()
+            .map(|(work, factor)| work.take() * *factor);
+        if let Some(seconds) = work.filter(|&s| s > 0.0) {
             lock(&self.node.clock).compute(seconds);
         }
     }
@@ -510,37 +573,27 @@ impl Collective {
         Ok(cut)
     }
 
-    /// Runs one call through the transport, counts it, and times it: the transfer starts
-    /// when the last member is ready and keeps this node's link busy until it ends. The
-    /// returned `Pending` charges the wait when taken.
-    fn start(
-        &self,
-        group: &Group,
-        op: CollectiveOp,
-        contribution: Contribution,
-    ) -> Result<Pending<Delivery>, CollectiveError> {
-        self.start_as(group, op, contribution, None)
-    }
-
-    /// [`start`](Self::start), a tensor's values counted and timed at `wire_bytes` each
-    /// (`None`: its element type's size).
-    fn start_as(
+    /// Runs one call through the transport on `lane`, counts it, and times it (its tensor's
+    /// values counted and timed at `wire_bytes` each; `None`: its element type's size): the
+    /// transfer starts when the last member is ready and keeps this node's link busy until
+    /// it ends. The returned `Pending` charges the wait when taken.
+    fn call(
         &self,
         group: &Group,
         op: CollectiveOp,
         contribution: Contribution,
         wire_bytes: Option<u64>,
+        lane: Lane,
     ) -> Result<Pending<Delivery>, CollectiveError> {
+        if !self.observer {
+            self.charge_own_work();
+        }
         let own_ready = self.own_ready();
-        let (exchanged, payload) =
-            self.exchange_as(group, op, own_ready, contribution, wire_bytes)?;
+        let (headers, delivery, payload) =
+            self.exchange(group, op, own_ready, contribution, wire_bytes, lane)?;
         let timing = match &self.node.network {
             Some(network) if !self.observer => {
-                let start = exchanged
-                    .headers
-                    .iter()
-                    .map(|h| h.ready_s)
-                    .fold(0.0, f64::max);
+                let start = headers.iter().map(|h| h.ready_s).fold(0.0, f64::max);
                 Some(TransferTiming {
                     own_ready_s: own_ready,
                     start_s: start,
@@ -565,34 +618,26 @@ impl Collective {
                     }
                 });
                 drop(clock);
-                self.pending(exchanged.delivery, timing, call)
+                self.pending(delivery, timing, call)
             }
-            _ => Pending::ready(exchanged.delivery),
+            _ => Pending::new_untimed(delivery),
         })
     }
 
-    /// Checks `group` and the call, hands it to the transport, and counts it. Returns the
-    /// outcome and the byte size of one member's payload, as charged (scaled for a proxy's
-    /// training traffic: [`with_payload_scale`](Self::with_payload_scale)).
+    /// Checks `group` and the call, hands it to the transport on `lane`, and counts it.
+    /// Returns every member's header, the outcome (which may still be on its way) and the
+    /// byte size of one member's payload, as charged (scaled for a proxy's training
+    /// traffic: [`with_payload_scale`](Self::with_payload_scale)); a tensor's values are
+    /// counted at `wire_bytes` each.
     fn exchange(
         &self,
         group: &Group,
         op: CollectiveOp,
         own_ready: f64,
         contribution: Contribution,
-    ) -> Result<(Exchanged, u64), CollectiveError> {
-        self.exchange_as(group, op, own_ready, contribution, None)
-    }
-
-    /// [`exchange`](Self::exchange), a tensor's values counted at `wire_bytes` each.
-    fn exchange_as(
-        &self,
-        group: &Group,
-        op: CollectiveOp,
-        own_ready: f64,
-        contribution: Contribution,
         wire_bytes: Option<u64>,
-    ) -> Result<(Exchanged, u64), CollectiveError> {
+        lane: Lane,
+    ) -> Result<(Vec<Header>, Incoming<Delivery>, u64), CollectiveError> {
         group.validate(self.rank, self.world_size())?;
         if let CollectiveOp::Broadcast { root } | CollectiveOp::BroadcastBytes { root } = op
             && !group.contains(root)
@@ -618,22 +663,33 @@ impl Collective {
             Contribution::Tensor(t) => wire_bytes.unwrap_or(t.dtype().size() as u64),
             _ => 1,
         };
-        let exchanged = self
-            .transport
-            .exchange(self.rank, group, header, contribution)?;
-        let mut payload = payload_len(op, group, &exchanged.headers) * element_bytes;
+        let (headers, delivery) = not_own_work(|| match lane {
+            Lane::Now => {
+                let done = self
+                    .transport
+                    .exchange(self.rank, group, header, contribution)?;
+                Ok::<_, CollectiveError>((done.headers, Incoming::ready(done.delivery)))
+            }
+            Lane::Background => {
+                let started = self
+                    .transport
+                    .start(self.rank, group, header, contribution)?;
+                Ok((started.headers, started.delivery))
+            }
+        })?;
+        let mut payload = payload_len(op, group, &headers) * element_bytes;
         if let Some(scale) = self.scale.filter(|_| !self.observer) {
             payload = scale.apply(payload);
         }
         lock(&self.node.stats)[usize::from(self.observer)].record(op, group, self.rank, payload);
-        Ok((exchanged, payload))
+        Ok((headers, delivery, payload))
     }
 
     /// `value`, whose wait charges this node's clock for a transfer timed as `timing`
     /// (`call`: the call, while tracing).
     fn pending<T>(
         &self,
-        value: T,
+        value: Incoming<T>,
         timing: TransferTiming,
         call: Option<Arc<CallInfo>>,
     ) -> Pending<T> {
@@ -666,6 +722,30 @@ fn one_tensor(delivery: Delivery, device: &Device) -> Tensor<1> {
         Delivery::Tensor(t) => (*t).to_device(device),
         _ => unreachable!("this call yields one tensor"),
     }
+}
+
+fn all_tensors(delivery: Delivery, device: &Device) -> Vec<Tensor<1>> {
+    match delivery {
+        Delivery::Tensors(ts) => ts.into_iter().map(|t| t.to_device(device)).collect(),
+        _ => unreachable!("an all-gather yields every tensor"),
+    }
+}
+
+fn all_buffers(delivery: Delivery) -> Vec<Vec<u8>> {
+    match delivery {
+        Delivery::AllBytes(all) => all,
+        _ => unreachable!("a byte all-gather yields every buffer"),
+    }
+}
+
+/// How a call moves its data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lane {
+    /// Before the call returns: the caller waits for the result at once.
+    Now,
+    /// Possibly in the background, while the node goes on ([`Transport::start`]): a
+    /// started call, waited for later.
+    Background,
 }
 
 /// `tensor` with `f` applied to each of its values, on the host.

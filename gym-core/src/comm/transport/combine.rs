@@ -4,10 +4,12 @@
 //! transport, the calls whose members all run in its process.
 
 use super::host_reduce::{self, HostReduction};
+use super::rendezvous::lock;
 use super::{Contribution, Delivery, Exchanged, Header, check_agreement};
 use crate::comm::group::{CollectiveOp, Group, ReduceOp};
 use crate::error::CollectiveError;
 use burn::tensor::{Device, Tensor, TensorData};
+use std::sync::{Arc, Condvar, Mutex};
 
 /// What one thread hands in: a contribution, or a host tensor's buffer for a shared-out
 /// all-reduce.
@@ -31,6 +33,38 @@ pub(super) enum Outcome {
     All(Vec<Tensor<1>>),
     Bytes(Vec<u8>),
     AllBytes(Vec<Vec<u8>>),
+    /// A call whose data is still moving in the background (`Transport::start`): the
+    /// outcome lands later.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    Later(Arc<Landing>),
+}
+
+/// Where a call moving in the background lands its outcome.
+#[derive(Default)]
+pub(super) struct Landing {
+    outcome: Mutex<Option<Result<Outcome, CollectiveError>>>,
+    landed: Condvar,
+}
+
+impl Landing {
+    /// The call's outcome has arrived.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    pub fn land(&self, outcome: Result<Outcome, CollectiveError>) {
+        *lock(&self.outcome) = Some(outcome);
+        self.landed.notify_all();
+    }
+
+    /// Waits for the outcome, then hands this member its part.
+    fn deliver(&self) -> Result<Delivery, CollectiveError> {
+        let mut outcome = lock(&self.outcome);
+        while outcome.is_none() {
+            outcome = self.landed.wait(outcome).unwrap_or_else(|p| p.into_inner());
+        }
+        match outcome.as_ref().expect("landed") {
+            Ok(outcome) => delivery_of(outcome),
+            Err(e) => Err(e.clone()),
+        }
+    }
 }
 
 impl Input {
@@ -66,19 +100,25 @@ impl Met {
     /// share of an all-reduce done first).
     pub fn deliver(met: &Result<Met, CollectiveError>) -> Result<Exchanged, CollectiveError> {
         let met = met.as_ref().map_err(Clone::clone)?;
-        let delivery = match &met.outcome {
-            Outcome::None => Delivery::None,
-            Outcome::One(t) => Delivery::Tensor(t.clone()),
-            Outcome::Reducing(job) => Delivery::Tensor(Box::new(job.join())),
-            Outcome::All(ts) => Delivery::Tensors(ts.clone()),
-            Outcome::Bytes(b) => Delivery::Bytes(b.clone()),
-            Outcome::AllBytes(all) => Delivery::AllBytes(all.clone()),
-        };
         Ok(Exchanged {
             headers: met.headers.clone(),
-            delivery,
+            delivery: delivery_of(&met.outcome)?,
         })
     }
+}
+
+/// One member's copy of `outcome` (its share of an all-reduce done first; a call moving in
+/// the background waited for).
+fn delivery_of(outcome: &Outcome) -> Result<Delivery, CollectiveError> {
+    Ok(match outcome {
+        Outcome::None => Delivery::None,
+        Outcome::One(t) => Delivery::Tensor(t.clone()),
+        Outcome::Reducing(job) => Delivery::Tensor(Box::new(job.join())),
+        Outcome::All(ts) => Delivery::Tensors(ts.clone()),
+        Outcome::Bytes(b) => Delivery::Bytes(b.clone()),
+        Outcome::AllBytes(all) => Delivery::AllBytes(all.clone()),
+        Outcome::Later(landing) => landing.deliver()?,
+    })
 }
 
 /// The result of a call from every member's input, in member (rank) order.

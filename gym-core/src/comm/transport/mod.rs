@@ -28,6 +28,7 @@ pub use mpi::{MpiTransport, TIMEOUT_EXIT_CODE};
 pub use threads::ThreadTransport;
 
 use super::group::{CollectiveOp, Group};
+use super::pending::Incoming;
 use crate::error::CollectiveError;
 use burn::tensor::Tensor;
 use std::ops::Range;
@@ -87,6 +88,15 @@ pub enum Delivery {
     AllBytes(Vec<Vec<u8>>),
 }
 
+/// The outcome of one call started in the background, as one member sees it: every
+/// member's header now, the result when it arrives.
+pub struct Started {
+    /// Every member's header, in member order.
+    pub headers: Vec<Header>,
+    /// The call's result for this member, once its data has moved.
+    pub delivery: Incoming<Delivery>,
+}
+
 /// The outcome of one call, as one member sees it.
 pub struct Exchanged {
     /// Every member's header, in member order.
@@ -121,6 +131,27 @@ pub trait Transport: Send + Sync {
         header: Header,
         contribution: Contribution,
     ) -> Result<Exchanged, CollectiveError>;
+
+    /// `rank`'s part in one call among `group` whose data may keep moving after it
+    /// returns, while the node computes: the members' headers are exchanged (and checked)
+    /// before it returns, the result arrives in the returned [`Incoming`]. Calls started
+    /// this way on a group run in the order they were started, each member's in the same
+    /// order. The default exchanges everything at once ([`exchange`](Self::exchange)): for
+    /// a transport whose data moves in no real time to speak of, such as threads sharing
+    /// memory.
+    fn start(
+        &self,
+        rank: usize,
+        group: &Group,
+        header: Header,
+        contribution: Contribution,
+    ) -> Result<Started, CollectiveError> {
+        let done = self.exchange(rank, group, header, contribution)?;
+        Ok(Started {
+            headers: done.headers,
+            delivery: Incoming::ready(done.delivery),
+        })
+    }
 
     /// Marks the run as failed by `rank`: every call waiting now and every later call
     /// returns [`CollectiveError::Aborted`]. The first abort wins.

@@ -26,27 +26,29 @@
 //!
 //! Built with the `mpi` feature (it needs an MPI library and `libclang` to build).
 
+mod call;
 mod collectives;
+mod groups;
 mod p2p;
 mod watch;
 
 pub use watch::TIMEOUT_EXIT_CODE;
 
-use super::combine::{self, Input, Met, Outcome};
-use super::rendezvous::{Rendezvous, lock};
-use super::{Contribution, Exchanged, Header, Transport, check_agreement};
-use crate::comm::group::{CollectiveOp, Group};
+use super::combine::{self, Input, Landing, Met, Outcome};
+use super::rendezvous::Rendezvous;
+use super::{Contribution, Exchanged, Header, Started, Transport};
+use crate::comm::group::Group;
+use crate::comm::pending::Incoming;
 use crate::error::{CollectiveError, GymError};
-use burn::tensor::{DType, Device, Tensor, TensorData};
+use groups::{GroupComm, Groups};
 use mpi::Threading;
 use mpi::datatype::PartitionMut;
 use mpi::environment::Universe;
-use mpi::topology::{Group as _, SimpleCommunicator};
+use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
-use p2p::{Peers, Tag};
-use std::collections::HashMap;
+use p2p::Peers;
 use std::ops::Range;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use watch::{Placement, Watch};
 
@@ -64,9 +66,8 @@ pub struct MpiTransport {
 /// What the process's MPI library holds.
 struct MpiState {
     world: SimpleCommunicator,
-    /// One communicator per group of ranks that spans processes, made by its members on
-    /// first use.
-    groups: Mutex<HashMap<Vec<usize>, Arc<Mutex<GroupComm>>>>,
+    /// The groups' communicators and their background workers.
+    groups: Groups,
     /// The calls in progress (what the timeout watches).
     watch: Arc<Watch>,
     /// Declared last, so dropped last: finalises MPI after the communicators are freed.
@@ -74,24 +75,18 @@ struct MpiState {
 }
 
 // SAFETY: MPI runs at `Threading::Multiple` (checked at start-up): calls may come from any
-// thread. Each group's communicator is used by one thread at a time (its mutex); the world
-// communicator only makes new communicators, which MPI allows concurrently (with distinct
-// tags, see `communicator`).
+// thread. The world communicator only makes new communicators, which MPI allows
+// concurrently (with distinct tags, see `Groups::make`); the groups' communicators say
+// how they are shared.
 unsafe impl Send for MpiState {}
 unsafe impl Sync for MpiState {}
 
-struct GroupComm {
-    comm: SimpleCommunicator,
-    /// The job's process at each position of the communicator.
-    processes: Vec<usize>,
-    /// The reduce-scatter's receive buffer, kept from call to call: a fresh one of that
-    /// size would be faulted in page by page every time.
-    scratch: Vec<f32>,
+impl Drop for MpiState {
+    fn drop(&mut self) {
+        // Transfers still moving in the background end before MPI does.
+        self.groups.close();
+    }
 }
-
-// SAFETY: MPI runs at `Threading::Multiple`; a group's communicator is used by one thread
-// at a time, under the mutex that holds it.
-unsafe impl Send for GroupComm {}
 
 impl std::fmt::Debug for MpiTransport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -141,14 +136,17 @@ impl MpiTransport {
             chunk_bytes: p2p::CHUNK_BYTES,
             mpi: Arc::new(MpiState {
                 world,
-                groups: Mutex::new(HashMap::new()),
+                groups: Groups::default(),
                 watch: Arc::new(Watch::default()),
                 _universe: universe,
             }),
         };
-        // The world's communicator now, while every process is here: a peer that hangs
+        // The world's communicators now, while every process is here: a peer that hangs
         // later is then caught in a transfer, which names it.
-        transport.communicator(&Group::world(num_nodes))?;
+        let world = Group::world(num_nodes);
+        for background in [false, true] {
+            transport.communicator(&world, &[], background)?;
+        }
         Ok(transport)
     }
 
@@ -197,6 +195,21 @@ impl MpiTransport {
         self.mpi.world.abort(code)
     }
 
+    /// The process that runs `rank`.
+    fn process_of(&self, rank: usize) -> usize {
+        rank / self.placement.per_process
+    }
+
+    /// `group`'s members in this process.
+    fn local_members(&self, group: &Group) -> Vec<usize> {
+        group
+            .members()
+            .iter()
+            .copied()
+            .filter(|&m| self.process_of(m) == self.placement.process)
+            .collect()
+    }
+
     /// The chunk size of a call among `processes`: on one host, MPI moves large messages
     /// through shared memory in one copy, and chunks only add calls.
     fn chunk_bytes(&self, processes: &[usize]) -> usize {
@@ -209,13 +222,31 @@ impl MpiTransport {
         }
     }
 
-    /// The process that runs `rank`.
-    fn process_of(&self, rank: usize) -> usize {
-        rank / self.placement.per_process
+    /// The transfers of a call among `comm`'s processes, for this process's members `local`.
+    fn peers<'a>(&'a self, comm: &'a GroupComm, local: &'a [usize], background: bool) -> Peers<'a> {
+        Peers {
+            comm: &comm.comm,
+            processes: &comm.processes,
+            ranks: local,
+            watch: &self.mpi.watch,
+            background,
+            chunk_bytes: self.chunk_bytes(&comm.processes),
+        }
     }
 
-    /// This process's part of a call among `group` (it holds members of other processes):
-    /// every member's header, and the result.
+    /// How many members each of `comm`'s processes holds, by position.
+    fn members_by_process(&self, comm: &GroupComm, group: &Group) -> Vec<usize> {
+        comm.processes
+            .iter()
+            .map(|&p| {
+                let ranks = self.placement.ranks_of(p);
+                group.members().iter().filter(|m| ranks.contains(m)).count()
+            })
+            .collect()
+    }
+
+    /// This process's part of a call among `group` (it holds members of other processes),
+    /// waited for: every member's header, and the result.
     fn across_processes(
         &self,
         group: &Group,
@@ -223,125 +254,123 @@ impl MpiTransport {
         headers: Vec<Header>,
         inputs: Vec<Input>,
     ) -> Result<Met, CollectiveError> {
-        let me = local[0];
-        if !lock(&self.mpi.groups).contains_key(group.members()) {
-            // Making a communicator waits for every process of the group, which MPI does
-            // not name: all of them are suspects until it is made.
-            let others: Vec<usize> = (group.members().iter())
-                .map(|&r| self.process_of(r))
-                .filter(|&p| p != self.placement.process)
-                .collect();
-            self.mpi.watch.waiting_for(local, &dedup(others));
-        }
-        let comm = self.communicator(group)?;
-        let mut comm = lock(&comm);
-        let GroupComm {
-            comm,
-            processes,
-            scratch,
-        } = &mut *comm;
-        let peers = Peers {
-            comm,
-            processes,
-            ranks: local,
-            watch: &self.mpi.watch,
-            chunk_bytes: self.chunk_bytes(processes),
-        };
-        // How many members each of the group's processes holds, in order.
-        let members: Vec<usize> = processes
-            .iter()
-            .map(|&p| {
-                let ranks = self.placement.ranks_of(p);
-                group.members().iter().filter(|m| ranks.contains(m)).count()
-            })
-            .collect();
-        let all = collectives::headers(&peers, &headers, &members);
-        check_agreement(group, &all)?;
-        let op = all[0].op;
-        let n = all[0].len as usize;
-        let device = inputs.iter().find_map(|input| match input {
-            Input::Given(Contribution::Tensor(t)) => Some(t.device()),
-            Input::Host(_, device) => Some(device.clone()),
-            _ => None,
-        });
-        let root_position = |root: usize| {
-            processes
-                .iter()
-                .position(|&p| p == self.process_of(root))
-                .expect("the root is a member")
-        };
-        let delivery = match op {
-            // The header exchange is itself a barrier.
-            CollectiveOp::Barrier | CollectiveOp::Quorum => Outcome::None,
-            CollectiveOp::AllReduce(reduce) => {
-                let mine = host_values(me, inputs)?;
-                let sum = collectives::all_reduce(&peers, &mine, n, &members, reduce, scratch);
-                Outcome::One(Box::new(tensor_on(sum, &device.expect("tensors in"))))
-            }
-            CollectiveOp::Broadcast { root } => {
-                let mut values = match root_input(local, root, inputs) {
-                    Some(t) => host_values(me, vec![t])?,
-                    None => vec![0f32; n],
-                };
-                collectives::broadcast(&peers, root_position(root), &mut values);
-                Outcome::One(Box::new(tensor_on(values, &device.expect("tensors in"))))
-            }
-            CollectiveOp::AllGather => {
-                let mine = host_values(me, inputs)?;
-                let all = collectives::all_gather(&peers, &mine, n, &members, Tag::Data);
-                let device = device.expect("tensors in");
-                let tensors = (0..group.size())
-                    .map(|i| tensor_on(all[i * n..(i + 1) * n].to_vec(), &device))
-                    .collect();
-                Outcome::All(tensors)
-            }
-            CollectiveOp::AllGatherBytes => {
-                let mine: Vec<u8> = inputs.into_iter().flat_map(bytes_of).collect();
-                let all = collectives::all_gather(&peers, &mine, n, &members, Tag::Data);
-                Outcome::AllBytes(split(&all, n, group.size()))
-            }
-            CollectiveOp::BroadcastBytes { root } => {
-                let pos = group.members().iter().position(|&m| m == root);
-                let len = pos.map_or(0, |p| all[p].len as usize);
-                let mut buffer = match root_input(local, root, inputs) {
-                    Some(Input::Given(Contribution::Bytes(b))) => b,
-                    _ => vec![0u8; len],
-                };
-                collectives::broadcast(&peers, root_position(root), &mut buffer);
-                Outcome::Bytes(buffer)
-            }
-        };
+        let comm = self.communicator(group, local, false)?;
+        let peers = self.peers(&comm, local, false);
+        let members = self.members_by_process(&comm, group);
+        let call = call::headers(&peers, group, &headers, members, |r| self.process_of(r))?;
+        let mut scratch = comm.scratch.lock().unwrap_or_else(|p| p.into_inner());
+        let outcome = call::data(&peers, &call, group, local, inputs, &mut scratch)?;
         Ok(Met {
-            headers: all,
-            outcome: delivery,
+            headers: call.headers,
+            outcome,
         })
     }
 
-    /// The communicator of `group`'s processes for this group of ranks, made on first use
-    /// by every process of the group (communicator rank `i` is the group's `i`-th process).
-    fn communicator(&self, group: &Group) -> Result<Arc<Mutex<GroupComm>>, CollectiveError> {
-        let key = group.members().to_vec();
-        if let Some(comm) = lock(&self.mpi.groups).get(&key) {
-            return Ok(comm.clone());
+    /// This process's part of a call among `group` started in the background: the headers
+    /// now, the data on the group's background worker, landing later.
+    fn start_across(
+        &self,
+        group: &Group,
+        local: &[usize],
+        headers: Vec<Header>,
+        inputs: Vec<Input>,
+    ) -> Result<Met, CollectiveError> {
+        let comm = self.communicator(group, local, true)?;
+        let members = self.members_by_process(&comm, group);
+        let call = {
+            let peers = self.peers(&comm, local, false);
+            call::headers(&peers, group, &headers, members, |r| self.process_of(r))?
+        };
+        let all = call.headers.clone();
+        let landing = Arc::new(Landing::default());
+        let job = {
+            let (comm, landing, watch) = (comm.clone(), landing.clone(), self.mpi.watch.clone());
+            let (group, local) = (group.clone(), local.to_vec());
+            let chunk_bytes = self.chunk_bytes(&comm.processes);
+            let what = format!("{:?} in group {:?}", all[0].op, group.members());
+            move || {
+                watch.begin(&local, true, &what);
+                let peers = Peers {
+                    comm: &comm.comm,
+                    processes: &comm.processes,
+                    ranks: &local,
+                    watch: &watch,
+                    background: true,
+                    chunk_bytes,
+                };
+                let mut scratch = comm.scratch.lock().unwrap_or_else(|p| p.into_inner());
+                let outcome = call::data(&peers, &call, &group, &local, inputs, &mut scratch);
+                drop(scratch);
+                watch.end(&local, true);
+                landing.land(outcome);
+            }
+        };
+        self.mpi.groups.submit(&comm, Box::new(job));
+        Ok(Met {
+            headers: all,
+            outcome: Outcome::Later(landing),
+        })
+    }
+
+    /// The communicator of `group`'s processes on a lane, made on first use by every
+    /// process of the group (communicator rank `i` is the group's `i`-th process). While
+    /// it is being made, `local`'s call waits for every other process of the group.
+    fn communicator(
+        &self,
+        group: &Group,
+        local: &[usize],
+        background: bool,
+    ) -> Result<Arc<GroupComm>, CollectiveError> {
+        if let Some(comm) = self.mpi.groups.get(group.members(), background) {
+            return Ok(comm);
         }
-        let mut processes: Vec<usize> = key.iter().map(|&r| self.process_of(r)).collect();
+        let mut processes: Vec<usize> = group
+            .members()
+            .iter()
+            .map(|&r| self.process_of(r))
+            .collect();
         processes.dedup();
-        let world = &self.mpi.world;
-        let ranks: Vec<i32> = processes.iter().map(|&p| p as i32).collect();
-        let sub = world.group().include(&ranks);
-        // MPI_Comm_create_group: only the group's processes take part. Groups in flight at
-        // once hold different ranks, so their smallest members tell them apart.
-        let tag = key[0] as i32;
-        let comm = world
-            .split_by_subgroup_with_tag(&sub, tag)
-            .ok_or_else(|| transport(key[0], format!("no communicator for group {key:?}")))?;
-        let comm = Arc::new(Mutex::new(GroupComm {
-            comm,
-            processes,
-            scratch: Vec::new(),
-        }));
-        lock(&self.mpi.groups).insert(key, comm.clone());
-        Ok(comm)
+        // Making a communicator waits for every process of the group, which MPI does not
+        // name: all of them are suspects until it is made.
+        let others: Vec<usize> = (processes.iter().copied())
+            .filter(|&p| p != self.placement.process)
+            .collect();
+        self.mpi.watch.waiting_for(local, false, &others);
+        self.mpi
+            .groups
+            .make(&self.mpi.world, group.members(), background, processes)
+    }
+
+    /// Where `rank`'s call on `group` meets the group's other members of this process; the
+    /// last to arrive runs `across` when the group spans processes.
+    fn meet(
+        &self,
+        rank: usize,
+        group: &Group,
+        header: Header,
+        contribution: Contribution,
+        across: impl FnOnce(&[usize], Vec<Header>, Vec<Input>) -> Result<Met, CollectiveError>,
+    ) -> Result<Arc<Result<Met, CollectiveError>>, CollectiveError> {
+        let local = self.local_members(group);
+        let spans = local.len() < group.size();
+        let watch = &self.mpi.watch;
+        watch.begin(
+            &[rank],
+            false,
+            &format!("{:?} in group {:?}", header.op, group.members()),
+        );
+        let input = Input::of(header.op, contribution);
+        let met = self
+            .meetings
+            .meet(rank, &local, header, input, |headers, inputs| {
+                if spans {
+                    across(&local, headers, inputs)
+                } else {
+                    combine::meet(group, headers, inputs)
+                }
+            });
+        watch.end(&[rank], false);
+        met
     }
 }
 
@@ -361,30 +390,38 @@ impl Transport for MpiTransport {
         header: Header,
         contribution: Contribution,
     ) -> Result<Exchanged, CollectiveError> {
-        let local: Vec<usize> = group
-            .members()
-            .iter()
-            .copied()
-            .filter(|&m| self.process_of(m) == self.placement.process)
-            .collect();
-        let spans = local.len() < group.size();
-        let watch = &self.mpi.watch;
-        watch.begin(
+        let met = self.meet(
             rank,
-            format!("{:?} in group {:?}", header.op, group.members()),
-        );
-        let input = Input::of(header.op, contribution);
-        let met = self
-            .meetings
-            .meet(rank, &local, header, input, |headers, inputs| {
-                if spans {
-                    self.across_processes(group, &local, headers, inputs)
-                } else {
-                    combine::meet(group, headers, inputs)
-                }
-            });
-        watch.end(rank);
-        Met::deliver(&*met?)
+            group,
+            header,
+            contribution,
+            |local, headers, inputs| self.across_processes(group, local, headers, inputs),
+        )?;
+        Met::deliver(&met)
+    }
+
+    /// Across processes, the data moves on the group's background worker while the node
+    /// goes on; within this process, at once.
+    fn start(
+        &self,
+        rank: usize,
+        group: &Group,
+        header: Header,
+        contribution: Contribution,
+    ) -> Result<Started, CollectiveError> {
+        let met = self.meet(
+            rank,
+            group,
+            header,
+            contribution,
+            |local, headers, inputs| self.start_across(group, local, headers, inputs),
+        )?;
+        let headers = match &*met {
+            Ok(met) => met.headers.clone(),
+            Err(e) => return Err(e.clone()),
+        };
+        let delivery = Incoming::arriving(Box::new(move || Ok(Met::deliver(&met)?.delivery)));
+        Ok(Started { headers, delivery })
     }
 
     fn abort(&self, rank: usize, reason: String) {
@@ -428,68 +465,6 @@ fn host_names(world: &SimpleCommunicator) -> Vec<String> {
         .map(|(&len, &at)| {
             String::from_utf8_lossy(&all[at as usize..(at + len) as usize]).into_owned()
         })
-        .collect()
-}
-
-/// `sorted` without repeats.
-fn dedup(mut sorted: Vec<usize>) -> Vec<usize> {
-    sorted.dedup();
-    sorted
-}
-
-/// The root's contribution, if the root runs in this process.
-fn root_input(local: &[usize], root: usize, inputs: Vec<Input>) -> Option<Input> {
-    let pos = local.iter().position(|&m| m == root)?;
-    inputs.into_iter().nth(pos)
-}
-
-/// The local members' tensors' values, one after the other, if they are `f32` (what this
-/// transport carries).
-fn host_values(rank: usize, inputs: Vec<Input>) -> Result<Vec<f32>, CollectiveError> {
-    let mut all = Vec::new();
-    for input in inputs {
-        let data = match input {
-            Input::Host(data, _) => data,
-            Input::Given(Contribution::Tensor(tensor)) => (*tensor).into_data(),
-            Input::Given(_) => unreachable!("the header check keeps the kinds apart"),
-        };
-        if data.dtype() != DType::F32 {
-            return Err(transport(
-                rank,
-                format!(
-                    "the MPI transport carries f32 tensors, not {:?}",
-                    data.dtype()
-                ),
-            ));
-        }
-        let values = data
-            .try_into_vec::<f32>()
-            .map_err(|e| transport(rank, format!("reading a tensor: {e:?}")))?;
-        if all.is_empty() {
-            all = values;
-        } else {
-            all.extend_from_slice(&values);
-        }
-    }
-    Ok(all)
-}
-
-fn bytes_of(input: Input) -> Vec<u8> {
-    match input {
-        Input::Given(Contribution::Bytes(b)) => b,
-        _ => unreachable!("the header check keeps the kinds apart"),
-    }
-}
-
-fn tensor_on(values: Vec<f32>, device: &Device) -> Tensor<1> {
-    let n = values.len();
-    Tensor::from_data(TensorData::new(values, [n]), device)
-}
-
-/// `count` buffers of `n` bytes each, from one buffer.
-fn split(all: &[u8], n: usize, count: usize) -> Vec<Vec<u8>> {
-    (0..count)
-        .map(|p| all[p * n..(p + 1) * n].to_vec())
         .collect()
 }
 

@@ -19,7 +19,15 @@ pub const TIMEOUT_EXIT_CODE: i32 = 70;
 /// The calls in progress in this process, by rank.
 #[derive(Default)]
 pub(super) struct Watch {
-    calls: Mutex<HashMap<usize, Call>>,
+    calls: Mutex<HashMap<Key, Call>>,
+}
+
+/// A rank's call: the one it waits in, or one moving in the background while it computes
+/// (a rank can have one of each).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) struct Key {
+    pub rank: usize,
+    pub background: bool,
 }
 
 /// One rank's call in progress.
@@ -62,28 +70,34 @@ impl Placement {
 }
 
 impl Watch {
-    /// `rank` begins `what`.
-    pub fn begin(&self, rank: usize, what: String) {
-        let call = Call {
-            what,
-            moved: Instant::now(),
-            owed: Vec::new(),
-        };
-        lock(&self.calls).insert(rank, call);
+    /// The calls `ranks` (this process's members of one call) begin `what`.
+    pub fn begin(&self, ranks: &[usize], background: bool, what: &str) {
+        let mut calls = lock(&self.calls);
+        for &rank in ranks {
+            let call = Call {
+                what: what.to_string(),
+                moved: Instant::now(),
+                owed: Vec::new(),
+            };
+            calls.insert(Key { rank, background }, call);
+        }
     }
 
-    /// `rank`'s call is over.
-    pub fn end(&self, rank: usize) {
-        lock(&self.calls).remove(&rank);
+    /// The calls of `ranks` are over.
+    pub fn end(&self, ranks: &[usize], background: bool) {
+        let mut calls = lock(&self.calls);
+        for &rank in ranks {
+            calls.remove(&Key { rank, background });
+        }
     }
 
     /// Data arrived for the call of `ranks` (this process's members of it); it still waits
     /// for the processes `owed`.
-    pub fn moved(&self, ranks: &[usize], owed: &[usize]) {
+    pub fn moved(&self, ranks: &[usize], background: bool, owed: &[usize]) {
         let now = Instant::now();
         let mut calls = lock(&self.calls);
-        for rank in ranks {
-            if let Some(call) = calls.get_mut(rank) {
+        for &rank in ranks {
+            if let Some(call) = calls.get_mut(&Key { rank, background }) {
                 call.moved = now;
                 call.owed.clear();
                 call.owed.extend_from_slice(owed);
@@ -92,10 +106,10 @@ impl Watch {
     }
 
     /// The call of `ranks` now waits for the processes `owed` (its clock keeps running).
-    pub fn waiting_for(&self, ranks: &[usize], owed: &[usize]) {
+    pub fn waiting_for(&self, ranks: &[usize], background: bool, owed: &[usize]) {
         let mut calls = lock(&self.calls);
-        for rank in ranks {
-            if let Some(call) = calls.get_mut(rank) {
+        for &rank in ranks {
+            if let Some(call) = calls.get_mut(&Key { rank, background }) {
                 call.owed.clear();
                 call.owed.extend_from_slice(owed);
             }
@@ -105,7 +119,8 @@ impl Watch {
     /// The first call that has not moved for `timeout`, as the message that ends the job.
     fn stalled(&self, timeout: Duration, placement: &Placement) -> Option<String> {
         let calls = lock(&self.calls);
-        let (&rank, call) = calls.iter().find(|(_, c)| c.moved.elapsed() > timeout)?;
+        let (&Key { rank, background }, call) =
+            calls.iter().find(|(_, c)| c.moved.elapsed() > timeout)?;
         let me = placement.describe(placement.process);
         let waited = call.moved.elapsed().as_secs_f64();
         let from = if call.owed.is_empty() {
@@ -114,10 +129,14 @@ impl Watch {
             let owed: Vec<String> = call.owed.iter().map(|&p| placement.describe(p)).collect();
             format!("from {}", owed.join(", "))
         };
+        let what = if background {
+            format!("{} (moving in the background)", call.what)
+        } else {
+            call.what.clone()
+        };
         Some(format!(
-            "rank {rank} on {me}: {} received nothing {from} for {waited:.1} s (timeout {:.1} s): \
-             a link is down, or a peer hung or died; exiting",
-            call.what,
+            "rank {rank} on {me}: {what} received nothing {from} for {waited:.1} s (timeout \
+             {:.1} s): a link is down, or a peer hung or died; exiting",
             timeout.as_secs_f64()
         ))
     }
@@ -158,15 +177,23 @@ mod tests {
     /// Makes `rank`'s call look as if nothing had arrived for it for `age`.
     fn age(watch: &Watch, rank: usize, age: Duration) {
         let mut calls = lock(&watch.calls);
-        let call = calls.get_mut(&rank).expect("a call in progress");
+        let key = Key {
+            rank,
+            background: false,
+        };
+        let call = calls.get_mut(&key).expect("a call in progress");
         call.moved = Instant::now().checked_sub(age).expect("an earlier instant");
     }
 
     #[test]
     fn a_stalled_call_names_the_processes_it_waits_for_and_their_hosts() {
         let watch = Watch::default();
-        watch.begin(1, "AllReduce(Mean) in group [0, 1, 2, 3, 4, 5]".into());
-        watch.moved(&[0, 1], &[2]);
+        watch.begin(
+            &[0, 1],
+            false,
+            "AllReduce(Mean) in group [0, 1, 2, 3, 4, 5]",
+        );
+        watch.moved(&[0, 1], false, &[2]);
         let timeout = Duration::from_secs(10);
         assert!(watch.stalled(timeout, &placement()).is_none());
         age(&watch, 1, Duration::from_secs(12));
@@ -184,23 +211,26 @@ mod tests {
     #[test]
     fn the_timeout_counts_from_the_last_data_not_from_the_start_of_the_call() {
         let watch = Watch::default();
-        watch.begin(0, "AllGather".into());
+        watch.begin(&[0], false, "AllGather");
         let timeout = Duration::from_secs(10);
         age(&watch, 0, Duration::from_secs(11));
         assert!(watch.stalled(timeout, &placement()).is_some());
         // Data arrives: the same call, begun 11 s ago, is moving again.
-        watch.moved(&[0], &[1]);
+        watch.moved(&[0], false, &[1]);
+        // The same rank's call in the background is another call.
+        watch.begin(&[0], true, "AllGather");
+        watch.end(&[0], true);
         assert!(watch.stalled(timeout, &placement()).is_none());
         // A call that has ended is never stalled.
         age(&watch, 0, Duration::from_secs(11));
-        watch.end(0);
+        watch.end(&[0], false);
         assert!(watch.stalled(timeout, &placement()).is_none());
     }
 
     #[test]
     fn a_wait_inside_the_process_names_no_peer() {
         let watch = Watch::default();
-        watch.begin(3, "Barrier in group [2, 3]".into());
+        watch.begin(&[3], false, "Barrier in group [2, 3]");
         age(&watch, 3, Duration::from_secs(2));
         let message = watch.stalled(Duration::from_secs(1), &placement()).unwrap();
         assert!(

@@ -1,0 +1,620 @@
+//! `bench --real-links`: the simulated clock against the project's own MPI runs across
+//! emulated hosts whose links have a set bandwidth ([`crate::cluster`]).
+//!
+//! Each case builds an emulated cluster, runs `mnist` or `nanogpt` on it with
+//! `--collective mpi` and a `--network` that describes the same links, and sets the run's
+//! wall seconds per step against its simulated seconds per step, both from its own
+//! `train.csv`, over the steps after the second (the first two pay for start-up and
+//! first-touch allocations). The bytes that crossed the hosts' links (their interfaces'
+//! counters, Ethernet, IP and TCP headers included) are set against the bytes the run
+//! counted: its training traffic and the simulator's own (evaluations, the reports the
+//! processes exchange), which a real link carries too.
+//!
+//! Goals (issue 41): real ÷ simulated within [0.9, 1.1] for every case whose calls carry at
+//! least 1 MiB per node, within [0.8, 1.25] for every case; bytes on the wire within 15% of
+//! the counted bytes.
+
+use super::{MachineInfo, SuiteResult, SuiteTable, caption_for};
+use crate::cluster::{EmulatedCluster, HostLink, run_job};
+use crate::runner::BoxError;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Cases whose calls carry at least this many bytes per node get the tight band.
+pub const LARGE_CALL_BYTES: f64 = (1 << 20) as f64;
+/// Real ÷ simulated for cases with large calls.
+pub const TIGHT: (f64, f64) = (0.9, 1.1);
+/// Real ÷ simulated for every case.
+pub const LOOSE: (f64, f64) = (0.8, 1.25);
+/// Bytes on the wire ÷ counted bytes, at most this far from 1.
+pub const WIRE_TOLERANCE: f64 = 0.15;
+
+/// `bench --real-links`'s options (flattened into the `bench` command line).
+#[derive(Debug, Clone, clap::Args)]
+pub struct RealLinksArgs {
+    /// Real links: which cases to run: `full` (every strategy, model, host count and rate;
+    /// about 10 minutes on 2 cores), `ci` (AllReduce of the MLP on 2 hosts at 20 Mbit/s and on
+    /// 4 at 100 Mbit/s), or case names, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "full")]
+    pub real_links_cases: Vec<String>,
+    /// Real links: tiny-shakespeare's folder (the GPT cases).
+    #[arg(long, default_value = "../shared/data/shakespeare")]
+    pub real_links_text_dir: PathBuf,
+}
+
+/// The model of a case.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Model {
+    /// The MNIST MLP (784-256-10, 203,530 parameters), batch 64 per node.
+    Mlp,
+    /// A small GPT on tiny-shakespeare (2 layers, 4 heads, 128 wide, context 64: 410,000
+    /// parameters, 1.6 MB of f32), 8 sequences per node.
+    Gpt,
+}
+
+impl Model {
+    fn name(self) -> &'static str {
+        match self {
+            Model::Mlp => "mlp",
+            Model::Gpt => "gpt",
+        }
+    }
+}
+
+/// One configuration: a model and a strategy on a cluster.
+#[derive(Debug, Clone)]
+pub struct Case {
+    /// A short unique name (`mlp-allreduce-2x20`).
+    pub name: String,
+    /// The model.
+    pub model: Model,
+    /// `--strategy` and its flags.
+    pub strategy: Vec<String>,
+    /// Each host's link.
+    pub hosts: Vec<HostLink>,
+    /// Nodes of the run (a multiple of the host count: one process per host).
+    pub nodes: usize,
+    /// Steps of the run (two untimed).
+    pub steps: usize,
+}
+
+impl Case {
+    /// `model` under `strategy` (its name and flags, `diloco -H 2`) on `hosts`, with `nodes`
+    /// nodes spread evenly over them.
+    pub fn new(model: Model, strategy: &str, hosts: Vec<HostLink>, nodes: usize) -> Self {
+        let words: Vec<String> = strategy.split_whitespace().map(String::from).collect();
+        // Whole rounds of every period in the grid (H = 2, 4) after the two untimed steps.
+        let steps = match model {
+            Model::Mlp => 2 + 8,
+            Model::Gpt => 2 + 4,
+        };
+        let rates: Vec<String> = hosts
+            .iter()
+            .map(|h| crate::cluster::format_rate(h.up_bits_per_s).replace("bit", ""))
+            .collect();
+        let mut name = format!("{}-{}-{}x{}", model.name(), words[0], hosts.len(), rates[0]);
+        if rates.iter().any(|r| r != &rates[0]) {
+            name = format!("{}-{}-{}", model.name(), words[0], rates.join("-"));
+        }
+        if nodes != hosts.len() {
+            name.push_str(&format!("-{nodes}nodes"));
+        }
+        Case {
+            name,
+            model,
+            strategy: words,
+            hosts,
+            nodes,
+            steps,
+        }
+    }
+
+    /// The simulated network: each node's link is its host's.
+    pub fn network(&self) -> String {
+        let per_host = self.nodes / self.hosts.len();
+        let specs: Vec<String> = (0..self.nodes)
+            .map(|r| self.hosts[r / per_host].spec())
+            .collect();
+        if specs.iter().all(|s| s == &specs[0]) {
+            specs[0].clone()
+        } else {
+            specs.join(",")
+        }
+    }
+
+    /// The hosts' links, as the table shows them: `4 × 20mbit`, `3 × 100mbit + 20mbit`.
+    fn hosts_label(&self) -> String {
+        let mut groups: Vec<(String, usize)> = Vec::new();
+        for h in &self.hosts {
+            let rate = crate::cluster::format_rate(h.up_bits_per_s);
+            match groups.last_mut() {
+                Some((r, n)) if *r == rate => *n += 1,
+                _ => groups.push((rate, 1)),
+            }
+        }
+        let parts: Vec<String> = groups
+            .into_iter()
+            .map(|(r, n)| if n == 1 { r } else { format!("{n} × {r}") })
+            .collect();
+        parts.join(" + ")
+    }
+}
+
+/// Every case of `--real-links-cases full`.
+pub fn full_grid() -> Vec<Case> {
+    let same = |n: usize, mbit: f64| vec![HostLink::symmetric(mbit * 1e6); n];
+    let slow = || {
+        let mut hosts = same(3, 100.0);
+        hosts.push(HostLink::symmetric(20e6));
+        hosts
+    };
+    let mut cases = Vec::new();
+    for (model, strategies) in [
+        (
+            Model::Mlp,
+            [
+                "allreduce",
+                "diloco -H 2",
+                "streaming-diloco -H 4",
+                "sparseloco -H 2",
+                "demo",
+                "eager-diloco -H 2",
+            ],
+        ),
+        (
+            Model::Gpt,
+            [
+                "allreduce",
+                "diloco -H 2",
+                "streaming-diloco -H 4",
+                "sparseloco -H 2",
+                "demo",
+                "eager-diloco -H 2",
+            ],
+        ),
+    ] {
+        let base = match model {
+            Model::Mlp => 20.0,
+            Model::Gpt => 100.0,
+        };
+        for strategy in strategies {
+            cases.push(Case::new(model, strategy, same(4, base), 4));
+        }
+        for hosts in [2, 3] {
+            cases.push(Case::new(model, "allreduce", same(hosts, base), hosts));
+        }
+        for mbit in [100.0, 1000.0] {
+            if mbit != base {
+                cases.push(Case::new(model, "allreduce", same(4, mbit), 4));
+            }
+        }
+        cases.push(Case::new(model, "allreduce", same(4, base), 8));
+        cases.push(Case::new(model, "diloco -H 2", same(4, base), 8));
+        cases.push(Case::new(model, "allreduce", slow(), 4));
+    }
+    cases.push(Case::new(Model::Mlp, "allreduce", same(2, 1000.0), 2));
+    cases
+}
+
+/// The cases of `--real-links-cases ci`: two, under a minute together.
+pub fn ci_grid() -> Vec<Case> {
+    vec![
+        Case::new(
+            Model::Mlp,
+            "allreduce",
+            vec![HostLink::symmetric(20e6); 2],
+            2,
+        ),
+        Case::new(
+            Model::Mlp,
+            "allreduce",
+            vec![HostLink::symmetric(100e6); 4],
+            4,
+        ),
+    ]
+}
+
+/// The cases `names` asks for (`full`, `ci`, or case names from the full grid).
+pub fn select(names: &[String]) -> Result<Vec<Case>, String> {
+    let full = full_grid();
+    let mut out = Vec::new();
+    for name in names {
+        match name.as_str() {
+            "full" => out.extend(full.iter().cloned()),
+            "ci" => out.extend(ci_grid()),
+            other => out.push(
+                full.iter()
+                    .find(|c| c.name == other)
+                    .cloned()
+                    .ok_or_else(|| {
+                        let known: Vec<&str> = full.iter().map(|c| c.name.as_str()).collect();
+                        format!(
+                            "no case `{other}`: full, ci, or one of {}",
+                            known.join(", ")
+                        )
+                    })?,
+            ),
+        }
+    }
+    Ok(out)
+}
+
+/// What one case measured.
+#[derive(Debug, Clone)]
+pub struct Measured {
+    /// The case.
+    pub case: Case,
+    /// Wall seconds per step, steps after the second (the process of rank 0).
+    pub real_s: f64,
+    /// Simulated seconds per step over the same steps.
+    pub simulated_s: f64,
+    /// Bytes each node sent per training call (mean).
+    pub bytes_per_call: f64,
+    /// Training bytes the run counted, all nodes.
+    pub counted_bytes: f64,
+    /// The simulator's own bytes, all nodes.
+    pub observer_bytes: f64,
+    /// Bytes the hosts' interfaces sent, all hosts.
+    pub wire_bytes: f64,
+}
+
+impl Measured {
+    /// Real ÷ simulated seconds per step.
+    pub fn ratio(&self) -> f64 {
+        self.real_s / self.simulated_s
+    }
+
+    /// The band the ratio must fall in.
+    pub fn band(&self) -> (f64, f64) {
+        if self.bytes_per_call >= LARGE_CALL_BYTES {
+            TIGHT
+        } else {
+            LOOSE
+        }
+    }
+
+    /// Whether the ratio is in its band.
+    pub fn within(&self) -> bool {
+        let (lo, hi) = self.band();
+        (lo..=hi).contains(&self.ratio())
+    }
+
+    /// Bytes on the wire ÷ the counted bytes (training and the simulator's own).
+    pub fn wire_ratio(&self) -> f64 {
+        self.wire_bytes / (self.counted_bytes + self.observer_bytes)
+    }
+
+    /// Whether the counted bytes describe the wire: with one node per host. With several,
+    /// the nodes of a host exchange in memory what the count charges to their links.
+    pub fn wire_comparable(&self) -> bool {
+        self.case.nodes == self.case.hosts.len()
+    }
+}
+
+/// Where the binaries and data are.
+#[derive(Debug, Clone)]
+pub struct Inputs {
+    /// The folder of `mnist` and `nanogpt` (built with the `mpi` feature).
+    pub bin_dir: PathBuf,
+    /// The MNIST files.
+    pub mnist_dir: PathBuf,
+    /// tiny-shakespeare's folder.
+    pub text_dir: PathBuf,
+    /// Folder for the runs' logs.
+    pub log_dir: PathBuf,
+}
+
+/// Runs `case` on a fresh cluster and reads what it measured.
+pub fn run_case(case: &Case, inputs: &Inputs) -> Result<Measured, BoxError> {
+    let cluster = EmulatedCluster::up(&case.hosts)?;
+    let (bin, data): (&str, Vec<String>) = match case.model {
+        Model::Mlp => (
+            "mnist",
+            vec![
+                "--batch-size".into(),
+                "64".into(),
+                "--data-dir".into(),
+                inputs.mnist_dir.display().to_string(),
+            ],
+        ),
+        Model::Gpt => (
+            "nanogpt",
+            [
+                "--batch-size",
+                "8",
+                "--n-layer",
+                "2",
+                "--n-head",
+                "4",
+                "--n-embd",
+                "128",
+                "--block-size",
+                "64",
+                "--data-dir",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .chain([inputs.text_dir.display().to_string()])
+            .collect(),
+        ),
+    };
+    let exe = inputs.bin_dir.join(bin);
+    if !exe.is_file() {
+        return Err(format!(
+            "{} not found: build it with `cargo build --release -p examples --features mpi`",
+            exe.display()
+        )
+        .into());
+    }
+    let run_dir = inputs.log_dir.join(&case.name);
+    if run_dir.exists() {
+        std::fs::remove_dir_all(&run_dir)?;
+    }
+    let mut args: Vec<String> = vec![
+        "--collective".into(),
+        "mpi".into(),
+        "--num-nodes".into(),
+        case.nodes.to_string(),
+        "--strategy".into(),
+    ];
+    args.extend(case.strategy.iter().cloned());
+    args.extend(
+        [
+            "--network",
+            &case.network(),
+            // The simulated nodes compute as fast as these hosts did: the comparison is
+            // of the communication, not of this CPU against a modelled one.
+            "--node-tflops",
+            "measured",
+            "--max-steps",
+            &case.steps.to_string(),
+            "--val-size",
+            "0",
+            "--val-interval",
+            "1000000",
+            "--mpi-timeout",
+            "60",
+            "--log-dir",
+            &inputs.log_dir.display().to_string(),
+            "--run-name",
+            &case.name,
+        ]
+        .map(String::from),
+    );
+    args.extend(data);
+    let before = cluster.link_bytes()?;
+    let launch = cluster.mpirun(1);
+    let finished = run_job(launch.command(&exe, &args), Some(Duration::from_secs(600)))?;
+    if !finished.status.success() {
+        return Err(format!("{}: the job failed ({})", case.name, finished.status).into());
+    }
+    let after = cluster.link_bytes()?;
+    let wire_bytes: u64 = before
+        .iter()
+        .zip(&after)
+        .map(|(b, a)| a.sent - b.sent)
+        .sum();
+    let (real_s, simulated_s) = per_step(&run_dir.join("train.csv"))?;
+    let summary: crate::summary::RunSummary =
+        serde_json::from_str(&std::fs::read_to_string(run_dir.join("summary.json"))?)?;
+    let nodes = case.nodes as f64;
+    Ok(Measured {
+        case: case.clone(),
+        real_s,
+        simulated_s,
+        bytes_per_call: summary.bytes_sent_per_node / summary.calls_per_node.max(1.0),
+        counted_bytes: summary.bytes_sent_per_node * nodes,
+        observer_bytes: summary.observer_bytes_sent_per_node * nodes,
+        wire_bytes: wire_bytes as f64,
+    })
+}
+
+/// Wall and simulated seconds per step of a run's `train.csv`, over the steps after the
+/// second.
+pub fn per_step(train_csv: &Path) -> Result<(f64, f64), String> {
+    let text =
+        std::fs::read_to_string(train_csv).map_err(|e| format!("{}: {e}", train_csv.display()))?;
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().unwrap_or_default().split(',').collect();
+    let column = |name: &str| {
+        header
+            .iter()
+            .position(|h| *h == name)
+            .ok_or_else(|| format!("{}: no column {name}", train_csv.display()))
+    };
+    let (wall, sim) = (column("step_time_s")?, column("sim_time_s")?);
+    let rows: Vec<(f64, f64)> = lines
+        .map(|l| {
+            let cells: Vec<&str> = l.split(',').collect();
+            let number = |i: usize| cells.get(i).and_then(|c| c.parse::<f64>().ok());
+            number(wall).zip(number(sim)).ok_or_else(|| {
+                format!(
+                    "{}: a row without wall or simulated time",
+                    train_csv.display()
+                )
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    if rows.len() < 3 {
+        return Err(format!(
+            "{}: {} steps; at least 3 are needed",
+            train_csv.display(),
+            rows.len()
+        ));
+    }
+    let timed = &rows[2..];
+    let real = timed.iter().map(|r| r.0).sum::<f64>() / timed.len() as f64;
+    let simulated = (rows[rows.len() - 1].1 - rows[1].1) / timed.len() as f64;
+    Ok((real, simulated))
+}
+
+/// Runs `cases` one after the other and returns the table (and every figure).
+pub fn run_real_links(
+    cases: &[Case],
+    inputs: &Inputs,
+    command: &str,
+) -> Result<(SuiteResult, Vec<Measured>), BoxError> {
+    EmulatedCluster::check()?;
+    let machine = MachineInfo::now();
+    let mut measured = Vec::new();
+    for (i, case) in cases.iter().enumerate() {
+        eprintln!(
+            "real links: [{}/{}] {} ({} nodes, {}, {})",
+            i + 1,
+            cases.len(),
+            case.name,
+            case.nodes,
+            case.hosts_label(),
+            case.strategy.join(" ")
+        );
+        let m = run_case(case, inputs)?;
+        eprintln!(
+            "real links:   real {:.4} s/step, simulated {:.4}: {:.3}",
+            m.real_s,
+            m.simulated_s,
+            m.ratio()
+        );
+        measured.push(m);
+    }
+    Ok((table(&measured, &machine, command), measured))
+}
+
+/// The table and figures of `measured`.
+pub fn table(measured: &[Measured], machine: &MachineInfo, command: &str) -> SuiteResult {
+    let mut figures = BTreeMap::new();
+    let mut rows = vec![
+        "| case | model | strategy | hosts | nodes | MiB per call | real s/step | simulated s/step | real ÷ simulated | band | counted MB | wire MB | wire ÷ counted |"
+            .to_string(),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|".to_string(),
+    ];
+    for m in measured {
+        let c = &m.case;
+        let (lo, hi) = m.band();
+        let key = c.name.replace('-', "_");
+        figures.insert(format!("real_links_{key}_real_s"), m.real_s);
+        figures.insert(format!("real_links_{key}_simulated_s"), m.simulated_s);
+        figures.insert(format!("real_links_{key}_ratio"), m.ratio());
+        figures.insert(format!("real_links_{key}_wire_ratio"), m.wire_ratio());
+        let wire = if m.wire_comparable() {
+            format!("{:.3}", m.wire_ratio())
+        } else {
+            "(in memory)".into()
+        };
+        rows.push(format!(
+            "| {} | {} | {} | {} | {} | {:.2} | {:.4} | {:.4} | {:.3}{} | {lo}–{hi} | {:.2} | {:.2} | {wire} |",
+            c.name,
+            match c.model {
+                Model::Mlp => "MLP",
+                Model::Gpt => "GPT",
+            },
+            c.strategy.join(" "),
+            c.hosts_label(),
+            c.nodes,
+            m.bytes_per_call / (1 << 20) as f64,
+            m.real_s,
+            m.simulated_s,
+            m.ratio(),
+            if m.within() { "" } else { " ✗" },
+            (m.counted_bytes + m.observer_bytes) / 1e6,
+            m.wire_bytes / 1e6,
+        ));
+    }
+    let missed = measured.iter().filter(|m| !m.within()).count();
+    let wire_missed = measured
+        .iter()
+        .filter(|m| m.wire_comparable() && (m.wire_ratio() - 1.0).abs() > WIRE_TOLERANCE)
+        .count();
+    figures.insert("real_links_cases".into(), measured.len() as f64);
+    figures.insert("real_links_outside_band".into(), missed as f64);
+    figures.insert("real_links_wire_outside".into(), wire_missed as f64);
+    let note = format!(
+        "MPI jobs of `mnist` and `nanogpt` (`--collective mpi`, one process per host) on \
+         emulated hosts: network namespaces behind a bridge, each host's link shaped both \
+         ways with `tc tbf` (bandwidth only: no latency can be emulated here), `--network` \
+         giving each node its host's link at 0 ms. Real = the run's wall seconds per step, \
+         simulated = its simulated seconds per step, both from its `train.csv` over the steps \
+         after the second. Band: {}–{} where the calls carry at least 1 MiB per node, \
+         {}–{} otherwise. Counted = the training and the simulator's own bytes every node \
+         sent; wire = the bytes the hosts' interfaces sent (with Ethernet, IP and TCP headers \
+         and MPI's start-up). {} of {} cases outside their band; {} of the comparable wire \
+         counts off by more than 15%.",
+        TIGHT.0,
+        TIGHT.1,
+        LOOSE.0,
+        LOOSE.1,
+        missed,
+        measured.len(),
+        wire_missed
+    );
+    SuiteResult {
+        figures,
+        machine: machine.clone(),
+        tables: vec![SuiteTable {
+            caption: caption_for(
+                "Real links: real against simulated",
+                command,
+                machine,
+                &note,
+            ),
+            rows,
+        }],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn case_names_are_unique_and_selectable() {
+        let full = full_grid();
+        let mut names: Vec<&str> = full.iter().map(|c| c.name.as_str()).collect();
+        names.sort_unstable();
+        let before = names.len();
+        names.dedup();
+        assert_eq!(names.len(), before, "duplicate case names");
+        let picked = select(&["mlp-allreduce-2x20m".into()]).unwrap();
+        assert_eq!(picked[0].hosts.len(), 2);
+        assert!(select(&["no-such-case".into()]).is_err());
+        assert_eq!(select(&["ci".into()]).unwrap().len(), 2);
+    }
+
+    #[test]
+    fn each_node_gets_its_hosts_link() {
+        let mut hosts = vec![HostLink::symmetric(100e6); 2];
+        hosts.push(HostLink::symmetric(20e6));
+        let case = Case::new(Model::Mlp, "allreduce", hosts, 6);
+        assert_eq!(
+            case.network(),
+            "100mbit:0ms,100mbit:0ms,100mbit:0ms,100mbit:0ms,20mbit:0ms,20mbit:0ms"
+        );
+        assert_eq!(case.hosts_label(), "2 × 100mbit + 20mbit");
+        let same = Case::new(
+            Model::Gpt,
+            "diloco -H 2",
+            vec![HostLink::symmetric(1e9); 4],
+            4,
+        );
+        assert_eq!(same.network(), "1gbit:0ms");
+        assert_eq!(same.name, "gpt-diloco-4x1g");
+    }
+
+    #[test]
+    fn per_step_times_skip_the_first_two_steps() {
+        let dir = std::env::temp_dir().join(format!("gym-real-links-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let csv = dir.join("train.csv");
+        std::fs::write(
+            &csv,
+            "step,step_time_s,sim_time_s\n0,9.0,1.0\n1,5.0,2.0\n2,0.5,2.25\n3,0.7,2.75\n",
+        )
+        .unwrap();
+        let (real, sim) = per_step(&csv).unwrap();
+        assert!((real - 0.6).abs() < 1e-12, "{real}");
+        assert!((sim - 0.375).abs() < 1e-12, "{sim}");
+        std::fs::write(&csv, "step,step_time_s,sim_time_s\n0,1,1\n").unwrap();
+        assert!(per_step(&csv).unwrap_err().contains("at least 3"));
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
