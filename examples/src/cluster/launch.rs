@@ -74,6 +74,12 @@ impl<'a> Launch<'a> {
             // The hosts' daemons share one machine: hwloc's shared topology would be
             // written by each at one address.
             ("rtc".into(), "^hwloc".into()),
+            // A host whose link is lost: mpirun learns it from its daemon's connection in
+            // about 6 s (3 s idle, then 3 probes 1 s apart) and ends the job, where Open
+            // MPI's defaults (300 s, 9 × 20 s) keep it waiting for 8 minutes.
+            ("oob_tcp_keepalive_time".into(), "3".into()),
+            ("oob_tcp_keepalive_intvl".into(), "1".into()),
+            ("oob_tcp_keepalive_probes".into(), "3".into()),
         ];
         mca.extend(self.mca.iter().cloned());
         for (name, value) in mca {
