@@ -46,12 +46,18 @@ impl Transport for ThreadTransport {
         contribution: Contribution,
     ) -> Result<Exchanged, CollectiveError> {
         let input = Input::of(header.op, contribution);
-        let met = self
-            .meetings
-            .meet(rank, group.members(), header, input, |headers, inputs| {
-                combine::meet(group, headers, inputs)
-            })?;
-        Met::deliver(&met)
+        let call = || {
+            let met =
+                self.meetings
+                    .meet(rank, group.members(), header, input, |headers, inputs| {
+                        combine::meet(group, headers, inputs)
+                    })?;
+            Met::deliver(&met)
+        };
+        // The whole call without the compute permit, the combining and the share of an
+        // all-reduce included: every member helps to sum, and takes a permit again only to
+        // compute.
+        crate::comm::slots::waiting(call)
     }
 
     fn abort(&self, rank: usize, reason: String) {

@@ -390,14 +390,18 @@ impl Transport for MpiTransport {
         header: Header,
         contribution: Contribution,
     ) -> Result<Exchanged, CollectiveError> {
-        let met = self.meet(
-            rank,
-            group,
-            header,
-            contribution,
-            |local, headers, inputs| self.across_processes(group, local, headers, inputs),
-        )?;
-        Met::deliver(&met)
+        // The whole call, transfers across processes included, without the node's
+        // compute permit: the process's other nodes compute meanwhile.
+        crate::comm::slots::waiting(|| {
+            let met = self.meet(
+                rank,
+                group,
+                header,
+                contribution,
+                |local, headers, inputs| self.across_processes(group, local, headers, inputs),
+            )?;
+            Met::deliver(&met)
+        })
     }
 
     /// Across processes, the data moves on the group's background worker while the node
@@ -409,18 +413,23 @@ impl Transport for MpiTransport {
         header: Header,
         contribution: Contribution,
     ) -> Result<Started, CollectiveError> {
-        let met = self.meet(
-            rank,
-            group,
-            header,
-            contribution,
-            |local, headers, inputs| self.start_across(group, local, headers, inputs),
-        )?;
+        let met = crate::comm::slots::waiting(|| {
+            self.meet(
+                rank,
+                group,
+                header,
+                contribution,
+                |local, headers, inputs| self.start_across(group, local, headers, inputs),
+            )
+        })?;
         let headers = match &*met {
             Ok(met) => met.headers.clone(),
             Err(e) => return Err(e.clone()),
         };
-        let delivery = Incoming::arriving(Box::new(move || Ok(Met::deliver(&met)?.delivery)));
+        // Waiting for data still on its way, the node hands its compute permit on.
+        let delivery = Incoming::arriving(Box::new(move || {
+            crate::comm::slots::waiting(|| Ok(Met::deliver(&met)?.delivery))
+        }));
         Ok(Started { headers, delivery })
     }
 
