@@ -215,6 +215,7 @@ impl<'a> Report<'a> {
                  is compute ÷ (compute + communication + idle)."
             ),
         );
+        self.real_time(h);
         h.push_str("<h2 id=\"timeline\">The first steps</h2>\n");
         for (i, run) in self.runs.iter().enumerate() {
             if run.report.first_steps.is_empty() {
@@ -229,6 +230,63 @@ impl<'a> Report<'a> {
                 escape(run.label),
                 run.report.first_steps.len()
             );
+        }
+    }
+
+    /// Each node's real time in its loop beside its simulated time, for the runs that
+    /// simulate time: what the simulated clock says a cluster would take, against what this
+    /// run took here (over real links, under MPI, the two should agree).
+    fn real_time(&self, h: &mut String) {
+        let runs: Vec<&ReportRun<'_>> = self
+            .runs
+            .iter()
+            .filter(|r| has_time(r.report) && !r.report.real.is_empty())
+            .collect();
+        if runs.is_empty() {
+            return;
+        }
+        h.push_str("<h2 id=\"real-time\">Real and simulated time per node</h2>\n");
+        h.push_str(
+            "<p class=\"note\">Real: the wall seconds of each node's training loop here, \
+             split into its own work (data, forward and backward passes, the strategy's \
+             optimizer and codecs), communication (in the strategy's collectives or waiting \
+             for their results) and the simulator's own work (evaluations, checkpoints, \
+             reports). Simulated: the node's clock. Run over real links (<code>--collective \
+             mpi</code> across hosts) the two measure the same cluster.</p>\n",
+        );
+        for run in runs {
+            let _ = writeln!(
+                h,
+                "<table class=\"summary\"><caption>{}</caption>\n<tr><th>node</th>\
+                 <th>real (s)</th><th>own work</th><th>communication</th><th>simulator</th>\
+                 <th>simulated (s)</th><th>compute</th><th>communication</th><th>idle</th>\
+                 <th>real ÷ simulated</th></tr>",
+                escape(run.label)
+            );
+            let sim = &run.report.simulated;
+            for (rank, real) in run.report.real.iter().enumerate().take(MAX_NODES_DRAWN) {
+                let clock = sim.get(rank).copied().unwrap_or_default();
+                let ratio = if clock.now_s > 0.0 {
+                    format!("{:.3}", real.wall_s / clock.now_s)
+                } else {
+                    "-".into()
+                };
+                let _ = writeln!(
+                    h,
+                    "<tr><td>{rank}</td><td>{:.3}</td><td>{:.3}</td><td>{:.3}</td>\
+                     <td>{:.3}</td><td>{:.3}</td><td>{:.3}</td><td>{:.3}</td><td>{:.3}</td>\
+                     <td>{ratio}</td></tr>",
+                    real.wall_s,
+                    real.compute_s,
+                    real.communication_s,
+                    real.simulator_s,
+                    clock.now_s,
+                    clock.compute_s,
+                    clock.comm_s,
+                    clock.idle_s,
+                );
+            }
+            h.push_str("</table>\n");
         }
     }
 

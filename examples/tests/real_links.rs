@@ -245,7 +245,7 @@ fn mpi_a_cut_link_ends_the_job_naming_the_lost_host_and_a_resume_gives_the_same_
 
     // Resumed from the newest whole checkpoint: on the remaining host, in one process…
     let (shard, step) = newest_whole_checkpoint(&run, 2).unwrap();
-    assert!(step >= 8 && step < 40, "checkpoint at step {step}");
+    assert!((8..40).contains(&step), "checkpoint at step {step}");
     let resume = |f: Vec<String>| -> Vec<String> {
         let mut f = f;
         f.push("--resume".into());

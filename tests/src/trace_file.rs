@@ -11,6 +11,10 @@ use std::path::Path;
 pub const MAIN: u64 = 1;
 /// A node's link-track thread id.
 pub const LINK: u64 = 2;
+/// A node's real-time thread id.
+pub const REAL: u64 = 3;
+/// The real-time track's categories, in the order of [`real_tracks`]' sums.
+pub const REAL_CATEGORIES: [&str; 3] = ["compute", "communication", "simulator"];
 /// The main track's categories, in the order of [`NodeTrack::sums`].
 pub const CATEGORIES: [&str; 4] = ["compute", "communication", "idle", "down"];
 
@@ -144,6 +148,35 @@ pub fn main_tracks(trace: &Value) -> Vec<NodeTrack> {
                 end_us: at,
                 events,
             }
+        })
+        .collect()
+}
+
+/// Every node's real-time track (thread 3), checked to tile its time from 0 without gaps
+/// or overlaps: per node, the seconds of each of [`REAL_CATEGORIES`] and its end.
+pub fn real_tracks(trace: &Value) -> Vec<([f64; 3], f64)> {
+    let nodes = trace["otherData"]["nodes"]
+        .as_array()
+        .expect("otherData.nodes");
+    (0..nodes.len() as u64)
+        .map(|rank| {
+            let mut sums = [0.0; 3];
+            let mut at = 0.0;
+            for e in track(trace, rank + 1, REAL) {
+                let (ts, dur) = (e["ts"].as_f64().unwrap(), e["dur"].as_f64().unwrap());
+                assert!(
+                    (ts - at).abs() < 1e-3,
+                    "node {rank}: real time at {at}: {e}"
+                );
+                let cat = e["cat"].as_str().unwrap();
+                let i = REAL_CATEGORIES
+                    .iter()
+                    .position(|c| *c == cat)
+                    .unwrap_or_else(|| panic!("node {rank}: category {cat} on the real track"));
+                sums[i] += dur / 1e6;
+                at = ts + dur;
+            }
+            (sums, at / 1e6)
         })
         .collect()
 }

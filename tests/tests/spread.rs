@@ -183,3 +183,60 @@ fn a_spread_run_checkpoints_in_shards_and_resumes_under_any_spread() {
     }
     std::fs::remove_dir_all(dir).ok();
 }
+
+/// `--trace` of a spread run: the process of rank 0 writes one trace of every node, whose
+/// simulated tracks are the one `fit`'s event for event, and each node's real time beside
+/// them, tiling its loop.
+#[test]
+fn a_spread_run_writes_one_trace_of_every_node() {
+    let (_, strategy, simulated) = spread_cases().remove(1);
+    assert!(simulated, "the DiLoCo case simulates time");
+    let dir = |name: &str| {
+        let d =
+            std::env::temp_dir().join(format!("gym-spread-trace-{name}-{}", std::process::id()));
+        std::fs::remove_dir_all(&d).ok();
+        d
+    };
+    let config = |dir: &std::path::Path| {
+        spread_config(K, 12, 8, 32, true)
+            .with_log_dir(Some(dir.to_string_lossy().into_owned()))
+            .with_run_name(Some("run".into()))
+            .with_trace(true)
+    };
+    let (one, two) = (dir("one"), dir("two"));
+    let whole = Trainer::new(config(&one))
+        .fit(small_mlp, strategy.as_ref(), &data(), &SyntheticBatcher)
+        .unwrap();
+    let processes = spread(&config(&two), strategy.as_ref(), 2);
+    let traced = |path: &std::path::Path| tests::trace_file::read(&path.join("run/trace.json"));
+    let (expected, got) = (traced(&one), traced(&two));
+    let simulated = |trace: &serde_json::Value| -> Vec<serde_json::Value> {
+        tests::trace_file::events(trace)
+            .iter()
+            .filter(|e| e["tid"] != tests::trace_file::REAL)
+            .cloned()
+            .collect()
+    };
+    let (a, b) = (simulated(&expected), simulated(&got));
+    assert!(a.len() > 4 * K, "{} events", a.len());
+    assert_eq!(a, b, "the spread run's simulated timeline");
+    for process in &processes {
+        assert_eq!(
+            process.report.real.len(),
+            K,
+            "every node's real time, in every process"
+        );
+    }
+    let real = tests::trace_file::real_tracks(&got);
+    assert_eq!(real.len(), K);
+    for (rank, (sums, end)) in real.iter().enumerate() {
+        assert!(
+            *end > 0.0 && sums[1] > 0.0,
+            "node {rank}: {sums:?} to {end}"
+        );
+    }
+    assert_eq!(whole.report.real.len(), K);
+    for d in [one, two] {
+        std::fs::remove_dir_all(d).ok();
+    }
+}

@@ -109,14 +109,37 @@ fn assert_sums(tracks: &[NodeTrack], clocks: &[SimulatedTime]) {
 }
 
 /// The events two traces must share: every node's spans, transfers, byte counters and
-/// flows (not the loss, which a plan has not).
+/// flows (not the loss, nor the real time, which a plan has not).
 fn node_events(trace: &Value) -> Vec<Value> {
     let run_pid = trace["otherData"]["nodes"].as_array().unwrap().len() as u64 + 1;
     trace_file::events(trace)
         .iter()
-        .filter(|e| e["pid"].as_u64() != Some(run_pid))
+        .filter(|e| e["pid"].as_u64() != Some(run_pid) && e["tid"] != trace_file::REAL)
         .cloned()
         .collect()
+}
+
+/// Every node's real-time track tiles its loop's wall time, and sums, category by
+/// category, to the report's figures (to a few nanoseconds per event).
+fn assert_real_sums(trace: &Value, report: &RunReport) {
+    let tracks = trace_file::real_tracks(trace);
+    assert_eq!(tracks.len(), report.real.len());
+    for (rank, ((sums, end), real)) in tracks.iter().zip(&report.real).enumerate() {
+        assert!(real.wall_s > 0.0, "node {rank}: {real:?}");
+        let figures = [real.compute_s, real.communication_s, real.simulator_s];
+        for ((cat, sum), figure) in trace_file::REAL_CATEGORIES.iter().zip(sums).zip(figures) {
+            assert!(
+                (sum - figure).abs() < 1e-5,
+                "node {rank} {cat}: {sum} s in the trace, {figure} s reported"
+            );
+        }
+        assert!(
+            (end - real.wall_s).abs() < 1e-5,
+            "node {rank}: {end} against {real:?}"
+        );
+        // Not vacuous: the node waited in collectives and did its own work.
+        assert!(sums[0] > 0.0 && sums[1] > 0.0, "node {rank}: {sums:?}");
+    }
 }
 
 #[test]
@@ -231,6 +254,7 @@ fn trace_tiles_every_nodes_clock_and_the_plan_draws_the_same() {
     for (a, b) in trained.iter().zip(&plan) {
         assert_eq!(a, b);
     }
+    assert_real_sums(&trace, &report);
 }
 
 /// Node 1 leaves before step 3 for 2 steps (DiLoCo, H = 2): its main track holds `down`

@@ -111,7 +111,7 @@ pub fn format_rate(bits_per_s: f64) -> String {
         ("mbit", 1_000_000),
         ("kbit", 1_000),
     ] {
-        if b >= scale && b % scale == 0 {
+        if b >= scale && b.is_multiple_of(scale) {
             return format!("{}{unit}", b / scale);
         }
     }

@@ -7,6 +7,7 @@
 //! background while the node computes, and the result is [`Incoming`] until it lands; the
 //! thread transport's results are there at once.
 
+use super::real_clock::{RealKind, not_own_work};
 use crate::error::CollectiveError;
 use serde::{Deserialize, Serialize};
 use std::sync::{Mutex, OnceLock};
@@ -156,7 +157,7 @@ impl<T> Incoming<T> {
                     .unwrap_or_else(|p| p.into_inner())
                     .take();
                 match arrival {
-                    Some(arrive) => super::own_work::not_own_work(arrive),
+                    Some(arrive) => not_own_work(RealKind::Communication, "wait", arrive),
                     // Taken by a `get` that panicked while waiting.
                     None => Err(CollectiveError::Transport {
                         rank: usize::MAX,

@@ -12,6 +12,7 @@
 //! node's link, start to end, whether the node waited for them or computed behind them.
 
 use super::group::{CollectiveOp, Group, ReduceOp};
+use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -53,6 +54,15 @@ impl SpanKind {
             SpanKind::Transfer => "transfer",
         }
     }
+
+    /// Every kind, in a fixed order (how a timeline sent between processes numbers them).
+    pub const ALL: [SpanKind; 5] = [
+        SpanKind::Compute,
+        SpanKind::Communication,
+        SpanKind::Idle,
+        SpanKind::Down,
+        SpanKind::Transfer,
+    ];
 
     /// Whether it is drawn on the node's link track rather than its main track.
     pub fn on_link(self) -> bool {
@@ -185,6 +195,138 @@ pub struct NodeTimeline {
     /// Steps per span: 1, or a power of two when spans of consecutive steps were merged to
     /// keep the timeline within its budget ([`fold`]).
     pub steps_per_span: usize,
+}
+
+/// A [`NodeTimeline`] as data, to send it to another process: a run spread over processes
+/// writes one trace of every node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct TimelineRecord {
+    spans: Vec<SpanRecord>,
+    steps_per_span: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct SpanRecord {
+    kind: u8,
+    start_s: f64,
+    end_s: f64,
+    steps: (usize, usize),
+    merged: usize,
+    call: Option<CallRecord>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct CallRecord {
+    op: String,
+    root: Option<usize>,
+    payload_bytes: u64,
+    sent_bytes: u64,
+    bytes_sent_total: u64,
+    group: String,
+    group_size: usize,
+    algorithm: String,
+    seq: u64,
+    purpose: Option<String>,
+}
+
+/// The names a [`CallInfo`] takes: its operations, algorithms and purposes.
+const CALL_NAMES: [&str; 15] = [
+    "all_reduce",
+    "broadcast",
+    "all_gather",
+    "all_gather_bytes",
+    "barrier",
+    "broadcast_bytes",
+    "quorum",
+    "ring",
+    "chain",
+    "dissemination",
+    "hierarchical",
+    "relay",
+    "decision",
+    "local",
+    "rejoin",
+];
+
+/// `name` as one of [`CALL_NAMES`] (`unknown` if another build wrote a name this one lacks).
+fn call_name(name: &str) -> &'static str {
+    CALL_NAMES
+        .iter()
+        .copied()
+        .find(|n| *n == name)
+        .unwrap_or("unknown")
+}
+
+impl NodeTimeline {
+    /// The timeline as data.
+    pub(crate) fn to_record(&self) -> TimelineRecord {
+        TimelineRecord {
+            spans: self
+                .spans
+                .iter()
+                .map(|s| SpanRecord {
+                    kind: SpanKind::ALL.iter().position(|k| *k == s.kind).unwrap_or(0) as u8,
+                    start_s: s.start_s,
+                    end_s: s.end_s,
+                    steps: s.steps,
+                    merged: s.merged,
+                    call: s.call.as_ref().map(|c| CallRecord {
+                        op: c.op.into(),
+                        root: c.root,
+                        payload_bytes: c.payload_bytes,
+                        sent_bytes: c.sent_bytes,
+                        bytes_sent_total: c.bytes_sent_total,
+                        group: c.group.to_string(),
+                        group_size: c.group_size,
+                        algorithm: c.algorithm.into(),
+                        seq: c.seq,
+                        purpose: c.purpose.map(String::from),
+                    }),
+                })
+                .collect(),
+            steps_per_span: self.steps_per_span,
+        }
+    }
+
+    /// The timeline `record` holds.
+    pub(crate) fn from_record(record: TimelineRecord) -> Self {
+        // A call's members share one description, as where it was recorded.
+        let mut calls: HashMap<(String, u64), Arc<CallInfo>> = HashMap::new();
+        let spans = record
+            .spans
+            .into_iter()
+            .map(|s| Span {
+                kind: SpanKind::ALL[usize::from(s.kind).min(SpanKind::ALL.len() - 1)],
+                start_s: s.start_s,
+                end_s: s.end_s,
+                steps: s.steps,
+                merged: s.merged,
+                call: s.call.map(|c| {
+                    calls
+                        .entry((c.group.clone(), c.seq))
+                        .or_insert_with(|| {
+                            Arc::new(CallInfo {
+                                op: call_name(&c.op),
+                                root: c.root,
+                                payload_bytes: c.payload_bytes,
+                                sent_bytes: c.sent_bytes,
+                                bytes_sent_total: c.bytes_sent_total,
+                                group: c.group.as_str().into(),
+                                group_size: c.group_size,
+                                algorithm: call_name(&c.algorithm),
+                                seq: c.seq,
+                                purpose: c.purpose.as_deref().map(call_name),
+                            })
+                        })
+                        .clone()
+                }),
+            })
+            .collect();
+        NodeTimeline {
+            spans,
+            steps_per_span: record.steps_per_span,
+        }
+    }
 }
 
 /// What a node's clock records while a trace is on.
@@ -382,6 +524,35 @@ fn flush(bucket: &mut Vec<Span>, out: &mut Vec<Span>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_timeline_sent_as_data_comes_back_whole() {
+        let group: Group = Group::new(vec![0, 1, 2]);
+        let call = Arc::new(CallInfo {
+            purpose: Some("rejoin"),
+            ..CallInfo::new(
+                (CollectiveOp::Broadcast { root: 1 }, &group, 0),
+                400,
+                1200,
+                "chain",
+                ("0-2".into(), 3),
+            )
+        });
+        let mut trace = ClockTrace::new(0);
+        trace.begin_step(4);
+        trace.push(SpanKind::Compute, 0.0, 1.5, None);
+        trace.push(SpanKind::Communication, 1.5, 2.0, Some(&call));
+        trace.push(SpanKind::Transfer, 1.5, 2.25, Some(&call));
+        let timeline = trace.into_timeline();
+        let bytes = rmp_serde::to_vec(&timeline.to_record()).unwrap();
+        let back = NodeTimeline::from_record(rmp_serde::from_slice(&bytes).unwrap());
+        assert_eq!(back, timeline);
+        // One call's spans share one description again.
+        assert!(Arc::ptr_eq(
+            back.spans[1].call.as_ref().unwrap(),
+            back.spans[2].call.as_ref().unwrap()
+        ));
+    }
 
     #[test]
     fn groups_read_as_rank_ranges() {

@@ -1,6 +1,7 @@
 //! The records a run produces: one per step, per evaluation and per correlation, and the
 //! run's report that holds them all.
 
+use crate::comm::real_clock::RealTime;
 use crate::comm::{CommStats, SimulatedTime};
 use crate::metrics::ledger::ElasticReport;
 use serde::{Deserialize, Serialize};
@@ -195,6 +196,10 @@ pub struct RunReport {
     /// what crosses a real link besides the training traffic.
     #[serde(default)]
     pub observer_comm: Vec<CommStats>,
+    /// Each node's real time in its training loop: its own work, communication and the
+    /// simulator's own work ([`RealTime`]), beside its simulated clock.
+    #[serde(default)]
+    pub real: Vec<RealTime>,
     /// Each node's simulated clock at the end; empty without simulated time.
     pub simulated: Vec<SimulatedTime>,
     /// The first [`FIRST_STEPS_KEPT`] steps this call took (from

@@ -141,9 +141,16 @@ impl<'a> Reporter<'a> {
             .collect())
     }
 
+    /// Hands `all` (every node's reports since the last exchange, in rank order) to the
+    /// recorder: the steps first, then the evaluations and correlations, which follow steps
+    /// of every node (an evaluation at step s follows every node's step s − 1, and its
+    /// record takes that step's simulated time and examples).
     fn hand_over(&self, all: Vec<Report>) {
         if self.feeds {
-            for r in all {
+            let (steps, after): (Vec<Report>, Vec<Report>) = all
+                .into_iter()
+                .partition(|r| matches!(r, Report::Train { .. }));
+            for r in steps.into_iter().chain(after) {
                 self.recorder.report(r);
             }
         }

@@ -28,6 +28,7 @@
 use crate::comm::SimulationConfig;
 use crate::comm::clock::SimulatedTime;
 use crate::comm::network::Topology;
+use crate::comm::real_clock::{RealKind, RealSpan, RealTime};
 use crate::comm::trace::{CallInfo, NodeTimeline, Span, SpanKind, fold};
 use crate::error::{GymError, Result};
 use crate::metrics::{TrainRecord, ValRecord};
@@ -45,12 +46,17 @@ pub const MAX_TRACE_EVENTS: usize = 1_000_000;
 pub const MAIN_TID: u64 = 1;
 /// The thread id of a node's link track.
 pub const LINK_TID: u64 = 2;
+/// The thread id of a node's real-time track.
+pub const REAL_TID: u64 = 3;
 
 /// A run's timeline, ready to write: every node's spans, the loss, and what the file says
 /// of the run in `otherData`.
 #[derive(Debug, Clone)]
 pub struct Trace {
     nodes: Vec<NodeTrace>,
+    /// Per node, its real time and the spans of it that were not its own work (no spans:
+    /// no track).
+    real: Vec<(RealTime, Vec<RealSpan>)>,
     /// `(simulated seconds, step, loss)` of every step and evaluation.
     train: Vec<(f64, usize, f64)>,
     validation: Vec<(f64, usize, f64)>,
@@ -174,6 +180,7 @@ impl Trace {
         meta.insert("clock".into(), "simulated".into());
         Trace {
             nodes,
+            real: Vec::new(),
             train: Vec::new(),
             validation: Vec::new(),
             meta,
@@ -191,6 +198,21 @@ impl Trace {
             .iter()
             .filter_map(|v| Some((v.sim_time_s?, v.step, v.global_loss)))
             .collect();
+        self
+    }
+
+    /// Each node's real time (rank order): a third track per node, `real time`, on its own
+    /// clock (seconds since the node's loop started), with the spans the node spent in
+    /// communication or in the simulator's own work and, between them, its own work
+    /// (`compute`). Above it, the simulated timeline of the same steps.
+    pub fn with_real(mut self, real: Vec<(RealTime, Vec<RealSpan>)>) -> Self {
+        if real.iter().any(|(_, spans)| !spans.is_empty()) {
+            self.meta.insert(
+                "real_clock".into(),
+                "the real time track: wall seconds since each node's loop started".into(),
+            );
+        }
+        self.real = real;
         self
     }
 
@@ -336,6 +358,9 @@ impl Trace {
                         .push((rank, (dur.0 + dur.1) / 2));
                 }
             }
+            if let Some((time, real)) = self.real.get(rank).filter(|r| !r.1.is_empty()) {
+                real_track(sink, real, time.wall_s, pid)?;
+            }
         }
         let mut calls: Vec<(CallKey, Vec<(usize, i64)>)> = flows
             .into_iter()
@@ -398,6 +423,44 @@ fn names(
     sink(m("thread_sort_index", MAIN_TID, json!({ "sort_index": 0 })))?;
     sink(m("thread_name", LINK_TID, json!({ "name": "link" })))?;
     sink(m("thread_sort_index", LINK_TID, json!({ "sort_index": 1 })))
+}
+
+/// A node's real time on its own track, from 0 to the end of its loop (`wall_s`): each
+/// span that was not its own work, and its own work (`compute`) in the gaps.
+fn real_track(
+    sink: &mut dyn FnMut(Event<'_>) -> std::io::Result<()>,
+    spans: &[RealSpan],
+    wall_s: f64,
+    pid: usize,
+) -> std::io::Result<()> {
+    let m = |name, args| Event::new("M", name, pid, REAL_TID).args(args);
+    sink(m("thread_name", json!({ "name": "real time" })))?;
+    sink(m("thread_sort_index", json!({ "sort_index": 2 })))?;
+    let own = |sink: &mut dyn FnMut(Event<'_>) -> std::io::Result<()>, from: i64, to: i64| {
+        if to <= from {
+            return Ok(());
+        }
+        let mut e = Event::new("X", "compute", pid, REAL_TID).at(from);
+        e.cat = "compute";
+        e.dur = Some(us(to - from));
+        sink(e)
+    };
+    let mut at = 0;
+    for span in spans {
+        let (start, end) = (ns(span.start_s), ns(span.end_s));
+        own(sink, at, start)?;
+        if end > start {
+            let mut e = Event::new("X", &span.label, pid, REAL_TID).at(start);
+            e.cat = match span.kind {
+                RealKind::Communication => "communication",
+                RealKind::Simulator => "simulator",
+            };
+            e.dur = Some(us(end - start));
+            sink(e)?;
+        }
+        at = at.max(end);
+    }
+    own(sink, at, ns(wall_s))
 }
 
 /// `span` as a complete event on `tid`, if it lasts at least a nanosecond; returns its

@@ -7,7 +7,7 @@ use super::data::{NodeLoader, NodeView, get_item, validation_indices};
 use super::plan::RunPlan;
 use super::rejoin;
 use crate::comm::faults::FaultTimeline;
-use crate::comm::own_work::not_own_work;
+use crate::comm::real_clock::{self, RealKind, RealSpan, RealTime, not_own_work};
 use crate::comm::{Collective, ReduceOp};
 use crate::error::{GymError, Result};
 use crate::metrics::ledger::NodeLedger;
@@ -38,6 +38,8 @@ pub(crate) struct NodeShared<'a, B> {
     pub batcher: &'a B,
     pub checkpoints: Option<&'a CheckpointWriter>,
     pub stop: &'a StopAgreement,
+    /// While the run records a trace: how many real-time spans each node keeps.
+    pub real_spans: Option<usize>,
 }
 
 /// A resumed node's data position (epoch, cursor, fingerprint) and random stream.
@@ -64,6 +66,8 @@ pub(crate) struct NodeOutcome<M> {
     pub data_fingerprint: u64,
     /// The work faults cost this node.
     pub ledger: NodeLedger,
+    /// Its real time in the loop, and the spans of it a trace draws.
+    pub real: (RealTime, Vec<RealSpan>),
 }
 
 /// Runs node `rank` to the end. `current_step` tells the trainer where a failure happened.
@@ -115,6 +119,7 @@ where
     let mut step = plan.start_step;
     // Each step's wall time runs from the end of the previous one.
     let mut last_step_end = Instant::now();
+    real_clock::start_node(shared.real_spans);
     let interrupted = loop {
         // Between two steps: stop here if interrupted, checkpoint if one is due.
         let stopping = step < plan.max_steps && shared.stop.stops_before(step);
@@ -123,7 +128,7 @@ where
             && (plan.checkpoints_before(step) || (stopping && step > plan.start_step && !failed))
         {
             let node = snapshot(&mut replica, &*strategy, &loader, &comm, ledger)?;
-            let deposited = not_own_work(|| {
+            let deposited = not_own_work(RealKind::Simulator, "checkpoint", || {
                 writer.deposit(rank, step, node, || shared.recorder.snapshot(step))
             });
             match deposited {
@@ -164,7 +169,8 @@ where
             }
         }
         if plan.evaluates_before(step) {
-            not_own_work(|| eval.evaluate(step, replica.model(), &layout, &subset))?;
+            let evaluate = || eval.evaluate(step, replica.model(), &layout, &subset);
+            not_own_work(RealKind::Simulator, "evaluation", evaluate)?;
         }
         if plan.measures_compute() {
             // This machine's time is the simulated compute: the node's own work from here
@@ -261,14 +267,17 @@ where
         last_step_end = Instant::now();
         // The records a checkpoint before the next step holds must all be in.
         let checkpoint_next = plan.checkpoints_before(step + 1);
-        not_own_work(|| reports.step_done(step, &eval.comm, checkpoint_next))?;
+        let report = || reports.step_done(step, &eval.comm, checkpoint_next);
+        not_own_work(RealKind::Simulator, "reports", report)?;
         if plan.correlates_after(step) {
-            not_own_work(|| correlate(rank, step, replica.model(), &eval.comm, plan, &reports))?;
+            let measure = || correlate(rank, step, replica.model(), &eval.comm, plan, &reports);
+            not_own_work(RealKind::Simulator, "correlation", measure)?;
         }
         step += 1;
     };
     current_step.store(step, Ordering::SeqCst);
     comm.measure_own_work(None);
+    let real = real_clock::finish_node();
     let model = replica.into_model();
     // The master of the first node still present at the end.
     let last = plan.max_steps - 1;
@@ -296,6 +305,7 @@ where
         master,
         data_fingerprint: loader.fingerprint(),
         ledger,
+        real,
     })
 }
 

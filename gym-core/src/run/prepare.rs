@@ -409,6 +409,7 @@ impl RunFacts {
             data_fingerprint: data_fingerprint.finish(),
             comm: ends.iter().map(|e| e.comm).collect(),
             observer_comm: ends.iter().map(|e| e.observer).collect(),
+            real: ends.iter().map(|e| e.real).collect(),
             simulated: ends.iter().filter_map(|e| e.simulated).collect(),
             first_steps: records.first_steps,
             setup_s: self.setup_s,

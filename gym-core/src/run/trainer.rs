@@ -10,6 +10,8 @@ use super::prepare::Prepared;
 use crate::comm::SimulationConfig;
 use crate::comm::clock::SimulatedTime;
 use crate::comm::cost::CommStats;
+use crate::comm::real_clock::{RealSpan, RealTime};
+use crate::comm::trace::{NodeTimeline, TimelineRecord};
 use crate::comm::transport::{ThreadTransport, Transport};
 use crate::comm::{Collective, ComputeSlots, run_on_threads};
 use crate::error::{GymError, Result};
@@ -186,7 +188,6 @@ impl Trainer {
             for (asked, what) in [
                 (cfg.faults.is_some(), "a fault schedule"),
                 (self.interrupt.is_some(), "an interrupt flag"),
-                (cfg.trace, "a trace"),
             ] {
                 if asked {
                     return Err(GymError::InvalidConfig(format!(
@@ -327,6 +328,7 @@ impl Trainer {
             batcher,
             checkpoints: checkpoints.as_ref(),
             stop: &stop,
+            real_spans: cfg.trace.then_some((MAX_TRACE_EVENTS / k).max(16)),
         };
         let slots: Vec<Mutex<Option<NodeStart<M, I>>>> =
             starts.into_iter().map(|s| Mutex::new(Some(s))).collect();
@@ -348,10 +350,19 @@ impl Trainer {
             let outcome = on_node_pool(rank, cfg.kernel_threads_per_node, || {
                 // On the thread that computes and waits (the node's pool, if it has one).
                 let _permit = compute_slots.as_ref().map(|s| s.hold());
-                let outcome = run_node(rank, start, &shared, comm.clone(), &current_step[slot])?;
+                let mut outcome =
+                    run_node(rank, start, &shared, comm.clone(), &current_step[slot])?;
+                let (real, real_spans) = std::mem::take(&mut outcome.real);
                 let end = NodeEnd {
                     comm: comm.stats(),
                     observer: comm.observer_stats(),
+                    real,
+                    // The node's timelines travel with its end, so that a run spread over
+                    // processes writes one trace of every node.
+                    timeline: comm.take_trace().map(|sim| NodeTimelines {
+                        simulated: sim.to_record(),
+                        real: real_spans,
+                    }),
                     simulated: comm.simulated_time(),
                     data_fingerprint: outcome.data_fingerprint,
                     ledger: outcome.ledger,
@@ -395,7 +406,14 @@ impl Trainer {
             let error = errors.swap_remove(pos);
             // The timeline up to the failure, marked as such (its own failure second).
             let failed = [("failed", error.to_string().into())];
-            let _ = trace.write(&nodes, None, &failed);
+            let clocks: Vec<SimulatedTime> = (nodes.iter())
+                .map(|n| n.simulated_time().unwrap_or_default())
+                .collect();
+            let timelines = (nodes.iter())
+                .filter_map(Collective::take_trace)
+                .map(|sim| (sim, RealTime::default(), Vec::new()))
+                .collect();
+            let _ = trace.write(timelines, &clocks, None, &failed);
             return Err(error);
         }
         let loop_s = recorder.loop_seconds();
@@ -413,6 +431,10 @@ impl Trainer {
             }
         }
         let model = model.expect("one node returns the final model");
+        let timelines: Vec<Timelines> = (ends.iter_mut())
+            .filter_map(|e| Some((e.timeline.take()?, e.real)))
+            .map(|(t, real)| (NodeTimeline::from_record(t.simulated), real, t.real))
+            .collect();
         let checkpoint = checkpoints
             .as_ref()
             .and_then(CheckpointWriter::last_written);
@@ -432,7 +454,8 @@ impl Trainer {
         if let Some(cause) = &failure {
             ended.push(("failed", cause.to_string().into()));
         }
-        report.trace = trace.write(&nodes, Some(&report), &ended)?;
+        let clocks = report.simulated.clone();
+        report.trace = trace.write(timelines, &clocks, Some(&report), &ended)?;
         if let Some(cause) = failure {
             return Err(GymError::Stopped {
                 step: report.steps_done(),
@@ -466,23 +489,24 @@ struct TraceTarget<'a> {
 }
 
 impl TraceTarget<'_> {
-    /// Writes `trace.json` from the timelines `nodes` recorded (which ends them), with the
-    /// loss of `report` and `ended` (how the run ended) in its metadata; returns its path.
+    /// Writes `trace.json` from the nodes' timelines (simulated and real, in rank order)
+    /// and their clocks at the end, with the loss of `report` and `ended` (how the run
+    /// ended) in its metadata; returns its path.
     fn write(
         &self,
-        nodes: &[Collective],
+        timelines: Vec<Timelines>,
+        clocks: &[SimulatedTime],
         report: Option<&RunReport>,
         ended: &[(&str, serde_json::Value)],
     ) -> Result<Option<PathBuf>> {
         let (Some(dir), Some(simulation)) = (&self.dir, self.simulation) else {
             return Ok(None);
         };
-        let timelines = nodes.iter().filter_map(Collective::take_trace).collect();
-        let clocks: Vec<SimulatedTime> = nodes
-            .iter()
-            .map(|n| n.simulated_time().unwrap_or_default())
-            .collect();
-        let mut trace = Trace::new(timelines, &clocks, simulation)
+        let (simulated, real): (Vec<_>, Vec<_>) = (timelines.into_iter())
+            .map(|(sim, time, spans)| (sim, (time, spans)))
+            .unzip();
+        let mut trace = Trace::new(simulated, clocks, simulation)
+            .with_real(real)
             .with_meta("source", "training".into())
             .with_meta("run_name", self.run_name.clone().into())
             .with_meta("strategy", self.strategy.clone().into());
@@ -505,6 +529,16 @@ impl TraceTarget<'_> {
     }
 }
 
+/// A node's timelines for its trace: simulated, and its real time with its spans.
+type Timelines = (NodeTimeline, RealTime, Vec<RealSpan>);
+
+/// A node's recorded timelines: the simulated clock's, and the real one's.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(super) struct NodeTimelines {
+    pub simulated: TimelineRecord,
+    pub real: Vec<RealSpan>,
+}
+
 /// What a node ends a run with that the report needs.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(super) struct NodeEnd {
@@ -512,6 +546,12 @@ pub(super) struct NodeEnd {
     /// The simulator's own traffic (evaluations, reports), up to the end.
     #[serde(default)]
     pub observer: CommStats,
+    /// Its real time in the loop.
+    #[serde(default)]
+    pub real: RealTime,
+    /// While the run records a trace: the node's timelines.
+    #[serde(default)]
+    pub timeline: Option<NodeTimelines>,
     pub simulated: Option<SimulatedTime>,
     pub data_fingerprint: u64,
     pub ledger: NodeLedger,

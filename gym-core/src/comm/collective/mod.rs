@@ -7,10 +7,10 @@ use super::clock::{NodeClock, SimulatedTime};
 use super::cost::{CommStats, PayloadScale};
 use super::group::{CollectiveOp, Group, ReduceOp};
 use super::network::Network;
-use super::own_work::{LocalWork, not_own_work};
 use super::pending::{Incoming, Pending, TransferTiming};
 use super::quorum::QuorumRule;
-use super::trace::{CallInfo, group_text};
+use super::real_clock::{LocalWork, RealKind, not_own_work};
+use super::trace::{CallInfo, group_text, op_name};
 use super::transport::{Contribution, Delivery, Header, Transport};
 use crate::error::CollectiveError;
 use burn::tensor::{Device, Tensor, TensorData};
@@ -663,7 +663,11 @@ impl Collective {
             Contribution::Tensor(t) => wire_bytes.unwrap_or(t.dtype().size() as u64),
             _ => 1,
         };
-        let (headers, delivery) = not_own_work(|| match lane {
+        let kind = match self.observer {
+            true => RealKind::Simulator,
+            false => RealKind::Communication,
+        };
+        let (headers, delivery) = not_own_work(kind, op_name(op), || match lane {
             Lane::Now => {
                 let done = self
                     .transport

@@ -36,10 +36,13 @@ unsafe impl Sync for GroupComm {}
 /// A background call's data transfer.
 pub(super) type Job = Box<dyn FnOnce() + Send>;
 
+/// A group (its ranks) and whether it is the background lane's.
+type Lane = (Vec<usize>, bool);
+
 /// Every communicator made so far, and the background workers.
 #[derive(Default)]
 pub(super) struct Groups {
-    made: Mutex<HashMap<(Vec<usize>, bool), Arc<GroupComm>>>,
+    made: Mutex<HashMap<Lane, Arc<GroupComm>>>,
     workers: Mutex<Vec<JoinHandle<()>>>,
 }
 
