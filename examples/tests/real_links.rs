@@ -35,6 +35,7 @@ fn inputs(name: &str) -> Inputs {
         mnist_dir: tests::shared_data("mnist"),
         text_dir: tests::shared_data("shakespeare"),
         log_dir,
+        protocol: gym_core::Protocol::default(),
     }
 }
 

@@ -43,8 +43,8 @@ pub use comm::transport::{MpiTransport, TIMEOUT_EXIT_CODE};
 pub use comm::transport::{ThreadTransport, Transport};
 pub use comm::{
     Collective, CommStats, ComputeModel, Group, InProcessGroup, Incoming, Link, Network,
-    ParamCount, PayloadScale, Pending, QuorumRule, ReduceOp, SimulatedTime, SimulationConfig,
-    Topology, TransferTiming, faults,
+    ParamCount, PayloadScale, Pending, Protocol, QuorumRule, ReduceOp, SimulatedTime,
+    SimulationConfig, Topology, TransferTiming, faults,
 };
 pub use error::{CollectiveError, GymError, Result};
 pub use metrics::ledger::{ElasticReport, NodeLedger};

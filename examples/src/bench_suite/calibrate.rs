@@ -21,8 +21,9 @@ mod fit;
 mod worker;
 
 pub use fit::{
-    KIB, MIB, Provenance, RingFit, Timing, calls_for, fit_ring, network_file, predicted_s,
-    read_network_file, size_key, size_label, sizes,
+    Calibrated, KIB, MIB, ON_LINE_LARGE, ON_LINE_SMALL, Provenance, RingFit, Timing, calls_for,
+    fit_on_line, fit_ring, network_file, predicted_s, read_network_file, size_key, size_label,
+    sizes,
 };
 #[cfg(feature = "mpi")]
 pub use worker::worker;
@@ -84,6 +85,13 @@ pub struct CalibrateArgs {
     /// The collectives a worker times.
     #[arg(long, hide = true, value_delimiter = ',', default_value = "allreduce")]
     pub calibrate_ops: Vec<String>,
+    /// Calibrate on emulated hosts whose links have this rate (`20mbit`; as root, see
+    /// `examples::cluster`), one process per host: the fit is then the transport's costs
+    /// over a link of that rate, an efficiency and an overhead per call, written with the
+    /// link into the network file. Sizes go up to 4 MiB at most, 5 calls each, all in the
+    /// fit.
+    #[arg(long, value_name = "RATE")]
+    pub calibrate_rate: Option<crate::cluster::HostLink>,
 }
 
 impl CalibrateArgs {
@@ -103,7 +111,19 @@ impl CalibrateArgs {
     }
 
     pub(crate) fn max_bytes(&self) -> usize {
-        self.calibrate_max_mib.max(1) * MIB
+        let max = self.calibrate_max_mib.max(1) * MIB;
+        match self.calibrate_rate {
+            Some(_) => max.min(4 * MIB),
+            None => max,
+        }
+    }
+
+    /// Timed calls per size.
+    pub(crate) fn reps(&self) -> usize {
+        match self.calibrate_rate {
+            Some(_) => self.calibrate_reps.min(5),
+            None => self.calibrate_reps,
+        }
     }
 }
 
@@ -147,10 +167,11 @@ pub fn run_calibration(config: &CalibrateConfig) -> Result<SuiteResult, BoxError
         size_label(*all.last().expect("1 KiB at least"))
     );
     let fit_timings = worker::run_workers(config, p_fit, &[SuiteCollective::AllReduce])?;
+    // On emulated hosts the link, not the caches, sets the time of every size.
     let skipped: Vec<usize> = all
         .iter()
         .copied()
-        .filter(|b| a.calibrate_fit_skip_kib.contains(&(b / KIB)))
+        .filter(|b| a.calibrate_rate.is_none() && a.calibrate_fit_skip_kib.contains(&(b / KIB)))
         .collect();
     let samples: Vec<(f64, f64)> = fit_timings
         .iter()
@@ -158,10 +179,14 @@ pub fn run_calibration(config: &CalibrateConfig) -> Result<SuiteResult, BoxError
         .map(|t| (t.bytes as f64, t.seconds))
         .collect();
     let fit = fit_ring(p_fit, &samples)?;
+    let calibrated = match a.calibrate_rate {
+        Some(rate) => fit_on_line(p_fit, &samples, rate.up_bits_per_s)?,
+        None => fit.as_link(),
+    };
     let calls = {
         let (small, big) = (
-            calls_for(KIB, a.calibrate_reps),
-            calls_for(*all.last().unwrap(), a.calibrate_reps),
+            calls_for(KIB, a.reps()),
+            calls_for(*all.last().unwrap(), a.reps()),
         );
         if small == big {
             small.to_string()
@@ -181,20 +206,41 @@ pub fn run_calibration(config: &CalibrateConfig) -> Result<SuiteResult, BoxError
         sizes: (all[0], *all.last().unwrap()),
         calls,
         skipped: skipped.clone(),
+        hosts: a
+            .calibrate_rate
+            .map(|r| crate::cluster::format_rate(r.up_bits_per_s)),
     };
-    let text = network_file(&fit, &provenance, p_check);
+    let text = network_file(&calibrated, &provenance, p_check);
     if let Some(dir) = a.out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)?;
     }
     std::fs::write(&a.out, &text).map_err(|e| format!("{}: {e}", a.out.display()))?;
-    let link = read_network_file(&std::fs::read_to_string(&a.out)?)
+    let read = read_network_file(&std::fs::read_to_string(&a.out)?)
         .map_err(|e| format!("{}: {e}", a.out.display()))?;
+    let (link, protocol) = (read.link, read.protocol);
+    let flags = match a.calibrate_rate {
+        Some(_) => format!(
+            " --link-efficiency {:.4} --call-overhead {:.0}us",
+            protocol.efficiency,
+            protocol.call_overhead_s * 1e6
+        ),
+        None => String::new(),
+    };
     eprintln!(
-        "calibrate: α = {:.2} µs, β = {:.3} Gbit/s; network file {}; link spec --network {link}",
+        "calibrate: α = {:.2} µs, β = {:.3} Gbit/s; network file {}; link spec --network \
+         {link}{flags}",
         fit.latency_s * 1e6,
         fit.bytes_per_s * 8e-9,
         a.out.display()
     );
+    if a.calibrate_rate.is_some() {
+        out.figures
+            .insert("calib_efficiency".into(), protocol.efficiency);
+        out.figures.insert(
+            "calib_call_overhead_us".into(),
+            protocol.call_overhead_s * 1e6,
+        );
+    }
     out.figures
         .insert("calib_fit_processes".into(), p_fit as f64);
     out.figures
@@ -208,7 +254,7 @@ pub fn run_calibration(config: &CalibrateConfig) -> Result<SuiteResult, BoxError
         "|---|---|---|---|---|---|".to_string(),
     ];
     for t in &fit_timings {
-        let fitted = predicted_s(link, SuiteCollective::AllReduce, p_fit, t.bytes);
+        let fitted = predicted_s(&read, SuiteCollective::AllReduce, p_fit, t.bytes);
         let key = size_key(t.bytes);
         out.figures
             .insert(format!("calib_fit_allreduce_{key}_measured_s"), t.seconds);
@@ -228,14 +274,39 @@ pub fn run_calibration(config: &CalibrateConfig) -> Result<SuiteResult, BoxError
             }
         ));
     }
+    let (where_, reading) = match a.calibrate_rate {
+        Some(rate) => (
+            format!(
+                "{p_fit} emulated hosts whose links run at {} (`examples::cluster`), one \
+                 process each",
+                crate::cluster::format_rate(rate.up_bits_per_s)
+            ),
+            format!(
+                " Over a link of that rate and no latency, the file holds the transport's costs \
+                 instead (`fit_on_line`): **a call overhead of {1:.0} µs** (the mean of the \
+                 sizes up to {2}, which the link's token bucket passes at once) and \
+                 **efficiency {0:.4}** (the line's time over the time beyond the overhead, \
+                 sizes from {3}), its `call_overhead_ms` and `efficiency` (`{flags}`).",
+                protocol.efficiency,
+                protocol.call_overhead_s * 1e6,
+                size_label(ON_LINE_SMALL),
+                size_label(ON_LINE_LARGE),
+                flags = flags.trim()
+            ),
+        ),
+        None => (
+            format!("{p_fit} processes on this host under `mpirun`"),
+            String::new(),
+        ),
+    };
     let note = format!(
         "All-reduce (mean) of f32 buffers through the MPI transport (`MpiTransport` under a \
-         `Collective`, as `--collective mpi` runs it): {p_fit} processes on this host under \
-         `mpirun`, one node each. Each call starts after a barrier; its time is the slowest \
-         rank's; measured = the median over the calls, after warm-up calls. Fitted by least \
-         squares on the relative error to 2(k−1)·α + 2(k−1)/k · n/β with k = {p_fit}{}: \
-         **α = {:.2} µs, β = {:.3} Gbit/s** (`--network {link}`), written to `{}`; fitted = \
-         `Network::collective_time` on a switch of the link read back from that file.",
+         `Collective`, as `--collective mpi` runs it): {where_}, one node each. Each call \
+         starts after a barrier; its time is the slowest rank's; measured = the median over \
+         the calls, after warm-up calls. Fitted by least squares on the relative error to \
+         2(k−1)·α + 2(k−1)/k · n/β with k = {p_fit}{}: **α = {:.2} µs, β = {:.3} Gbit/s** \
+         (`--network {link}`), written to `{}`; fitted = `Network::collective_time` on a \
+         switch of the link read back from that file.{reading}",
         if skipped.is_empty() {
             String::new()
         } else {
@@ -266,7 +337,7 @@ pub fn run_calibration(config: &CalibrateConfig) -> Result<SuiteResult, BoxError
     ];
     let mut goal: Vec<(usize, f64)> = Vec::new();
     for t in &check {
-        let predicted = predicted_s(link, t.op, p_check, t.bytes);
+        let predicted = predicted_s(&read, t.op, p_check, t.bytes);
         let ratio = predicted / t.seconds;
         let (name, key) = (t.op.name(), size_key(t.bytes));
         out.figures
@@ -285,7 +356,7 @@ pub fn run_calibration(config: &CalibrateConfig) -> Result<SuiteResult, BoxError
             .iter()
             .find(|f| t.op == SuiteCollective::AllReduce && f.bytes == t.bytes)
             .map_or("-".to_string(), |f| {
-                let model = predicted / predicted_s(link, t.op, p_fit, t.bytes);
+                let model = predicted / predicted_s(&read, t.op, p_fit, t.bytes);
                 format!("{:.2} ({model:.2})", t.seconds / f.seconds)
             });
         rows.push(format!(
@@ -334,7 +405,7 @@ pub fn run_calibration(config: &CalibrateConfig) -> Result<SuiteResult, BoxError
         caption: caption_for("Calibration: the check", &config.command, &machine, &note),
         rows,
     });
-    println!("calibrated link: --network {link}");
+    println!("calibrated link: --network {link}{flags}");
     println!("network file: {}", a.out.display());
     Ok(out)
 }

@@ -41,6 +41,15 @@ pub struct RealLinksArgs {
     /// Real links: tiny-shakespeare's folder (the GPT cases).
     #[arg(long, default_value = "../shared/data/shakespeare")]
     pub real_links_text_dir: PathBuf,
+    /// Real links: the folder of the `mnist` and `nanogpt` binaries to run (default: this
+    /// binary's own; another build's, to set two builds side by side).
+    #[arg(long, value_name = "DIR")]
+    pub real_links_bin_dir: Option<PathBuf>,
+    /// Real links: simulate with the transport's costs of this calibrated network file
+    /// (`bench --calibrate --calibrate-rate RATE`): its `efficiency` and
+    /// `call_overhead_ms`, given to every run as `--link-efficiency` and `--call-overhead`.
+    #[arg(long, value_name = "FILE")]
+    pub real_links_protocol: Option<PathBuf>,
 }
 
 /// The model of a case.
@@ -75,8 +84,11 @@ pub struct Case {
     pub hosts: Vec<HostLink>,
     /// Nodes of the run (a multiple of the host count: one process per host).
     pub nodes: usize,
-    /// Steps of the run (two untimed).
+    /// Steps of the run.
     pub steps: usize,
+    /// The first steps, untimed: start-up, first-touch allocations, and for small payloads
+    /// the links' token buckets, full at the start (2 by default).
+    pub untimed: usize,
 }
 
 impl Case {
@@ -107,6 +119,16 @@ impl Case {
             hosts,
             nodes,
             steps,
+            untimed: 2,
+        }
+    }
+
+    /// The same case run for `steps` steps, the first `untimed` of them not timed.
+    pub fn with_steps(self, steps: usize, untimed: usize) -> Self {
+        Case {
+            steps,
+            untimed,
+            ..self
         }
     }
 
@@ -194,6 +216,12 @@ pub fn full_grid() -> Vec<Case> {
         cases.push(Case::new(model, "allreduce", slow(), 4));
     }
     cases.push(Case::new(Model::Mlp, "allreduce", same(2, 1000.0), 2));
+    // The MLP's sparse strategies move under 64 KiB per host and call, which the links'
+    // 64 KiB token buckets pass at once while they are full: at 5 Mbit/s, and timed after
+    // 20 steps, the buckets have run dry and the links pace every byte.
+    for strategy in ["sparseloco -H 2", "demo"] {
+        cases.push(Case::new(Model::Mlp, strategy, same(4, 5.0), 4).with_steps(60, 20));
+    }
     cases
 }
 
@@ -257,6 +285,8 @@ pub struct Measured {
     pub observer_bytes: f64,
     /// Bytes the hosts' interfaces sent, all hosts.
     pub wire_bytes: f64,
+    /// The transport's costs the simulated network charged.
+    pub protocol: gym_core::Protocol,
 }
 
 impl Measured {
@@ -303,6 +333,8 @@ pub struct Inputs {
     pub text_dir: PathBuf,
     /// Folder for the runs' logs.
     pub log_dir: PathBuf,
+    /// The transport's costs the simulated network charges (none by default).
+    pub protocol: gym_core::Protocol,
 }
 
 /// Runs `case` on a fresh cluster and reads what it measured.
@@ -383,6 +415,14 @@ pub fn run_case(case: &Case, inputs: &Inputs) -> Result<Measured, BoxError> {
         .map(String::from),
     );
     args.extend(data);
+    if inputs.protocol != gym_core::Protocol::default() {
+        args.extend([
+            "--link-efficiency".to_string(),
+            inputs.protocol.efficiency.to_string(),
+            "--call-overhead".to_string(),
+            format!("{}us", inputs.protocol.call_overhead_s * 1e6),
+        ]);
+    }
     let before = cluster.link_bytes()?;
     let launch = cluster.mpirun(1);
     let finished = run_job(launch.command(&exe, &args), Some(Duration::from_secs(600)))?;
@@ -395,7 +435,7 @@ pub fn run_case(case: &Case, inputs: &Inputs) -> Result<Measured, BoxError> {
         .zip(&after)
         .map(|(b, a)| a.sent - b.sent)
         .sum();
-    let (real_s, simulated_s) = per_step(&run_dir.join("train.csv"))?;
+    let (real_s, simulated_s) = per_step(&run_dir.join("train.csv"), case.untimed)?;
     let summary: crate::summary::RunSummary =
         serde_json::from_str(&std::fs::read_to_string(run_dir.join("summary.json"))?)?;
     let nodes = case.nodes as f64;
@@ -407,12 +447,13 @@ pub fn run_case(case: &Case, inputs: &Inputs) -> Result<Measured, BoxError> {
         counted_bytes: summary.bytes_sent_per_node * nodes,
         observer_bytes: summary.observer_bytes_sent_per_node * nodes,
         wire_bytes: wire_bytes as f64,
+        protocol: inputs.protocol,
     })
 }
 
 /// Wall and simulated seconds per step of a run's `train.csv`, over the steps after the
-/// second.
-pub fn per_step(train_csv: &Path) -> Result<(f64, f64), String> {
+/// first `untimed`.
+pub fn per_step(train_csv: &Path, untimed: usize) -> Result<(f64, f64), String> {
     let text =
         std::fs::read_to_string(train_csv).map_err(|e| format!("{}: {e}", train_csv.display()))?;
     let mut lines = text.lines();
@@ -436,16 +477,17 @@ pub fn per_step(train_csv: &Path) -> Result<(f64, f64), String> {
             })
         })
         .collect::<Result<_, _>>()?;
-    if rows.len() < 3 {
+    let untimed = untimed.max(1);
+    if rows.len() <= untimed {
         return Err(format!(
-            "{}: {} steps; at least 3 are needed",
+            "{}: {} steps; more than {untimed} are needed",
             train_csv.display(),
             rows.len()
         ));
     }
-    let timed = &rows[2..];
+    let timed = &rows[untimed..];
     let real = timed.iter().map(|r| r.0).sum::<f64>() / timed.len() as f64;
-    let simulated = (rows[rows.len() - 1].1 - rows[1].1) / timed.len() as f64;
+    let simulated = (rows[rows.len() - 1].1 - rows[untimed - 1].1) / timed.len() as f64;
     Ok((real, simulated))
 }
 
@@ -530,11 +572,12 @@ pub fn table(measured: &[Measured], machine: &MachineInfo, command: &str) -> Sui
     figures.insert("real_links_wire_outside".into(), wire_missed as f64);
     let note = format!(
         "MPI jobs of `mnist` and `nanogpt` (`--collective mpi`, one process per host) on \
-         emulated hosts: network namespaces behind a bridge, each host's link shaped both \
-         ways with `tc tbf` (bandwidth only: no latency can be emulated here), `--network` \
-         giving each node its host's link at 0 ms. Real = the run's wall seconds per step, \
+         emulated hosts: network namespaces behind a bridge, each host's link shaped with \
+         `tc tbf` (bandwidth only: no latency can be emulated here), `--network` giving each \
+         node its host's link at 0 ms, {protocol}, compute measured (`--node-tflops \
+         measured`). Real = the run's wall seconds per step, \
          simulated = its simulated seconds per step, both from its `train.csv` over the steps \
-         after the second. Band: {}–{} where the calls carry at least 1 MiB per node, \
+         after the second (the 5 Mbit/s cases: after the 20th). Band: {}–{} where the calls carry at least 1 MiB per node, \
          {}–{} otherwise. Counted = the training and the simulator's own bytes every node \
          sent; wire = the bytes the hosts' interfaces sent (with Ethernet, IP and TCP headers \
          and MPI's start-up). {} of {} cases outside their band; {} of the comparable wire \
@@ -545,7 +588,16 @@ pub fn table(measured: &[Measured], machine: &MachineInfo, command: &str) -> Sui
         LOOSE.1,
         missed,
         measured.len(),
-        wire_missed
+        wire_missed,
+        protocol = match measured.first().map(|m| m.protocol) {
+            Some(p) if p != gym_core::Protocol::default() => format!(
+                "the transport's costs as calibrated (`--link-efficiency {:.4} --call-overhead \
+                 {:.0}us`)",
+                p.efficiency,
+                p.call_overhead_s * 1e6
+            ),
+            _ => "no transport costs (efficiency 1, no overhead per call)".to_string(),
+        }
     );
     SuiteResult {
         figures,
@@ -610,11 +662,16 @@ mod tests {
             "step,step_time_s,sim_time_s\n0,9.0,1.0\n1,5.0,2.0\n2,0.5,2.25\n3,0.7,2.75\n",
         )
         .unwrap();
-        let (real, sim) = per_step(&csv).unwrap();
+        let (real, sim) = per_step(&csv, 2).unwrap();
         assert!((real - 0.6).abs() < 1e-12, "{real}");
         assert!((sim - 0.375).abs() < 1e-12, "{sim}");
+        let (real, sim) = per_step(&csv, 3).unwrap();
+        assert!(
+            (real - 0.7).abs() < 1e-12 && (sim - 0.5).abs() < 1e-12,
+            "{real} {sim}"
+        );
         std::fs::write(&csv, "step,step_time_s,sim_time_s\n0,1,1\n").unwrap();
-        assert!(per_step(&csv).unwrap_err().contains("at least 3"));
+        assert!(per_step(&csv, 2).unwrap_err().contains("more than 2"));
         std::fs::remove_dir_all(&dir).ok();
     }
 }

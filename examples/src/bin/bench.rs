@@ -379,16 +379,32 @@ fn calibrate_main(cli: &Cli) -> ExitCode {
 fn real_links_main(cli: &Cli) -> ExitCode {
     use bench_suite::real_links;
     let inputs = real_links::Inputs {
-        bin_dir: std::env::current_exe()
-            .ok()
-            .and_then(|p| p.parent().map(PathBuf::from))
-            .unwrap_or_default(),
+        bin_dir: cli
+            .real_links_args
+            .real_links_bin_dir
+            .clone()
+            .unwrap_or_else(|| {
+                std::env::current_exe()
+                    .ok()
+                    .and_then(|p| p.parent().map(PathBuf::from))
+                    .unwrap_or_default()
+            }),
         mnist_dir: cli
             .data_dir
             .clone()
             .unwrap_or_else(|| PathBuf::from("../shared/data/mnist")),
         text_dir: cli.real_links_args.real_links_text_dir.clone(),
         log_dir: cli.log_dir.join("real-links"),
+        protocol: match &cli.real_links_args.real_links_protocol {
+            None => gym_core::Protocol::default(),
+            Some(path) => match gym_core::comm::network::NetworkFile::read(path) {
+                Ok(file) => file.protocol,
+                Err(e) => {
+                    eprintln!("error: --real-links-protocol: {e}");
+                    return ExitCode::FAILURE;
+                }
+            },
+        },
     };
     let cases = match real_links::select(&cli.real_links_args.real_links_cases) {
         Ok(cases) => cases,

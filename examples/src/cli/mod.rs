@@ -247,6 +247,15 @@ pub struct CommonArgs {
     /// (islands:4:internet). Not with a network file, which sets it.
     #[arg(long, value_parser = checked::<Topology>)]
     pub topology: Option<String>,
+    /// The share of every link's rate that carries payload, in (0, 1] (default 1, or the
+    /// network file's `efficiency`): TCP over Ethernet carries about 0.95. `bench
+    /// --calibrate` fits it to a transport.
+    #[arg(long)]
+    pub link_efficiency: Option<f64>,
+    /// A fixed cost of every collective call besides its transfers (300us, 0.5ms; default 0,
+    /// or the network file's `call_overhead_ms`). `bench --calibrate` fits it.
+    #[arg(long, value_name = "TIME", value_parser = checked_duration)]
+    pub call_overhead: Option<String>,
     /// Each node's compute for simulated time: cpu (default; this machine), h100, a100,
     /// effective TFLOPS (50), or measured (the wall time here, not reproducible).
     #[arg(long, value_parser = checked::<ComputeModel>)]
@@ -432,6 +441,8 @@ impl CommonArgs {
         let Some(network) = &self.network else {
             let set = [
                 ("--topology", self.topology.is_some()),
+                ("--link-efficiency", self.link_efficiency.is_some()),
+                ("--call-overhead", self.call_overhead.is_some()),
                 ("--node-tflops", self.node_tflops.is_some()),
                 ("--node-speed", !self.node_speed.is_empty()),
                 ("--jitter", self.jitter.is_some()),
@@ -450,6 +461,18 @@ impl CommonArgs {
             &self.node_speed,
             self.num_nodes,
         )?;
+        let mut protocol = network.protocol;
+        if let Some(e) = self.link_efficiency {
+            protocol.efficiency = e;
+        }
+        if let Some(c) = &self.call_overhead {
+            protocol.call_overhead_s = gym_core::comm::network::parse_latency(c)
+                .map_err(|e| format!("--call-overhead: {e}"))?;
+        }
+        protocol
+            .validate()
+            .map_err(|e| format!("--link-efficiency / --call-overhead: {e}"))?;
+        let network = network.with_protocol(protocol);
         let compute = match &self.node_tflops {
             Some(c) => parsed("--node-tflops", c)?,
             None => ComputeModel::cpu(),
@@ -613,6 +636,11 @@ pub fn network_and_speeds(
 /// run configuration saves the spec the user gave).
 fn checked<T: FromStr<Err = String>>(spec: &str) -> Result<String, String> {
     spec.parse::<T>().map(|_| spec.to_string())
+}
+
+/// The value parser of `--call-overhead`: a duration (`300us`), kept as written.
+fn checked_duration(spec: &str) -> Result<String, String> {
+    gym_core::comm::network::parse_latency(spec).map(|_| spec.to_string())
 }
 
 /// The value parser of `--network`: a network file (shipped or a path) that reads and

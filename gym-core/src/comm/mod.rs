@@ -75,7 +75,7 @@ pub use collective::Collective;
 pub use cost::{CommStats, PayloadScale, cost};
 pub use group::{CollectiveOp, Group, ReduceOp};
 pub use in_process::{InProcessGroup, run_on_threads};
-pub use network::{Link, Network, Topology};
+pub use network::{Link, Network, Protocol, Topology};
 pub use pending::{Incoming, Pending, TransferTiming};
 pub use quorum::QuorumRule;
 pub use simulation::{ComputeModel, ParamCount, SimulationConfig};

@@ -41,9 +41,10 @@ pub(crate) struct Recorder {
 struct RecorderState {
     pending: BTreeMap<usize, PendingStep>,
     next_step: usize,
-    /// Steps recorded by this recorder, and the sum of their wall times.
+    /// Steps recorded by this recorder, and when the last of them ended (seconds since the
+    /// nodes' loops started).
     emitted: usize,
-    walls: f64,
+    last_ended_s: f64,
     last_step_done: Instant,
     train: Vec<TrainRecord>,
     pending_val: BTreeMap<usize, PendingEval>,
@@ -68,8 +69,8 @@ struct PendingStep {
     received: u64,
     compute_s: f64,
     strategy_s: f64,
-    /// The slowest node's wall seconds for the step.
-    wall_s: f64,
+    /// When the last node ended the step, seconds since the nodes' loops started.
+    ended_s: f64,
     /// Per node, the step's compute, communication and idle seconds and its clock after it
     /// (summed in rank order when the step is emitted, so the sums do not depend on which
     /// node reported first).
@@ -121,10 +122,9 @@ pub(crate) struct NodeStep {
     pub compute_s: f64,
     /// Seconds in the strategy's step.
     pub strategy_s: f64,
-    /// Wall seconds of the whole step on the node: from the end of its previous step (or
-    /// the start of its loop) to the end of this one.
+    /// Wall seconds from the start of the node's loop to the end of this step.
     #[serde(default)]
-    pub wall_s: f64,
+    pub ended_s: f64,
     /// The node's simulated clock after the step, if time is simulated.
     pub simulated: Option<SimulatedTime>,
 }
@@ -167,7 +167,7 @@ impl Recorder {
                 pending: BTreeMap::new(),
                 next_step: 0,
                 emitted: 0,
-                walls: 0.0,
+                last_ended_s: 0.0,
                 last_step_done: now,
                 // Room for every step's record from the start: the records then take memory
                 // one record at a time, as written (no doubling, no copy, no freed old
@@ -199,7 +199,7 @@ impl Recorder {
             received: 0,
             compute_s: 0.0,
             strategy_s: 0.0,
-            wall_s: 0.0,
+            ended_s: 0.0,
             simulated: vec![None; k],
             skipped: false,
         });
@@ -212,7 +212,7 @@ impl Recorder {
         p.received += node.comm.bytes_received;
         p.compute_s += node.compute_s;
         p.strategy_s += node.strategy_s;
-        p.wall_s = p.wall_s.max(node.wall_s);
+        p.ended_s = p.ended_s.max(node.ended_s);
         if let Some(now) = node.simulated {
             let before = std::mem::replace(&mut st.last_simulated[rank], now);
             let p = st.pending.get_mut(&step).expect("inserted above");
@@ -244,10 +244,11 @@ impl Recorder {
                     + computed as u64 * self.examples_per_step / k as u64,
                 train_loss: mean_loss(&p.losses),
                 lr: p.lr,
-                // The nodes' own measure, not the time between records here: a process of
+                // From the last node's end of the step before to its end of this one, by
+                // the nodes' own clocks, not the time between records here: a process of
                 // an MPI job gets other processes' reports in batches.
-                step_time_s: p.wall_s,
-                its_per_s: (st.emitted + 1) as f64 / (st.walls + p.wall_s).max(1e-9),
+                step_time_s: (p.ended_s - st.last_ended_s).max(0.0),
+                its_per_s: (st.emitted + 1) as f64 / p.ended_s.max(1e-9),
                 compute_s: p.compute_s / k as f64,
                 strategy_s: p.strategy_s / k as f64,
                 bytes_sent: p.sent / k as u64,
@@ -264,7 +265,7 @@ impl Recorder {
                 st.first_steps.push(nodes);
             }
             st.emitted += 1;
-            st.walls += p.wall_s;
+            st.last_ended_s = st.last_ended_s.max(p.ended_s);
             st.last_step_done = now;
             self.bar.set_position(step as u64 + 1);
             self.bar
@@ -458,7 +459,7 @@ mod tests {
             comm: c,
             compute_s,
             strategy_s: 0.5,
-            wall_s: compute_s + 1.0,
+            ended_s: compute_s + 1.0,
             simulated: None,
             skipped: false,
         };
@@ -486,10 +487,11 @@ mod tests {
         assert_eq!(train[0].bytes_sent, 10);
         assert_eq!((train[0].compute_s, train[1].compute_s), (3.0, 2.0));
         assert_eq!(train[0].strategy_s, 0.5);
-        // A step's wall time is its slowest node's (2 + 1 and 4 + 1 at step 0).
-        assert_eq!((train[0].step_time_s, train[1].step_time_s), (5.0, 4.0));
-        assert_eq!(train[2].step_time_s, 4.0);
-        assert!((train[1].its_per_s - 2.0 / 9.0).abs() < 1e-12);
+        // A step ends when its last node does (2 + 1 and 4 + 1 at step 0: 5 s; then 4 s,
+        // which is no later: the step took no time after the first).
+        assert_eq!((train[0].step_time_s, train[1].step_time_s), (5.0, 0.0));
+        assert_eq!(train[2].step_time_s, 0.0);
+        assert!((train[1].its_per_s - 2.0 / 4.0).abs() < 1e-12);
     }
 
     #[test]
@@ -511,7 +513,7 @@ mod tests {
                     comm: CommStats::default(),
                     compute_s: 0.0,
                     strategy_s: 0.0,
-                    wall_s: 0.0,
+                    ended_s: 0.0,
                     simulated: Some(*clock),
                     skipped: false,
                 };

@@ -60,6 +60,9 @@ pub(crate) struct Reporter<'a> {
     held: Option<RefCell<Vec<Report>>>,
     /// The step after which the next exchange is due (held reports only).
     next_flush: Cell<usize>,
+    /// When the last node ended the last step of the last exchange (seconds since the
+    /// loops started).
+    last_ended_s: Cell<f64>,
     /// Whether the reports exchanged at a flush go into the recorder (one node of each
     /// process feeds it).
     feeds: bool,
@@ -72,6 +75,7 @@ impl<'a> Reporter<'a> {
             recorder,
             held: None,
             next_flush: Cell::new(0),
+            last_ended_s: Cell::new(0.0),
             feeds: true,
         }
     }
@@ -83,6 +87,7 @@ impl<'a> Reporter<'a> {
             recorder,
             held: Some(RefCell::new(Vec::new())),
             next_flush: Cell::new(0),
+            last_ended_s: Cell::new(0.0),
             feeds,
         }
     }
@@ -97,21 +102,25 @@ impl<'a> Reporter<'a> {
 
     /// The node has reported `step`: held reports are exchanged if `now` or if the next
     /// exchange is due. Exchanges come about every [`FLUSH_PERIOD_S`] seconds: each sets the
-    /// next from the slowest wall time among the steps it carried, which every node sees
-    /// alike, so every node exchanges after the same steps.
+    /// next from the pace of the steps it carried (by when their last node ended them),
+    /// which every node sees alike, so every node exchanges after the same steps.
     pub fn step_done(&self, step: usize, observer: &Collective, now: bool) -> Result<()> {
         if self.held.is_none() || !(now || step >= self.next_flush.get()) {
             return Ok(());
         }
         let all = self.exchange_held(observer)?;
-        let slowest = all
-            .iter()
-            .filter_map(|r| match r {
-                Report::Train { node, .. } => Some(node.wall_s),
-                _ => None,
-            })
-            .fold(0.0, f64::max);
-        let steps = (FLUSH_PERIOD_S / slowest.max(1e-6))
+        // The steps since the last exchange, and when the last node ended the last of them.
+        let (mut first, mut ended) = (usize::MAX, 0.0f64);
+        for r in &all {
+            if let Report::Train { step, node, .. } = r {
+                first = first.min(*step);
+                ended = ended.max(node.ended_s);
+            }
+        }
+        let taken = (step + 1).saturating_sub(first).max(1) as f64;
+        let per_step = (ended - self.last_ended_s.get()) / taken;
+        self.last_ended_s.set(ended);
+        let steps = (FLUSH_PERIOD_S / per_step.max(1e-6))
             .floor()
             .clamp(1.0, 1000.0);
         self.next_flush.set(step + steps as usize);

@@ -117,8 +117,8 @@ where
     }
 
     let mut step = plan.start_step;
-    // Each step's wall time runs from the end of the previous one.
-    let mut last_step_end = Instant::now();
+    // Each step's end, as the seconds since the loop started.
+    let loop_start = Instant::now();
     real_clock::start_node(shared.real_spans);
     let interrupted = loop {
         // Between two steps: stop here if interrupted, checkpoint if one is due.
@@ -260,11 +260,10 @@ where
                 comm: comm.stats(),
                 compute_s,
                 strategy_s,
-                wall_s: last_step_end.elapsed().as_secs_f64(),
+                ended_s: loop_start.elapsed().as_secs_f64(),
                 simulated: comm.simulated_time(),
             },
         });
-        last_step_end = Instant::now();
         // The records a checkpoint before the next step holds must all be in.
         let checkpoint_next = plan.checkpoints_before(step + 1);
         let report = || reports.step_done(step, &eval.comm, checkpoint_next);

@@ -344,6 +344,12 @@ impl Compressor for Exact {
             .map(Ok))
     }
 
+    /// Waited for at once: the call is made so (a transport may then move the data on the
+    /// calling thread rather than hand it to a background one).
+    fn mean(&mut self, group: &Group, x: Tensor<1>, ctx: &StepContext<'_>) -> Result<Tensor<1>> {
+        Ok(ctx.collective.all_reduce_in(group, x, ReduceOp::Mean)?)
+    }
+
     fn save_state(&self) -> Result<StateDict> {
         Ok(StateDict::new())
     }

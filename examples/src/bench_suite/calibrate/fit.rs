@@ -5,7 +5,7 @@ use crate::bench_suite::SuiteCollective;
 use gym_core::Topology;
 use gym_core::comm::CollectiveOp;
 use gym_core::comm::network::NetworkFile;
-use gym_core::{Group, Link, Network, ReduceOp};
+use gym_core::{Group, Link, Network, Protocol, ReduceOp};
 
 /// Bytes in a KiB.
 pub const KIB: usize = 1 << 10;
@@ -65,12 +65,93 @@ pub struct RingFit {
     pub bytes_per_s: f64,
 }
 
+/// What a calibration writes: a link, and the costs of the software that moves the data
+/// over it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Calibrated {
+    /// The link.
+    pub link: Link,
+    /// Efficiency and per-call overhead (none, for a fit of the link itself).
+    pub protocol: Protocol,
+}
+
+impl Calibrated {
+    /// The network of `link` on one switch, with `protocol`.
+    pub fn network(&self) -> Network {
+        Network::switch(self.link).with_protocol(self.protocol)
+    }
+}
+
 impl RingFit {
     /// The link, the same both ways.
     pub fn link(&self) -> Link {
         Link::symmetric(self.bytes_per_s * 8.0, self.latency_s)
     }
 
+    /// The fit as a link of its own: α and β are the link's.
+    pub fn as_link(&self) -> Calibrated {
+        Calibrated {
+            link: self.link(),
+            protocol: Protocol::default(),
+        }
+    }
+}
+
+/// Sizes up to this pass an emulated link's token bucket (64 KiB) before it shapes them:
+/// their time is the call's own cost.
+pub const ON_LINE_SMALL: usize = 4 * KIB;
+/// Sizes from this on are shaped by the link for all but the first bucket's worth.
+pub const ON_LINE_LARGE: usize = 256 * KIB;
+
+/// The transport's costs over a line of known rate and no latency (emulated hosts, where
+/// only the rate is set), from all-reduce timings over `k` processes: `T = c + 2(k−1)/k ·
+/// n/(η·rate)`. The overhead per call `c` is the mean time of the sizes a link's token
+/// bucket passes at once (up to [`ON_LINE_SMALL`]); the efficiency `η` is fitted to the
+/// sizes the link shapes (from [`ON_LINE_LARGE`]) as the ratio of the line's time to the
+/// time measured beyond `c`, summed over them (at most 1). Sizes between are the bucket's,
+/// neither one nor the other.
+pub fn fit_on_line(
+    k: usize,
+    samples: &[(f64, f64)],
+    bits_per_s: f64,
+) -> Result<Calibrated, String> {
+    if k < 2 {
+        return Err(format!("an all-reduce over {k} process(es) moves nothing"));
+    }
+    let small: Vec<f64> = samples
+        .iter()
+        .filter(|s| s.0 <= ON_LINE_SMALL as f64)
+        .map(|s| s.1)
+        .collect();
+    if small.is_empty() {
+        return Err(format!(
+            "the fit needs a size up to {} for the call's own cost",
+            size_label(ON_LINE_SMALL)
+        ));
+    }
+    let overhead = small.iter().sum::<f64>() / small.len() as f64;
+    let line = |n: f64| 2.0 * (k as f64 - 1.0) / k as f64 * n * 8.0 / bits_per_s;
+    let (mut ideal, mut measured) = (0.0, 0.0);
+    for &(n, t) in samples.iter().filter(|s| s.0 >= ON_LINE_LARGE as f64) {
+        ideal += line(n);
+        measured += t - overhead;
+    }
+    if measured <= 0.0 {
+        return Err(format!(
+            "the fit needs sizes from {} that take longer than the small ones",
+            size_label(ON_LINE_LARGE)
+        ));
+    }
+    Ok(Calibrated {
+        link: Link::symmetric(bits_per_s, 0.0),
+        protocol: Protocol {
+            efficiency: (ideal / measured).min(1.0),
+            call_overhead_s: overhead,
+        },
+    })
+}
+
+impl RingFit {
     /// The ring all-reduce's seconds over `k` ranks with `bytes` in each buffer.
     pub fn all_reduce_s(&self, k: usize, bytes: f64) -> f64 {
         let k = k as f64;
@@ -155,6 +236,8 @@ pub struct Provenance {
     pub calls: String,
     /// Sizes timed but left out of the fit, bytes.
     pub skipped: Vec<usize>,
+    /// The emulated hosts' rate (`20mbit`), when the jobs ran on emulated hosts.
+    pub hosts: Option<String>,
 }
 
 /// A TOML string literal.
@@ -173,9 +256,10 @@ fn toml_float(x: f64) -> String {
     if s.contains('.') { s } else { format!("{s}.0") }
 }
 
-/// The network file of `fit`: one region, `local`, whose latency (ms) and bandwidth
-/// (Gbit/s) are the fitted link's, and `nodes` nodes in it.
-pub fn network_file(fit: &RingFit, provenance: &Provenance, nodes: usize) -> String {
+/// The network file of a calibration: one region, `local`, whose latency (ms) and
+/// bandwidth (Gbit/s) are the calibrated link's, the protocol's costs if any, and `nodes`
+/// nodes in it.
+pub fn network_file(calibrated: &Calibrated, provenance: &Provenance, nodes: usize) -> String {
     let p = provenance;
     let title = format!("calibrated: MPI transport on {}, {}", p.hostname, p.date);
     let skipped = if p.skipped.is_empty() {
@@ -187,45 +271,74 @@ pub fn network_file(fit: &RingFit, provenance: &Provenance, nodes: usize) -> Str
             s.join(", ")
         )
     };
+    let protocol = calibrated.protocol;
+    let fitted = match &p.hosts {
+        Some(rate) => format!(
+            " on {} emulated hosts at {rate}, sizes {}..{}, median of {}; call overhead = the \
+             mean time of the sizes up to {}, efficiency = the line's time over the time \
+             beyond it from {}",
+            p.processes,
+            size_label(p.sizes.0),
+            size_label(p.sizes.1),
+            p.calls,
+            size_label(ON_LINE_SMALL),
+            size_label(ON_LINE_LARGE)
+        ),
+        None => format!(
+            ", sizes {}..{}{skipped}, median of {}; least-squares fit (relative errors) of \
+             2(k-1)a + 2(k-1)/k n/b",
+            size_label(p.sizes.0),
+            size_label(p.sizes.1),
+            p.calls
+        ),
+    };
     let source = format!(
-        "bench --calibrate: all-reduce over the MPI transport, k = {} processes, sizes \
-         {}..{}{skipped}, median of {}; least-squares fit (relative errors) of \
-         2(k-1)a + 2(k-1)/k n/b",
+        "bench --calibrate: all-reduce over the MPI transport, k = {} processes{fitted}",
         p.processes,
-        size_label(p.sizes.0),
-        size_label(p.sizes.1),
-        p.calls
     );
-    format!(
+    let mut text = format!(
         "title = {}\nsource = {}\nregions = [\"local\"]\nlatency_ms = [[{}]]\n\
-         bandwidth_gbit = [[{}]]\n[[nodes]]\nregion = \"local\"\ncount = {nodes}\n",
+         bandwidth_gbit = [[{}]]\n",
         toml_string(&title),
         toml_string(&source),
-        toml_float(fit.latency_s * 1e3),
-        toml_float(fit.bytes_per_s * 8.0 / 1e9),
-    )
+        toml_float(calibrated.link.latency_s * 1e3),
+        toml_float(calibrated.link.bandwidth() * 8.0 / 1e9),
+    );
+    if protocol != Protocol::default() {
+        text += &format!(
+            "efficiency = {}\ncall_overhead_ms = {}\n",
+            toml_float(protocol.efficiency),
+            toml_float(protocol.call_overhead_s * 1e3)
+        );
+    }
+    text + &format!("[[nodes]]\nregion = \"local\"\ncount = {nodes}\n")
 }
 
-/// The link of a one-region network file (what [`network_file`] writes), read by the
-/// project's loader ([`NetworkFile`]): the region's own latency and bandwidth.
-pub fn read_network_file(text: &str) -> Result<Link, String> {
+/// The link and protocol of a one-region network file (what [`network_file`] writes), read
+/// by the project's loader ([`NetworkFile`]): the region's own latency and bandwidth.
+pub fn read_network_file(text: &str) -> Result<Calibrated, String> {
     let file =
         NetworkFile::parse(text, "the calibrated network file").map_err(|e| e.to_string())?;
     match &file.network().topology {
-        Topology::Regions(regions) if regions.names.len() == 1 => Ok(regions.link(0, 0)),
+        Topology::Regions(regions) if regions.names.len() == 1 => Ok(Calibrated {
+            link: regions.link(0, 0),
+            protocol: file.protocol,
+        }),
         _ => Err("a calibrated network file has one region".into()),
     }
 }
 
 /// The simulator's charge for `op` over `k` ranks with `bytes` in each buffer, on a switch
-/// of `link`: [`Network::collective_time`].
-pub fn predicted_s(link: Link, op: SuiteCollective, k: usize, bytes: usize) -> f64 {
+/// of the calibrated link: [`Network::collective_time`].
+pub fn predicted_s(calibrated: &Calibrated, op: SuiteCollective, k: usize, bytes: usize) -> f64 {
     let op = match op {
         SuiteCollective::AllReduce => CollectiveOp::AllReduce(ReduceOp::Mean),
         SuiteCollective::AllGather => CollectiveOp::AllGather,
         SuiteCollective::Broadcast => CollectiveOp::Broadcast { root: 0 },
     };
-    Network::switch(link).collective_time(op, &Group::world(k), bytes as u64)
+    calibrated
+        .network()
+        .collective_time(op, &Group::world(k), bytes as u64)
 }
 
 #[cfg(test)]
@@ -248,10 +361,53 @@ mod tests {
             assert!((fit.bytes_per_s / beta - 1.0).abs() <= 1e-9, "{fit:?}");
             // The simulator charges the fitted link the formula's time.
             for &(n, t) in &samples {
-                let p = predicted_s(fit.link(), SuiteCollective::AllReduce, k, n as usize);
+                let p = predicted_s(&fit.as_link(), SuiteCollective::AllReduce, k, n as usize);
                 assert!((p / t - 1.0).abs() <= 1e-9, "{n}: {p} vs {t}");
             }
         }
+    }
+
+    /// On a line of known rate and no latency, the fit becomes the protocol's costs, and
+    /// the simulator charges them the measured times again: over the fitted job's size and
+    /// another.
+    #[test]
+    fn the_fit_on_a_known_line_is_an_efficiency_and_a_call_overhead() {
+        let (rate, eta, overhead) = (20e6, 0.95, 4e-4);
+        let truth = |k: usize, n: f64| {
+            overhead + 2.0 * (k as f64 - 1.0) / k as f64 * n / (eta * rate / 8.0)
+        };
+        // As an emulated link times them: the bucket passes the small sizes at once.
+        let samples: Vec<(f64, f64)> = sizes(4 * MIB)
+            .into_iter()
+            .map(|n| match n {
+                n if n <= ON_LINE_SMALL => (n as f64, overhead),
+                n => (n as f64, truth(2, n as f64)),
+            })
+            .collect();
+        let calibrated = fit_on_line(2, &samples, rate).unwrap();
+        assert_eq!(calibrated.link, Link::symmetric(rate, 0.0));
+        assert!(
+            (calibrated.protocol.efficiency - eta).abs() < 1e-9,
+            "{calibrated:?}"
+        );
+        assert!((calibrated.protocol.call_overhead_s - overhead).abs() < 1e-9);
+        for n in [64 * KIB, 4 * MIB] {
+            let p = predicted_s(&calibrated, SuiteCollective::AllReduce, 2, n);
+            assert!((p / truth(2, n as f64) - 1.0).abs() < 1e-9, "{n}");
+        }
+        // Timings faster than the line keep every byte of it, no more; sizes of the
+        // bucket's (16 KiB, 64 KiB) count for neither term.
+        let mut fast: Vec<(f64, f64)> = samples.iter().map(|&(n, t)| (n, t / 2.0)).collect();
+        fast.push((64.0 * KIB as f64, 1e3));
+        assert_eq!(
+            fit_on_line(2, &fast, rate).unwrap().protocol.efficiency,
+            1.0
+        );
+        assert!(
+            fit_on_line(2, &samples[3..], rate).is_err(),
+            "no small size"
+        );
+        assert!(fit_on_line(1, &samples, rate).is_err());
     }
 
     #[test]
@@ -276,8 +432,9 @@ mod tests {
             sizes: (KIB, 256 * MIB),
             calls: "15 (5 from 64 MiB)".into(),
             skipped: vec![64 * KIB, MIB],
+            hosts: None,
         };
-        let text = network_file(&fit, &provenance, 4);
+        let text = network_file(&fit.as_link(), &provenance, 4);
         let t: toml::Table = text.parse().unwrap();
         assert_eq!(
             t["title"].as_str().unwrap(),
@@ -317,11 +474,40 @@ mod tests {
                 "count"
             ]
         );
-        let link = read_network_file(&text).unwrap();
+        let read = read_network_file(&text).unwrap();
+        let link = read.link;
+        assert_eq!(read.protocol, Protocol::default());
         assert!((link.latency_s - fit.latency_s).abs() < 1e-15);
         assert!((link.bandwidth() / fit.bytes_per_s - 1.0).abs() < 1e-12);
         // The link spec parses back to the link.
         assert_eq!(link.to_string().parse::<Link>().unwrap(), link);
+        // On emulated hosts: the line's rate, and the protocol's two keys before the nodes.
+        let on_line = Calibrated {
+            link: Link::symmetric(10e9, 0.0),
+            protocol: Protocol {
+                efficiency: 0.93,
+                call_overhead_s: 2.5e-4,
+            },
+        };
+        let hosts = Provenance {
+            hosts: Some("10gbit".into()),
+            ..provenance
+        };
+        let text = network_file(&on_line, &hosts, 4);
+        let t: toml::Table = text.parse().unwrap();
+        assert_eq!(t["bandwidth_gbit"][0][0].as_float(), Some(10.0));
+        assert_eq!(t["latency_ms"][0][0].as_float(), Some(0.0));
+        assert!(
+            t["source"]
+                .as_str()
+                .unwrap()
+                .contains("2 emulated hosts at 10gbit")
+        );
+        let read = read_network_file(&text).unwrap();
+        assert!((read.protocol.efficiency - on_line.protocol.efficiency).abs() < 1e-5);
+        assert!(
+            (read.protocol.call_overhead_s / on_line.protocol.call_overhead_s - 1.0).abs() < 1e-5
+        );
     }
 
     #[test]

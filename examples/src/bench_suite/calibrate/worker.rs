@@ -4,6 +4,9 @@
 use super::{CalibrateArgs, CalibrateConfig, Timing};
 use crate::bench_suite::SuiteCollective;
 use std::process::Command;
+
+/// Bytes in a MiB (the worker's sizes are whole MiB).
+const MIB_BYTES: usize = 1 << 20;
 #[cfg(feature = "mpi")]
 use {
     super::fit::{MIB, calls_for, sizes},
@@ -11,7 +14,8 @@ use {
     gym_core::ReduceOp,
 };
 
-/// Runs `P` workers under `mpirun` timing `ops`, and reads rank 0's lines.
+/// Runs `P` workers under `mpirun` timing `ops` (on `P` emulated hosts with
+/// `--calibrate-rate`, one each; on this host otherwise), and reads rank 0's lines.
 pub(super) fn run_workers(
     config: &CalibrateConfig,
     processes: usize,
@@ -19,20 +23,36 @@ pub(super) fn run_workers(
 ) -> Result<Vec<Timing>, String> {
     let a = &config.args;
     let names: Vec<&str> = ops.iter().map(|o| o.name()).collect();
-    let out = Command::new("mpirun")
-        .args(["--allow-run-as-root", "--oversubscribe", "-np"])
-        .arg(processes.to_string())
-        .arg(&config.exe)
-        .args(["--calibrate-worker", &processes.to_string()])
-        .args(["--calibrate-ops", &names.join(",")])
-        .args(["--calibrate-max-mib", &a.calibrate_max_mib.to_string()])
-        .args(["--calibrate-reps", &a.calibrate_reps.to_string()])
-        .args([
-            "--calibrate-allgather-max-mib",
-            &a.calibrate_allgather_max_mib.to_string(),
-        ])
-        .output()
-        .map_err(|e| format!("mpirun: {e} (apt-get install openmpi-bin)"))?;
+    let worker = [
+        "--calibrate-worker".to_string(),
+        processes.to_string(),
+        "--calibrate-ops".into(),
+        names.join(","),
+        "--calibrate-max-mib".into(),
+        (a.max_bytes() / MIB_BYTES).max(1).to_string(),
+        "--calibrate-reps".into(),
+        a.reps().to_string(),
+        "--calibrate-allgather-max-mib".into(),
+        a.calibrate_allgather_max_mib.to_string(),
+    ];
+    let out = match a.calibrate_rate {
+        Some(rate) => {
+            let cluster = crate::cluster::EmulatedCluster::up(&vec![rate; processes])
+                .map_err(|e| e.to_string())?;
+            cluster
+                .mpirun(1)
+                .command(&config.exe, &worker)
+                .output()
+                .map_err(|e| format!("mpirun on the emulated hosts: {e}"))?
+        }
+        None => Command::new("mpirun")
+            .args(["--allow-run-as-root", "--oversubscribe", "-np"])
+            .arg(processes.to_string())
+            .arg(&config.exe)
+            .args(worker)
+            .output()
+            .map_err(|e| format!("mpirun: {e} (apt-get install openmpi-bin)"))?,
+    };
     if !out.status.success() {
         return Err(format!(
             "mpirun -np {processes} exited with {}: {}",

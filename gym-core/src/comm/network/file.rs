@@ -15,6 +15,11 @@
 //! # availability = [[0.0, 3600.0], [4000.0, 1e9]]   # optional: simulated seconds present
 //! ```
 //!
+//! Two optional keys describe the software that moves the data rather than the links
+//! ([`Protocol`]; `bench --calibrate` fits them): `efficiency = 0.955` (the share of a link's
+//! rate that carries payload, in (0, 1]; default 1) and `call_overhead_ms = 0.3` (a fixed
+//! cost per collective call; default 0).
+//!
 //! Ranks are given in file order: the first `[[nodes]]` entry's `count` ranks first. A
 //! latency is the one-way latency of a message in milliseconds (at least 0); a bandwidth is
 //! what one flow between two nodes gets, in Gbit/s (10⁹ bits per second, above 0). The file
@@ -27,7 +32,7 @@
 //! fault machinery works in optimizer steps, and a trace in simulated seconds would need the
 //! clock to drive it ([`NetworkFileError::AvailabilityNotRun`]).
 
-use super::{Network, Regions};
+use super::{Network, Protocol, Regions};
 use crate::comm::simulation::SimulationConfig;
 use serde::Deserialize;
 use std::path::Path;
@@ -143,6 +148,9 @@ pub struct NetworkFile {
     pub regions: Regions,
     /// Every rank, in rank order.
     pub nodes: Vec<FileNode>,
+    /// What moving data costs beyond the links (`efficiency`, `call_overhead_ms`; none by
+    /// default).
+    pub protocol: Protocol,
     /// The line of the first `[[nodes]]` entry.
     nodes_line: usize,
 }
@@ -157,6 +165,8 @@ struct RawFile {
     regions: Option<Spanned<Vec<Spanned<String>>>>,
     latency_ms: Option<Matrix>,
     bandwidth_gbit: Option<Matrix>,
+    efficiency: Option<Spanned<f64>>,
+    call_overhead_ms: Option<Spanned<f64>>,
     #[serde(default)]
     nodes: Vec<Spanned<RawNode>>,
 }
@@ -410,6 +420,30 @@ impl NetworkFile {
             }
         })?;
 
+        let mut protocol = Protocol::default();
+        if let Some(e) = &raw.efficiency {
+            let x = *e.get_ref();
+            if !(x > 0.0 && x <= 1.0) {
+                return Err(reader.invalid(
+                    Some(reader.line_of(e)),
+                    "efficiency",
+                    format!("is {x}: the share of a link's rate that carries payload, in (0, 1]"),
+                ));
+            }
+            protocol.efficiency = x;
+        }
+        if let Some(c) = &raw.call_overhead_ms {
+            let x = *c.get_ref();
+            if !(x.is_finite() && x >= 0.0) {
+                return Err(reader.invalid(
+                    Some(reader.line_of(c)),
+                    "call_overhead_ms",
+                    format!("is {x}: a finite number of milliseconds, at least 0"),
+                ));
+            }
+            protocol.call_overhead_s = x * 1e-3;
+        }
+
         let nodes_line = raw.nodes.first().map_or(1, |n| reader.line_of(n));
         let mut nodes = Vec::new();
         if raw.nodes.is_empty() {
@@ -511,6 +545,7 @@ impl NetworkFile {
             source: source.into_inner(),
             regions,
             nodes,
+            protocol,
             nodes_line,
         })
     }
@@ -543,7 +578,7 @@ impl NetworkFile {
     /// The network the file describes: every rank in its region, collectives across regions
     /// hierarchical.
     pub fn network(&self) -> Network {
-        Network::regions(self.regions.clone())
+        Network::regions(self.regions.clone()).with_protocol(self.protocol)
     }
 
     /// Checks that the file can run a run of `num_nodes` nodes: the same number of nodes,

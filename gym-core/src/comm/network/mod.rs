@@ -159,8 +159,8 @@ fn parse_bandwidth(s: &str) -> Result<f64, String> {
     Ok(x * bits / 8.0)
 }
 
-/// Parses `10ms`, `5us`, `5µs`, `0.2s`, `100ns` into seconds.
-fn parse_latency(s: &str) -> Result<f64, String> {
+/// Parses a duration, `10ms`, `5us`, `5µs`, `0.2s`, `100ns`, into seconds.
+pub fn parse_latency(s: &str) -> Result<f64, String> {
     // Divided rather than multiplied by the unit, so that `5us` is exactly 5e-6.
     let units = [
         ("ms", 1e3),
@@ -333,6 +333,7 @@ impl FromStr for Network {
             links,
             topology: Topology::Switch,
             broadcast_segments: None,
+            protocol: Protocol::default(),
         })
     }
 }
@@ -346,6 +347,53 @@ pub struct Network {
     pub topology: Topology,
     /// Segments of a pipelined broadcast; `None`: the fastest.
     pub broadcast_segments: Option<usize>,
+    /// What moving data costs beyond the links' rates (none, unless given).
+    #[serde(default)]
+    pub protocol: Protocol,
+}
+
+/// What moving data costs beyond the links' rates and latencies: the share of a link's rate
+/// that carries payload, and a fixed cost per collective call. Both are properties of the
+/// software that moves the data, not of the links: `bench --calibrate` fits them to a
+/// transport. The default, no cost, is what every preset and network file means.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Protocol {
+    /// Payload bytes per byte of link rate, in (0, 1]: TCP over Ethernet with a 1500-byte
+    /// MTU sends 1448 payload bytes per 1514-byte frame, about 0.956, and its
+    /// acknowledgements take a little more.
+    pub efficiency: f64,
+    /// Seconds every collective call of two or more members costs besides its transfers:
+    /// the members' headers, the transport's hand-offs.
+    pub call_overhead_s: f64,
+}
+
+impl Default for Protocol {
+    fn default() -> Self {
+        Protocol {
+            efficiency: 1.0,
+            call_overhead_s: 0.0,
+        }
+    }
+}
+
+impl Protocol {
+    /// Refuses an efficiency outside (0, 1] or a negative or infinite overhead.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(self.efficiency > 0.0 && self.efficiency <= 1.0) {
+            return Err(format!(
+                "a link's efficiency is the share of its rate that carries payload, in (0, 1]; \
+                 got {}",
+                self.efficiency
+            ));
+        }
+        if !(self.call_overhead_s.is_finite() && self.call_overhead_s >= 0.0) {
+            return Err(format!(
+                "a call's overhead must be finite and non-negative, got {} s",
+                self.call_overhead_s
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl Network {
@@ -355,12 +403,19 @@ impl Network {
             links: vec![link],
             topology: Topology::Switch,
             broadcast_segments: None,
+            protocol: Protocol::default(),
         }
     }
 
     /// The same network with another topology.
     pub fn with_topology(mut self, topology: Topology) -> Self {
         self.topology = topology;
+        self
+    }
+
+    /// The same network with the costs of `protocol` ([`Protocol`]).
+    pub fn with_protocol(mut self, protocol: Protocol) -> Self {
+        self.protocol = protocol;
         self
     }
 
@@ -388,7 +443,7 @@ impl Network {
         if self.broadcast_segments == Some(0) {
             return Err("a broadcast has at least one segment".into());
         }
-        Ok(())
+        self.protocol.validate()
     }
 
     /// Node `rank`'s link.

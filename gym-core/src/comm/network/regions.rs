@@ -104,6 +104,7 @@ impl Network {
             links: regions.node_links(),
             topology: Topology::Regions(regions),
             broadcast_segments: None,
+            protocol: super::Protocol::default(),
         }
     }
 }

@@ -19,7 +19,15 @@ impl Network {
         if k <= 1 {
             return 0.0;
         }
-        let n = payload as f64;
+        // Protocol headers take a share of every link's rate: the payload travels as if
+        // it were that much larger.
+        let n = payload as f64 / self.protocol.efficiency;
+        self.protocol.call_overhead_s + self.transfer_time(op, members, n)
+    }
+
+    /// The transfers of `op` among `members`, `n` bytes in each member's buffer (as the
+    /// links carry them).
+    fn transfer_time(&self, op: CollectiveOp, members: &[usize], n: f64) -> f64 {
         match &self.topology {
             Topology::Relay => self.relay_time(op, members, n),
             Topology::Islands { size, wan } => {
@@ -356,6 +364,7 @@ fn log2_ceil(k: usize) -> f64 {
 mod tests {
     use super::*;
     use crate::comm::group::ReduceOp;
+    use crate::comm::network::Protocol;
 
     const ALL_REDUCE: CollectiveOp = CollectiveOp::AllReduce(ReduceOp::Mean);
 
@@ -368,6 +377,45 @@ mod tests {
             let (g, w) = ($got, $want);
             assert!(close(g, w), "{} = {g:e}, want {w:e}", stringify!($got));
         }};
+    }
+
+    /// A protocol's efficiency η and call overhead c: every call of two or more members
+    /// costs c plus its transfers at η of the links' rates (the ring all-reduce:
+    /// `c + 2(k−1)α + 2(k−1)/k · n/(ηβ)`); a call of one member and a quorum cost nothing;
+    /// the default protocol leaves every time as it was, bit for bit.
+    #[test]
+    fn protocol_costs_a_call_overhead_and_a_share_of_the_rate() {
+        let link = Link::symmetric(20e6, 1e-3);
+        let plain = Network::switch(link);
+        let (eta, c) = (0.95, 3e-4);
+        let net = plain.clone().with_protocol(Protocol {
+            efficiency: eta,
+            call_overhead_s: c,
+        });
+        let (g, n) = (Group::world(4), 814_000u64);
+        let beta = 20e6 / 8.0;
+        let ring = 2.0 * 3.0 * 1e-3 + 2.0 * 3.0 / 4.0 * n as f64 / (eta * beta);
+        let reduce = CollectiveOp::AllReduce(ReduceOp::Mean);
+        assert_close!(net.collective_time(reduce, &g, n), c + ring);
+        let gather = CollectiveOp::AllGather;
+        let flat = 3.0 * (1e-3 + n as f64 / (eta * beta));
+        assert_close!(net.collective_time(gather, &g, n), c + flat);
+        assert_eq!(net.collective_time(reduce, &Group::world(1), n), 0.0);
+        assert_eq!(net.collective_time(CollectiveOp::Quorum, &g, n), 0.0);
+        let default = plain.clone().with_protocol(Protocol::default());
+        for op in [reduce, gather, CollectiveOp::Broadcast { root: 0 }] {
+            assert_eq!(
+                default.collective_time(op, &g, n).to_bits(),
+                plain.collective_time(op, &g, n).to_bits()
+            );
+        }
+        for bad in [0.0, 1.5, f64::NAN] {
+            let p = Protocol {
+                efficiency: bad,
+                call_overhead_s: 0.0,
+            };
+            assert!(plain.clone().with_protocol(p).validate(4).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -85,6 +85,48 @@ fn network_file_reads_the_format() {
     assert!(parse(&with_line("latency_ms", "latency_ms = [[0, 70], [70, 0]]")).is_ok());
 }
 
+/// `efficiency` and `call_overhead_ms` become the network's [`Protocol`]: a call costs the
+/// overhead plus its transfers at that share of the rates; out of range, each is refused
+/// naming itself and its line.
+#[test]
+fn network_file_reads_the_protocols_costs() {
+    assert_eq!(parse(EXAMPLE).unwrap().protocol, Protocol::default());
+    let text = with_line(
+        "bandwidth_gbit",
+        "bandwidth_gbit = [[10.0, 1.0], [1.0, 10.0]]\nefficiency = 0.95\ncall_overhead_ms = 0.25",
+    );
+    let f = parse(&text).unwrap();
+    assert_eq!(
+        f.protocol,
+        Protocol {
+            efficiency: 0.95,
+            call_overhead_s: 0.25e-3
+        }
+    );
+    let n = 1e6;
+    let t = f.simulation(3).unwrap().network.collective_time(
+        CollectiveOp::AllReduce(ReduceOp::Sum),
+        &Group::new([0, 1]),
+        n as u64,
+    );
+    assert!(
+        (t - (0.25e-3 + 2.0 * 1e-4 + n / (0.95 * 1.25e9))).abs() < 1e-15,
+        "{t}"
+    );
+    for (line, field) in [
+        ("efficiency = 1.5", "efficiency"),
+        ("efficiency = 0", "efficiency"),
+        ("call_overhead_ms = -1", "call_overhead_ms"),
+    ] {
+        let text = with_line(
+            "bandwidth_gbit",
+            &format!("bandwidth_gbit = [[10.0, 1.0], [1.0, 10.0]]\n{line}"),
+        );
+        let (got, at, message) = invalid(&text);
+        assert_eq!((got.as_str(), at), (field, Some(7)), "{message}");
+    }
+}
+
 /// Each shipped preset reads, and holds the set-up its comments describe.
 #[test]
 fn network_file_presets_read() {

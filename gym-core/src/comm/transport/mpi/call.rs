@@ -65,7 +65,7 @@ pub(super) fn data(
         Input::Host(_, device) => Some(device.clone()),
         _ => None,
     });
-    Ok(match op {
+    let outcome = match op {
         // The header exchange is itself a barrier.
         CollectiveOp::Barrier | CollectiveOp::Quorum => Outcome::None,
         CollectiveOp::AllReduce(reduce) => {
@@ -105,7 +105,8 @@ pub(super) fn data(
             collectives::broadcast(peers, call.root.expect("a root"), &mut buffer);
             Outcome::Bytes(buffer)
         }
-    })
+    };
+    Ok(outcome)
 }
 
 /// The root's contribution, if the root runs in this process.

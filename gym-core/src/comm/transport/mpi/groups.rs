@@ -94,9 +94,6 @@ impl Groups {
                 .name("gym-mpi-background".into())
                 // Ends when every sender is gone: the group's communicator dropped.
                 .spawn(move || {
-                    if std::env::var_os("EXO_NICE").is_some() {
-                        prefer_this_thread();
-                    }
                     while let Ok(job) = receive.recv() {
                         job();
                     }
@@ -117,18 +114,5 @@ impl Groups {
         for worker in workers {
             let _ = worker.join();
         }
-    }
-}
-
-/// Asks the scheduler to run this thread ahead of the node threads computing beside it:
-/// a transfer in the background needs little CPU, but needs it at once (each chunk that
-/// lands is summed and sent on), and where several emulated hosts share a machine's cores
-/// it would otherwise wait behind the nodes' kernels and leave the link idle. Needs
-/// `CAP_SYS_NICE` (root); elsewhere the thread keeps its priority.
-fn prefer_this_thread() {
-    // SAFETY: gettid and setpriority take no pointers; a failure changes nothing.
-    unsafe {
-        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-        libc::setpriority(libc::PRIO_PROCESS, tid, -10);
     }
 }
