@@ -425,9 +425,24 @@ pub fn run_case(case: &Case, inputs: &Inputs) -> Result<Measured, BoxError> {
     }
     let before = cluster.link_bytes()?;
     let launch = cluster.mpirun(1);
-    let finished = run_job(launch.command(&exe, &args), Some(Duration::from_secs(600)))?;
+    // The job's own output goes to a file beside its run folder, not into the table.
+    std::fs::create_dir_all(&inputs.log_dir)?;
+    let log = inputs.log_dir.join(format!("{}.log", case.name));
+    let out = std::fs::File::create(&log)?;
+    let mut command = launch.command(&exe, &args);
+    command.stdout(out.try_clone()?).stderr(out);
+    let finished = run_job(command, Some(Duration::from_secs(600)))?;
     if !finished.status.success() {
-        return Err(format!("{}: the job failed ({})", case.name, finished.status).into());
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let tail = lines[lines.len().saturating_sub(20)..].join("\n");
+        return Err(format!(
+            "{}: the job failed ({}); the end of {}:\n{tail}",
+            case.name,
+            finished.status,
+            log.display()
+        )
+        .into());
     }
     let after = cluster.link_bytes()?;
     let wire_bytes: u64 = before
