@@ -46,10 +46,10 @@ fn inputs(name: &str) -> Inputs {
 /// crossed the hosts' links within 15% of the bytes the run counted.
 #[test]
 fn mpi_real_links_hold_the_simulated_clock_on_two_and_four_hosts() {
+    let _one = ONE_CLUSTER.lock().unwrap_or_else(|p| p.into_inner());
     if unavailable().is_some() {
         return;
     }
-    let _one = ONE_CLUSTER.lock().unwrap_or_else(|p| p.into_inner());
     let inputs = inputs("ci");
     for case in real_links::ci_grid() {
         let m = real_links::run_case(&case, &inputs).unwrap();
@@ -142,10 +142,10 @@ fn newest_whole_checkpoint(run: &std::path::Path, shards: usize) -> Option<(Path
 fn mpi_a_cut_link_ends_the_job_naming_the_lost_host_and_a_resume_gives_the_same_bits() {
     use std::process::{Command, Stdio};
     use std::time::{Duration, Instant};
+    let _one = ONE_CLUSTER.lock().unwrap_or_else(|p| p.into_inner());
     if unavailable().is_some() {
         return;
     }
-    let _one = ONE_CLUSTER.lock().unwrap_or_else(|p| p.into_inner());
     let mnist = env!("CARGO_BIN_EXE_mnist");
     let dir = std::env::temp_dir().join(format!("gym-cut-link-{}", std::process::id()));
     std::fs::remove_dir_all(&dir).ok();

@@ -171,31 +171,16 @@ pub fn full_grid() -> Vec<Case> {
         hosts.push(HostLink::symmetric(20e6));
         hosts
     };
+    let strategies = [
+        "allreduce",
+        "diloco -H 2",
+        "streaming-diloco -H 4",
+        "sparseloco -H 2",
+        "demo",
+        "eager-diloco -H 2",
+    ];
     let mut cases = Vec::new();
-    for (model, strategies) in [
-        (
-            Model::Mlp,
-            [
-                "allreduce",
-                "diloco -H 2",
-                "streaming-diloco -H 4",
-                "sparseloco -H 2",
-                "demo",
-                "eager-diloco -H 2",
-            ],
-        ),
-        (
-            Model::Gpt,
-            [
-                "allreduce",
-                "diloco -H 2",
-                "streaming-diloco -H 4",
-                "sparseloco -H 2",
-                "demo",
-                "eager-diloco -H 2",
-            ],
-        ),
-    ] {
+    for model in [Model::Mlp, Model::Gpt] {
         let base = match model {
             Model::Mlp => 20.0,
             Model::Gpt => 100.0,

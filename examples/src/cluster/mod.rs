@@ -3,7 +3,7 @@
 //! bytes cross real (if local) links at a set bandwidth.
 //!
 //! ```text
-//!   namespace exo-<pid>-h1           namespace exo-<pid>-br          namespace exo-<pid>-h2
+//!   namespace exo-<pid>-<n>-h1       namespace exo-<pid>-<n>-br      namespace exo-<pid>-<n>-h2
 //!   eth0 10.77.0.11 ── veth ──────── h1 ┐                   ┌ h2 ─── veth ── eth0 10.77.0.12
 //!   tbf: the host's uplink  (tbf: an asymmetric downlink) br0 (tbf: downlink)   tbf: uplink
 //! ```
@@ -157,8 +157,9 @@ impl EmulatedCluster {
             .into());
         }
         netns::remove_orphans();
-        let prefix = format!("exo-{}", std::process::id());
-        let dir = std::env::temp_dir().join(format!("{prefix}-{}", unique()));
+        // One name per cluster: a process may build several, one after the other or at once.
+        let prefix = format!("exo-{}-{}", std::process::id(), unique());
+        let dir = std::env::temp_dir().join(&prefix);
         std::fs::create_dir_all(&dir)?;
         let mut cluster = EmulatedCluster {
             prefix,

@@ -30,7 +30,8 @@ pub fn check() -> Result<(), Unavailable> {
             )));
         }
     }
-    let probe = format!("exo-{}-probe", std::process::id());
+    // A name of its own: two threads of one process may check at once.
+    let probe = format!("exo-{}-probe{}", std::process::id(), super::unique());
     add(&probe).map_err(|e| Unavailable(format!("cannot make a network namespace: {e}")))?;
     let shaped = run_tc(&probe, "lo", 1e6, "add");
     delete(&probe);

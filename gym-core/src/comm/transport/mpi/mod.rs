@@ -181,8 +181,9 @@ impl MpiTransport {
     }
 
     /// Messages between hosts cut into chunks of `bytes` (default 60 KiB, under Open MPI's
-    /// TCP eager limit; see [`p2p`]); calls among processes of one host use at least
-    /// 1 MiB. Every process of the job must use the same value.
+    /// TCP eager limit of 64 KiB, so that each is sent at once and the two directions of a
+    /// connection do not wait on each other); calls among processes of one host use at
+    /// least 1 MiB. Every process of the job must use the same value.
     pub fn with_chunk_bytes(mut self, bytes: usize) -> Self {
         self.chunk_bytes = bytes.max(1);
         self
