@@ -59,9 +59,10 @@ enum Task {
     Nanogpt,
 }
 
-/// Time the MNIST or nanoGPT set-up per strategy.
+/// The benchmarks: the MNIST or nanoGPT set-up per strategy (beside the original's runs
+/// with --peer-results); --suite, --soak, --calibrate and --real-links for the others.
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(version)]
 // --json needs one of the modes that write figures.
 #[command(group = clap::ArgGroup::new("figures").args(["suite", "soak", "calibrate", "real_links"]).multiple(true))]
 struct Cli {

@@ -26,7 +26,7 @@ use std::time::Instant;
 /// bytes communicated; save the model and print a sample. With --sample-from, sample from
 /// a saved model instead.
 #[derive(Debug, Parser, Serialize)]
-#[command(version, about)]
+#[command(version)]
 struct Cli {
     #[command(flatten)]
     #[serde(flatten)]
