@@ -44,6 +44,12 @@ fn bench_suite_writes_every_named_figure() {
     // The compute limit at one size; the paper-width GPT for one step after its warm-up.
     config.matmul_sizes = vec![512];
     config.gpt_6l384_steps = 1;
+    // The cost of a node-step at 2 and 4 MLP nodes (two rounds each) and 2 GPT nodes.
+    config.node_cost.mlp_ks = vec![2, 4];
+    config.node_cost.gpt_ks = vec![2];
+    config.node_cost.mlp_node_steps = 80;
+    config.node_cost.gpt_node_steps = 40;
+    config.node_cost.repeats = 1;
 
     let result = bench_suite::run_suite(&config).expect("the suite runs");
     let path = scratch.join("suite.json");
@@ -80,6 +86,11 @@ fn bench_suite_writes_every_named_figure() {
     names.push("allreduce_vs_memcpy_all_1mb_k2".to_string());
     names.push("plan_10k_nodes_1k_rounds_s".to_string());
     names.push("plan_10k_nodes_1k_rounds_peak_rss_bytes".to_string());
+    for (model, k) in [("mlp", 2), ("mlp", 4), ("gpt", 2)] {
+        for key in ["cpu_ms", "wall_ms", "cpu_vs_first"] {
+            names.push(format!("node_step_{key}_{model}_k{k}_flex"));
+        }
+    }
     // The precision part: each model in f32 and bf16 on the default backend.
     for model in ["mlp", "cnn", "gpt"] {
         for key in ["f32_step_ms", "bf16_step_ms", "bf16_vs_f32"] {
@@ -99,6 +110,13 @@ fn bench_suite_writes_every_named_figure() {
             v.is_number() || ["machine", "date", "load_average"].contains(&name.as_str()),
             "{name}: {v}"
         );
+    }
+    // Each model's first node-cost row is the one the others are set against.
+    for first in [
+        "node_step_cpu_vs_first_mlp_k2_flex",
+        "node_step_cpu_vs_first_gpt_k2_flex",
+    ] {
+        assert_eq!(map[first].as_f64(), Some(1.0), "{first}");
     }
     // One node is its own compute limit, and has no independent runs to compare with; K = 2
     // has both figures.
@@ -160,7 +178,7 @@ fn bench_suite_writes_every_named_figure() {
         );
     }
     // One table per part, each captioned with the machine and the command.
-    assert_eq!(result.tables.len(), 8);
+    assert_eq!(result.tables.len(), 9);
     for table in &result.tables {
         assert!(table.caption.contains(&result.machine.machine));
         assert!(table.caption.contains("cargo test --test bench"));

@@ -32,19 +32,23 @@
 //! 4. **Start-up**: seconds from the child's start to its first step.
 //! 5. **Planner**: DiLoCo on 10,000 nodes for 1,000 outer rounds, planned by the `plan`
 //!    binary (target: at most 10 s and 1 GiB).
+//! 6. **Cost of a node-step** ([`node_cost`], off unless [`SuiteConfig::node_cost`] names
+//!    node counts: `bench --node-cost`): CPU time per node-step of the MLP at K = 16 to
+//!    1,024 and the small GPT at K = 16 and 64, against the smallest K.
 //!
 //! `bench --calibrate` ([`calibrate`]) times the MPI transport, fits the simulated network's
 //! latency and bandwidth to it, writes them as a network file and checks the simulator's
 //! charge against a job of another size. `bench --real-links` ([`real_links`]) sets the
 //! simulated clock against whole MPI training runs across emulated hosts with shaped links.
 
+pub mod args;
 mod bandwidth;
 pub mod calibrate;
 mod children;
 pub mod compute;
 mod conv;
 pub mod libtorch;
-pub mod live_heap;
+pub mod node_cost;
 mod overhead;
 mod planner;
 pub mod real_links;
@@ -54,6 +58,7 @@ mod soak_table;
 #[cfg(feature = "mpi")]
 pub use bandwidth::mpi_worker;
 pub use conv::conv_passes;
+pub use node_cost::NodeCostConfig;
 pub use soak::{
     RSS_GROWTH_LIMIT_PCT, RssSample, SoakConfig, SoakReport, TrafficBalance, rss_growth_pct,
     run_soak,
@@ -201,6 +206,9 @@ pub struct SuiteConfig {
     /// The `plan` binary of the planner's row (10,000 nodes, 1,000 rounds); `None` skips
     /// the row.
     pub plan_bin: Option<PathBuf>,
+    /// Cost-of-a-node-step part (no node counts, the default: skip the part; see
+    /// [`NodeCostConfig::default`] for its rows).
+    pub node_cost: NodeCostConfig,
 }
 
 impl SuiteConfig {
@@ -231,6 +239,7 @@ impl SuiteConfig {
             mnist_bin,
             mpi_bench: None,
             plan_bin: None,
+            node_cost: NodeCostConfig::off(),
             mnist_dir,
             gpt_dir,
             scratch_dir: std::env::temp_dir()
@@ -403,6 +412,9 @@ pub fn run_suite(config: &SuiteConfig) -> Result<SuiteResult, BoxError> {
     }
     if let Some(plan) = &config.plan_bin {
         planner::planner(plan, config, &mut out)?;
+    }
+    if config.node_cost.any() {
+        node_cost::node_cost(config, &mut out)?;
     }
     Ok(out)
 }

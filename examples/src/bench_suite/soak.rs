@@ -15,7 +15,7 @@
 //!   its growth from the sample after warm-up ([`SoakConfig::warmup_fraction`] of the
 //!   steps) to the loop's last sample, net of the per-step train records written in
 //!   between ([`SoakReport::rss_net_growth_pct`]), must stay under
-//!   [`RSS_GROWTH_LIMIT_PCT`]. The live heap ([`live_heap`]) is sampled beside it, to tell
+//!   [`RSS_GROWTH_LIMIT_PCT`]. The live heap ([`live_bytes`]) is sampled beside it, to tell
 //!   memory the run holds from memory the allocator keeps.
 //! * **Accounting**: summed over nodes, the bytes sent equal the bytes received
 //!   ([`TrafficBalance`] states why this must hold exactly).
@@ -27,6 +27,7 @@ use std::time::Instant;
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::{Dataset, DatasetError};
 use burn::tensor::{Device, Int, Tensor, TensorData};
+use gym_core::allocator::live_bytes;
 use gym_core::faults::{Fault, FaultSchedule, RandomFaults};
 use gym_core::{
     CommStats, ComputeModel, ImageBatch, NodeData, SharedDataset, SimulationConfig, Split,
@@ -35,7 +36,7 @@ use gym_core::{
 use gym_models::MlpConfig;
 use gym_strategies::{DiLoCoCommunicatorConfig, DiLoCoConfig};
 
-use super::{MB, live_heap};
+use super::MB;
 use crate::runner::BoxError;
 
 /// The largest growth of the resident set after warm-up that passes, in percent.
@@ -170,7 +171,7 @@ pub struct RssSample {
     pub step: usize,
     /// `VmRSS` in bytes.
     pub rss_bytes: u64,
-    /// The live heap ([`live_heap::live_bytes`]; 0 where the binary does not count it).
+    /// The live heap ([`live_bytes`]; 0 where the binary does not count it).
     pub live_bytes: u64,
 }
 
@@ -400,7 +401,7 @@ fn resident_bytes() -> Option<u64> {
 
 /// The live heap, or 0 where the binary does not count it.
 fn heap_bytes() -> u64 {
-    live_heap::live_bytes().unwrap_or(0)
+    live_bytes().unwrap_or(0)
 }
 
 /// The step each count of node-steps done falls in: node-steps accumulate step by step,

@@ -42,7 +42,7 @@
 //! ```
 
 use clap::{Parser, ValueEnum};
-use examples::bench_suite::{self, SoakConfig, SuiteConfig, SuiteModel};
+use examples::bench_suite;
 use examples::summary::RunSummary;
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
@@ -60,11 +60,12 @@ enum Task {
 }
 
 /// The benchmarks: the MNIST or nanoGPT set-up per strategy (beside the original's runs
-/// with --peer-results); --suite, --soak, --calibrate and --real-links for the others.
+/// with --peer-results); --suite, --node-cost, --soak, --calibrate and --real-links for the
+/// others.
 #[derive(Debug, Parser)]
 #[command(version)]
 // --json needs one of the modes that write figures.
-#[command(group = clap::ArgGroup::new("figures").args(["suite", "soak", "calibrate", "real_links"]).multiple(true))]
+#[command(group = clap::ArgGroup::new("figures").args(["suite", "node_cost", "soak", "calibrate", "real_links"]).multiple(true))]
 struct Cli {
     /// Which set-up to time.
     #[arg(long, value_enum, default_value = "mnist")]
@@ -105,6 +106,11 @@ struct Cli {
     /// forward and backward pass with each, and print the table; everything else is ignored.
     #[arg(long)]
     conv_passes: bool,
+    /// Run the cost-of-a-node-step part (CPU time per node-step of the MLP at K = 16 to
+    /// 1,024 and the small GPT at 16 and 64; --suite-node-cost-* set the rows): alone, or
+    /// with --suite after the suite's other parts.
+    #[arg(long)]
+    node_cost: bool,
     /// With --suite or --soak: also write every figure to FILE as one flat JSON object.
     #[arg(long, value_name = "FILE", requires = "figures")]
     json: Option<PathBuf>,
@@ -129,102 +135,11 @@ struct Cli {
     #[command(flatten)]
     real_links_args: bench_suite::real_links::RealLinksArgs,
     #[command(flatten)]
-    suite_args: SuiteArgs,
+    suite_args: bench_suite::args::SuiteArgs,
     #[command(flatten)]
     calibrate_args: bench_suite::calibrate::CalibrateArgs,
     #[command(flatten)]
-    soak_args: SoakArgs,
-}
-
-/// The sizes of the soak (`--soak`); the defaults are issue 30's.
-#[derive(Debug, clap::Args)]
-struct SoakArgs {
-    /// Soak: steps to run.
-    #[arg(long, default_value_t = 10_000)]
-    soak_steps: usize,
-    /// Soak: nodes.
-    #[arg(long, default_value_t = 1024)]
-    soak_nodes: usize,
-    /// Soak: DiLoCo's H (steps between the nodes' all-reduces).
-    #[arg(long, default_value_t = 10)]
-    soak_sync_interval: usize,
-    /// Soak: expected random leaves per node over the run.
-    #[arg(long, default_value_t = 2.0)]
-    soak_faults_per_node: f64,
-    /// Soak: steps a node that left stays away.
-    #[arg(long, default_value_t = 20)]
-    soak_down_steps: usize,
-    /// Soak: seed of the model, the data orders and the faults.
-    #[arg(long, default_value_t = 42)]
-    soak_seed: u64,
-}
-
-/// The sizes of the benchmark suite (`--suite`); the defaults take about 6 minutes on a
-/// 2-core machine.
-#[derive(Debug, clap::Args)]
-struct SuiteArgs {
-    /// Suite: tiny-shakespeare's folder, for the GPT.
-    #[arg(long, default_value = "../shared/data/shakespeare")]
-    gpt_data_dir: PathBuf,
-    /// Suite: models of the overhead part, comma-separated (mlp, cnn, gpt; '' skips the
-    /// part).
-    #[arg(long, value_delimiter = ',', default_value = "mlp,cnn,gpt")]
-    suite_models: Vec<String>,
-    /// Suite: node counts of the overhead part (K = 1, the baseline, is always run).
-    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16")]
-    suite_ks: Vec<usize>,
-    /// Suite: the largest K of the overhead part, for every model.
-    #[arg(long, default_value_t = 16)]
-    suite_max_k: usize,
-    /// Suite: the largest K of the CNN's overhead runs (its steps are the slow ones: K = 16
-    /// adds about half a minute on 2 cores).
-    #[arg(long, default_value_t = 16)]
-    suite_cnn_max_k: usize,
-    /// Suite: warm-up steps discarded before timing (a run of this many steps is timed
-    /// too, and subtracted).
-    #[arg(long, default_value_t = 1)]
-    suite_warmup: usize,
-    /// Suite: timings of each model and node count; the overhead figures are their median.
-    #[arg(long, default_value_t = 5)]
-    suite_repeats: usize,
-    /// Suite: skip the precision part (each model's one-node step in f32 and under
-    /// `--autocast bf16`).
-    #[arg(long)]
-    suite_no_precision: bool,
-    /// Suite: timed steps of the MLP (its step is under 1 ms: fewer steps time noise).
-    #[arg(long, default_value_t = 1000)]
-    suite_mlp_steps: usize,
-    /// Suite: timed steps of the CNN.
-    #[arg(long, default_value_t = 3)]
-    suite_cnn_steps: usize,
-    /// Suite: timed steps of the GPT.
-    #[arg(long, default_value_t = 120)]
-    suite_gpt_steps: usize,
-    /// Suite: tensor sizes of the bandwidth part in MiB (0: skip the part).
-    #[arg(long, value_delimiter = ',', default_value = "1,4,16,64,256")]
-    suite_mb: Vec<usize>,
-    /// Suite: group sizes of the bandwidth part.
-    #[arg(long, value_delimiter = ',', default_value = "2,4,8,16")]
-    suite_collective_ks: Vec<usize>,
-    /// Suite: timed calls per collective figure (their median).
-    #[arg(long, default_value_t = 3)]
-    suite_reps: usize,
-    /// Suite: node counts of the peak-memory runs of `mnist` (0: skip the part).
-    #[arg(long, value_delimiter = ',', default_value = "1,64,256,1024")]
-    suite_rss_ks: Vec<usize>,
-    /// Suite: node count of the start-up run of `mnist` (0: skip).
-    #[arg(long, default_value_t = 16)]
-    suite_startup_k: usize,
-    /// Suite: skip the planner's row (10,000 nodes, 1,000 rounds of DiLoCo).
-    #[arg(long)]
-    suite_no_planner: bool,
-    #[command(flatten)]
-    compute: bench_suite::compute::ComputeArgs,
-    /// One process of the suite's MPI rows, as `mpirun` starts it, for a job of this many
-    /// nodes (one per process).
-    #[cfg(feature = "mpi")]
-    #[arg(long, hide = true)]
-    mpi_bandwidth_worker: Option<usize>,
+    soak_args: bench_suite::args::SoakArgs,
 }
 
 /// The command line as typed, quoted where a shell would need it, for the tables' captions.
@@ -246,43 +161,29 @@ fn command_line() -> String {
 
 /// `bench --suite`: runs the suite, prints its tables, writes `--json`.
 fn suite_main(cli: &Cli, mnist: Option<PathBuf>) -> ExitCode {
-    let a = &cli.suite_args;
-    let mut models = Vec::new();
-    for name in a.suite_models.iter().filter(|s| !s.is_empty()) {
-        match name.parse::<SuiteModel>() {
-            Ok(m) => models.push(m),
-            Err(e) => {
-                eprintln!("error: --suite-models: {e}");
-                return ExitCode::FAILURE;
-            }
-        }
-    }
     let mnist_dir = cli
         .data_dir
         .clone()
         .unwrap_or_else(|| PathBuf::from("../shared/data/mnist"));
-    let mut config = SuiteConfig::new(mnist_dir, a.gpt_data_dir.clone(), mnist);
-    config.models = models;
-    config.ks = a.suite_ks.clone();
-    config.max_k = a.suite_max_k;
-    config.cnn_max_k = a.suite_cnn_max_k;
-    config.warmup_steps = a.suite_warmup;
-    config.repeats = a.suite_repeats;
-    config.precision = !a.suite_no_precision;
-    config.mlp_steps = a.suite_mlp_steps;
-    config.cnn_steps = a.suite_cnn_steps;
-    config.gpt_steps = a.suite_gpt_steps;
-    config.collective_mb = a.suite_mb.clone();
-    config.collective_ks = a.suite_collective_ks.clone();
-    config.collective_reps = a.suite_reps;
-    config.rss_ks = a.suite_rss_ks.clone();
-    config.startup_k = (a.suite_startup_k > 0).then_some(a.suite_startup_k);
-    let exe = std::env::current_exe().ok();
-    config.plan_bin = exe
-        .filter(|_| !a.suite_no_planner)
+    let plan = std::env::current_exe()
+        .ok()
         .map(|e| e.with_file_name("plan"));
-    a.compute.apply(&mut config);
+    let made = match cli.suite {
+        true => (cli.suite_args).config(mnist_dir, mnist, plan, cli.node_cost),
+        false => cli.suite_args.node_cost_config(mnist_dir),
+    };
+    let mut config = match made {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     config.command = command_line();
+    // Runs of many node threads set glibc's allocator as the training binaries do.
+    if config.node_cost.any() {
+        examples::runner::fit_allocator_to_nodes(config.node_cost.max_k(), 1);
+    }
     // With the `mpi` feature and `mpirun` at hand, the bandwidth part adds MPI rows.
     #[cfg(feature = "mpi")]
     {
@@ -319,15 +220,8 @@ fn show(result: &bench_suite::SuiteResult, cli: &Cli) -> Result<(), ExitCode> {
 
 /// `bench --soak`: runs the soak, prints its table, writes `--json`; fails if the soak does.
 fn soak_main(cli: &Cli) -> ExitCode {
-    let a = &cli.soak_args;
-    examples::runner::fit_allocator_to_nodes(a.soak_nodes, 1); // a kernel thread per node
-    let mut config = SoakConfig::new();
-    config.steps = a.soak_steps;
-    config.nodes = a.soak_nodes;
-    config.sync_interval = a.soak_sync_interval;
-    config.faults_per_node = a.soak_faults_per_node;
-    config.down_steps = a.soak_down_steps;
-    config.seed = a.soak_seed;
+    let mut config = cli.soak_args.config();
+    examples::runner::fit_allocator_to_nodes(config.nodes, 1); // a kernel thread per node
     config.command = command_line();
     let machine = bench_suite::MachineInfo::now();
     eprintln!(
@@ -490,13 +384,12 @@ fn read_peer_results(path: &std::path::Path) -> Result<Vec<PeerResult>, String> 
 /// The system allocator, counting the live heap for the soak (a relaxed load per call
 /// otherwise).
 #[global_allocator]
-static ALLOCATOR: bench_suite::live_heap::CountingAllocator =
-    bench_suite::live_heap::CountingAllocator;
+static ALLOCATOR: gym_core::allocator::CountingAllocator = gym_core::allocator::CountingAllocator;
 
 fn main() -> ExitCode {
     // The soak reports the live heap: count from the start (before parsing, which allocates).
     if std::env::args_os().any(|a| a == "--soak") {
-        bench_suite::live_heap::start_counting();
+        gym_core::allocator::start_counting();
     }
     // Node threads free and allocate the same large buffers every step: keep them mapped.
     gym_core::allocator::retain_freed_memory();
@@ -542,7 +435,7 @@ fn main() -> ExitCode {
     if cli.real_links {
         return real_links_main(&cli);
     }
-    if cli.suite {
+    if cli.suite || cli.node_cost {
         return suite_main(&cli, sibling("mnist"));
     }
     if cli.soak {

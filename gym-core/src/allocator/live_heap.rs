@@ -1,10 +1,10 @@
 //! The live heap: bytes the process has allocated and not freed, counted by a global
-//! allocator, for the soak ([`super::run_soak`]).
+//! allocator (for `bench --soak`, and tests that show memory is given back).
 //!
 //! The resident set counts what the allocator keeps as well as what the program holds:
 //! freed blocks kept in each thread's cache (glibc's tcache, up to 7 blocks of each small
 //! size per thread, so a run of 1,024 node threads can keep tens of MiB there), free holes
-//! in its arenas, and, with [`gym_core::allocator::retain_freed_memory`], every page it ever
+//! in its arenas, and, with [`retain_freed_memory`](super::retain_freed_memory), every page it ever
 //! used. The live heap counts only blocks handed out and not given back: a leak shows here,
 //! allocator retention does not.
 

@@ -30,6 +30,13 @@
 //! (the `glibc.malloc.tcache_count` tunable), so for a run of [`MANY_THREADS`] threads or
 //! more the binaries start themselves again with it set. (mimalloc, tried as the global
 //! allocator instead, kept the soak flat but resident at 3.9 GB against glibc's 0.26 GB.)
+//!
+//! [`CountingAllocator`] counts the live heap, to tell memory a program holds from memory
+//! the allocator keeps ([`live_bytes`]).
+
+mod live_heap;
+
+pub use live_heap::{CountingAllocator, live_bytes, start_counting};
 
 /// What [`retain_freed_memory`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
