@@ -1,0 +1,129 @@
+//! Calls started now and waited for later: the node computes while the transfer is on its
+//! link, and [`Pending::wait`] charges the clock only the part not hidden by then.
+
+use super::*;
+
+impl Collective {
+    /// Starts [`all_reduce_in`](Self::all_reduce_in) without waiting for it: the node may
+    /// compute while the transfer is on its link, and [`Pending::wait`] charges the clock
+    /// only the part of the transfer not hidden by then. Every member must start it; the
+    /// result is the same.
+    pub fn all_reduce_start_in(
+        &self,
+        group: &Group,
+        tensor: Tensor<1>,
+        op: ReduceOp,
+    ) -> Result<Pending<Tensor<1>>, CollectiveError> {
+        let group = self.present_in(group)?;
+        let device = tensor.device().inner();
+        let pending = self.call(
+            &group,
+            CollectiveOp::AllReduce(op),
+            Contribution::Tensor(Box::new(tensor.inner())),
+            None,
+            Lane::Background,
+        )?;
+        Ok(pending.map(move |d| one_tensor(d, &device)))
+    }
+
+    /// Starts a ring all-reduce in bfloat16, as NCCL's on bf16 buffers: every member's
+    /// values are rounded to bf16 ([`round_bf16`]) and sent at 2 bytes each (counted and
+    /// timed so), the reduction adds them in f32, in rank order, and the result is rounded
+    /// to bf16 again. Half the traffic of [`all_reduce_start_in`](Self::all_reduce_start_in)
+    /// on f32; the `bf16` codec's mean.
+    pub fn all_reduce_bf16_start_in(
+        &self,
+        group: &Group,
+        tensor: Tensor<1>,
+        op: ReduceOp,
+    ) -> Result<Pending<Tensor<1>>, CollectiveError> {
+        let group = self.present_in(group)?;
+        let device = tensor.device().inner();
+        let rank = self.rank;
+        let rounded = map_values(tensor, round_bf16, rank)?;
+        let pending = self.call(
+            &group,
+            CollectiveOp::AllReduce(op),
+            Contribution::Tensor(Box::new(rounded.inner())),
+            Some(2),
+            Lane::Background,
+        )?;
+        Ok(pending.map(move |d| {
+            let reduced = one_tensor(d, &device);
+            map_values(reduced.clone(), round_bf16, rank).unwrap_or(reduced)
+        }))
+    }
+
+    /// [`all_reduce_start_in`](Self::all_reduce_start_in) over [`world`](Self::world).
+    pub fn all_reduce_start(
+        &self,
+        tensor: Tensor<1>,
+        op: ReduceOp,
+    ) -> Result<Pending<Tensor<1>>, CollectiveError> {
+        self.all_reduce_start_in(&self.world(), tensor, op)
+    }
+
+    /// Starts [`broadcast_in`](Self::broadcast_in) without waiting for it (see
+    /// [`all_reduce_start_in`](Self::all_reduce_start_in)); the root may
+    /// [`detach`](Pending::detach) it.
+    pub fn broadcast_start_in(
+        &self,
+        group: &Group,
+        tensor: Tensor<1>,
+        root: usize,
+    ) -> Result<Pending<Tensor<1>>, CollectiveError> {
+        let group = self.present_in(group)?;
+        let device = tensor.device().inner();
+        let op = CollectiveOp::Broadcast { root };
+        let contribution = Contribution::Tensor(Box::new(tensor.inner()));
+        let pending = self.call(&group, op, contribution, None, Lane::Background)?;
+        Ok(pending.map(move |d| one_tensor(d, &device)))
+    }
+
+    /// Starts [`all_gather_in`](Self::all_gather_in) without waiting for it (see
+    /// [`all_reduce_start_in`](Self::all_reduce_start_in)).
+    pub fn all_gather_start_in(
+        &self,
+        group: &Group,
+        tensor: Tensor<1>,
+    ) -> Result<Pending<Vec<Tensor<1>>>, CollectiveError> {
+        let group = self.present_in(group)?;
+        let device = tensor.device().inner();
+        let op = CollectiveOp::AllGather;
+        let contribution = Contribution::Tensor(Box::new(tensor.inner()));
+        let pending = self.call(&group, op, contribution, None, Lane::Background)?;
+        Ok(pending.map(move |d| all_tensors(d, &device)))
+    }
+
+    /// [`all_gather_start_in`](Self::all_gather_start_in) over [`world`](Self::world).
+    pub fn all_gather_start(
+        &self,
+        tensor: Tensor<1>,
+    ) -> Result<Pending<Vec<Tensor<1>>>, CollectiveError> {
+        self.all_gather_start_in(&self.world(), tensor)
+    }
+
+    /// Starts [`all_gather_bytes_in`](Self::all_gather_bytes_in) without waiting for it
+    /// (see [`all_reduce_start_in`](Self::all_reduce_start_in)).
+    pub fn all_gather_bytes_start_in(
+        &self,
+        group: &Group,
+        bytes: Vec<u8>,
+    ) -> Result<Pending<Vec<Vec<u8>>>, CollectiveError> {
+        let group = self.present_in(group)?;
+        let op = CollectiveOp::AllGatherBytes;
+        let contribution = Contribution::Bytes(bytes);
+        let pending = self.call(&group, op, contribution, None, Lane::Background)?;
+        Ok(pending.map(all_buffers))
+    }
+
+    /// The wait of a started collective saved in a checkpoint ([`Pending::timing`]), to be
+    /// taken in the resumed run: it charges the clock as the original would have.
+    pub fn resume_pending(&self, timing: TransferTiming) -> Pending<()> {
+        if self.timed() {
+            self.pending(Incoming::ready(()), timing, None)
+        } else {
+            Pending::ready(())
+        }
+    }
+}
