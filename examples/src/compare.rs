@@ -44,7 +44,7 @@ use std::time::Instant;
 /// Run several strategies on one task under identical conditions and write a table,
 /// plots and metrics into one folder.
 #[derive(Debug, Clone, Parser, Serialize)]
-#[command(version, about, name = "compare")]
+#[command(version, about, name = "compare", allow_negative_numbers = true)]
 pub struct CompareArgs {
     /// The flags every example shares (`--strategy` is set per run).
     #[command(flatten)]

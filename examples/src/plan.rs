@@ -26,7 +26,7 @@ use std::path::PathBuf;
 /// Plan a distributed training run: simulated time, compute utilisation and traffic of a
 /// strategy on a cluster, from the model's size alone (or its shapes, `--model`).
 #[derive(Debug, Clone, Parser)]
-#[command(version, about, name = "plan")]
+#[command(version, about, name = "plan", allow_negative_numbers = true)]
 pub struct PlanArgs {
     /// The model's parameters: 124M, 1.3B, 7e9, 70B (or give --model).
     #[arg(

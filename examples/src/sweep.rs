@@ -45,7 +45,7 @@ use std::time::Instant;
 /// task, timed on a simulated cluster, and write a table and plots of time to target and
 /// final loss.
 #[derive(Debug, Clone, Parser, Serialize)]
-#[command(version, about, name = "sweep")]
+#[command(version, about, name = "sweep", allow_negative_numbers = true)]
 pub struct SweepArgs {
     /// The flags every run shares (`--strategy`, `--num-nodes`, `-H` and `--network` are
     /// set per cell).

@@ -230,7 +230,7 @@ pub struct GptArgs {
     #[arg(long)]
     pub n_embd: Option<usize>,
     /// Dropout probability.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = gym_strategies::registry::below_one)]
     pub dropout: f64,
     /// Leave out the biases of the linear layers and LayerNorms.
     #[arg(long)]

@@ -68,6 +68,16 @@ fn calibrate_under_mpirun_writes_a_network_file_and_checks_it() {
     ] {
         assert!(figures[key].is_number(), "{key}: {figures}");
     }
+    // The figures name the file's link; the α-β line through the timings stands beside it.
+    let figure = figures["calib_bandwidth_gbit"].as_f64().unwrap();
+    assert!(
+        (figure / gbit - 1.0).abs() < 1e-9,
+        "{figure} against {gbit}"
+    );
+    assert!(
+        figures["calib_line_bandwidth_gbit"].is_number(),
+        "{figures}"
+    );
     std::fs::remove_dir_all(&scratch).ok();
 }
 

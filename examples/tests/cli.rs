@@ -40,7 +40,7 @@ fn a_nan_learning_rate_is_refused_before_any_node_starts() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{strategy}: accepted");
         assert!(
-            stderr.contains("invalid configuration") && stderr.contains("`lr`"),
+            stderr.contains("'--lr <LR>'") && stderr.contains("must be positive and finite"),
             "{strategy}: {stderr}"
         );
         assert!(!stderr.contains("node"), "{strategy}: {stderr}");
@@ -49,6 +49,37 @@ fn a_nan_learning_rate_is_refused_before_any_node_starts() {
             "{strategy}: a run folder was made"
         );
     }
+}
+
+/// A negative number is a flag's value, not a flag (clap's default takes `-1` for one):
+/// each is refused by that flag's own check, which names it and its range.
+#[test]
+fn negative_values_are_refused_by_their_flags_own_check() {
+    let logs = temp_dir("negative");
+    for (flag, value, range) in [
+        ("--lr", "-1", "positive and finite"),
+        ("--outer-lr", "-0.5", "positive and finite"),
+        ("--outer-momentum", "-0.1", "in [0, 1)"),
+        ("--max-norm", "-2", "positive and finite"),
+        ("--p-sparta", "-0.01", "in (0, 1]"),
+        ("--jitter", "-1", "zero or more"),
+        ("--link-efficiency", "-0.9", "in (0, 1]"),
+        ("--mpi-timeout", "-5", "positive and finite"),
+    ] {
+        let out = mnist(&logs, &[flag, value]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flag} {value}: accepted");
+        assert!(
+            stderr.contains(&format!("invalid value '{value}' for '{flag} "))
+                && stderr.contains(range),
+            "{flag} {value}: {stderr}"
+        );
+    }
+    // A negative value where one is valid is taken as the value.
+    let out = mnist(&logs, &["--seed", "-3"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("'--seed <SEED>'"), "{stderr}");
+    assert!(!stderr.contains("unexpected argument"), "{stderr}");
 }
 
 #[test]

@@ -137,7 +137,25 @@ fn character_flags_and_missing_data_are_refused() {
         &[("--data-dir", &dir), ("--tokenizer", &dir.join("t.json"))],
     );
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("t.json"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("t.json"));
+    // With this binary's defaults, OpenWebText says what the original trains instead.
+    assert!(
+        stderr.contains("the original trains GPT-2 base (124M) for 30,000"),
+        "{stderr}"
+    );
+    let out = nanogpt(
+        &[
+            "--dataset",
+            "owt",
+            "--model-size",
+            "base",
+            "--max-steps",
+            "30000",
+        ],
+        &[("--data-dir", &dir), ("--tokenizer", &dir.join("t.json"))],
+    );
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("note: OpenWebText"));
     let tokenizer = Gpt2Tokenizer::train(
         &[tests::shared_data("text/wikitext-2").join("test.txt")],
         300,

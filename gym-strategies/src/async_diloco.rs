@@ -418,7 +418,9 @@ pub(crate) mod cli {
                     .with_inner(f.get::<OptimizerArgs>()?.inner())
                     .with_sync_interval(f.get::<SyncArgs>()?.or(defaults.sync_interval))
                     .with_outer_lr(outer.lr_or(defaults.outer_lr))
-                    .with_outer_momentum(outer.momentum_or(defaults.outer_momentum))
+                    .with_outer_momentum(
+                        outer.momentum_or(defaults.outer_momentum, "async DiLoCo")?,
+                    )
                     .with_momentum_period(own.momentum_period)
                     .with_min_local_steps(own.min_local_steps)
                     .with_dynamic_local_updates(!own.no_dynamic_local_updates),

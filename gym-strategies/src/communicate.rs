@@ -11,13 +11,9 @@ use gym_core::{
 use gym_core::{InnerOptimizerRecord, Pending, TransferTiming};
 use std::sync::Arc;
 
-/// Whether a module that synchronises every `sync_interval` steps (H) does so after the
-/// inner step of `step`: after every H-th inner step (steps H−1, 2H−1, …), so each round has
-/// exactly H local steps. (The original syncs when `t > 0 && t % H == 0`, which makes its
-/// first round H+1 steps long.)
-pub fn is_sync_step(step: usize, sync_interval: usize) -> bool {
-    sync_interval > 0 && (step + 1).is_multiple_of(sync_interval)
-}
+/// Whether a module that synchronises every H steps does so after `step`'s inner step
+/// (defined beside [`StepContext`]: [`StepContext::ends_round`]).
+pub use gym_core::strategy::is_sync_step;
 
 /// One communication step of a composed strategy, run after every inner optimizer step.
 /// It decides from `ctx.step` whether to act, reads and replaces the replica's parameters,

@@ -376,7 +376,9 @@ pub(crate) mod cli {
                     .with_inner(f.get::<OptimizerArgs>()?.inner())
                     .with_sync_interval(f.get::<SyncArgs>()?.or(defaults.sync_interval))
                     .with_outer_lr(outer.lr_or(defaults.outer_lr))
-                    .with_outer_momentum(outer.momentum_or(defaults.outer_momentum)),
+                    .with_outer_momentum(
+                        outer.momentum_or(defaults.outer_momentum, "free-running async DiLoCo")?,
+                    ),
             ))
         },
     };

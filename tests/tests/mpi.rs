@@ -37,8 +37,10 @@ fn mnist_mlp(device: &burn::tensor::Device) -> gym_models::Mlp {
     gym_models::MlpConfig::new().init(device)
 }
 
-/// Nodes in every job; `mpirun` starts 4 or 2 processes for them.
+/// Nodes in every job but one; `mpirun` starts 4 or 2 processes for them.
 const RANKS: usize = 4;
+/// The nodes of a `calls` job, when not [`RANKS`] (set by the launching test).
+const RANKS_ENV: &str = "GYM_MPI_TEST_RANKS";
 /// Where a worker writes its results (set by the launching test).
 const OUT_ENV: &str = "GYM_MPI_TEST_OUT";
 /// What a worker does: `calls`, `fit`, `crash` or `hang`.
@@ -74,11 +76,7 @@ fn calls(c: &Collective) -> Result<Vec<Vec<u32>>, CollectiveError> {
     let got = c.broadcast_bytes_in(&c.world(), state, 1)?;
     out.push(got.into_iter().map(u32::from).collect());
     // Two islands reduce at once, each over its own communicator.
-    let island = if r.is_multiple_of(2) {
-        Group::new([0, 2])
-    } else {
-        Group::new([1, 3])
-    };
+    let island = Group::new((0..c.world_size()).filter(|i| i % 2 == r % 2));
     out.push(bits(&host(c.all_reduce_in(
         &island,
         vector(rank_values(r, 50_000)),
@@ -108,7 +106,11 @@ fn mpi_worker() {
     let mode = std::env::var(MODE_ENV).unwrap_or_default();
     // Training waits for the slowest process to load MNIST: a longer leash.
     let timeout = Duration::from_secs(if mode == "fit" { 120 } else { 2 });
-    let transport = match MpiTransport::init(RANKS) {
+    let ranks = std::env::var(RANKS_ENV)
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(RANKS);
+    let transport = match MpiTransport::init(ranks) {
         Ok(t) => Arc::new(t.with_timeout(timeout)),
         Err(e) => {
             eprintln!("refused: {e}");
@@ -199,13 +201,18 @@ static ONE_JOB: std::sync::Mutex<()> = std::sync::Mutex::new(());
 /// Runs the worker on `processes` processes under `mpirun`, with `mode`, writing into `out`;
 /// `extra` goes to `mpirun` (a hostfile, transports).
 fn mpirun(mode: &str, processes: usize, out: &Path, extra: &[&str]) -> Output {
+    mpirun_nodes(mode, processes, RANKS, out, extra)
+}
+
+/// [`mpirun`] with `ranks` nodes.
+fn mpirun_nodes(mode: &str, processes: usize, ranks: usize, out: &Path, extra: &[&str]) -> Output {
     let exe = std::env::current_exe().expect("the test binary");
     let _one = ONE_JOB.lock().unwrap_or_else(|p| p.into_inner());
     Command::new("mpirun")
         .args(extra)
         .args(["--allow-run-as-root", "--oversubscribe", "-np"])
         .arg(processes.to_string())
-        .args(["-x", OUT_ENV, "-x", MODE_ENV])
+        .args(["-x", OUT_ENV, "-x", MODE_ENV, "-x", RANKS_ENV])
         .arg(exe)
         .args([
             "--exact",
@@ -216,6 +223,7 @@ fn mpirun(mode: &str, processes: usize, out: &Path, extra: &[&str]) -> Output {
         ])
         .env(OUT_ENV, out)
         .env(MODE_ENV, mode)
+        .env(RANKS_ENV, ranks.to_string())
         .output()
         .expect("mpirun runs (install Open MPI: apt-get install openmpi-bin libopenmpi-dev)")
 }
@@ -229,15 +237,20 @@ fn scratch(name: &str) -> PathBuf {
 /// Runs the calls under `mpirun` on `processes` processes (with `extra`) and checks every
 /// rank's results and counters against the in-process group's.
 fn same_as_in_process(name: &str, processes: usize, extra: &[&str]) {
+    same_as_in_process_with(name, processes, RANKS, extra)
+}
+
+/// [`same_as_in_process`] with `ranks` nodes.
+fn same_as_in_process_with(name: &str, processes: usize, ranks: usize, extra: &[&str]) {
     let out = scratch(name);
-    let run = mpirun("calls", processes, &out, extra);
+    let run = mpirun_nodes("calls", processes, ranks, &out, extra);
     assert!(
         run.status.success(),
         "mpirun failed: {}\n{}",
         String::from_utf8_lossy(&run.stdout),
         String::from_utf8_lossy(&run.stderr)
     );
-    let group = InProcessGroup::new(RANKS);
+    let group = InProcessGroup::new(ranks);
     let reference = group
         .run(|c| {
             let results = calls(&c).unwrap();
@@ -284,6 +297,9 @@ fn mpi_transport_gives_the_thread_transports_bits_and_byte_counts() {
     same_as_in_process("calls4", 4, &[]);
     // Two nodes per process: calls inside a process and across, islands concurrently.
     same_as_in_process("calls2", 2, &[]);
+    // Two nodes on each of four processes: the world's all-reduce runs as a chain
+    // through the processes (the islands, one node per process, as a reduce-scatter).
+    same_as_in_process_with("calls8", 4, 8, &[]);
 }
 
 /// `mpirun -n 4` and `mpirun -n 2`: the MNIST MLP under AllReduce, DiLoCo (on a simulated

@@ -85,7 +85,7 @@ impl Strategy for LocalAdamNode {
             let v_hat = self.v[i] / (1.0 - b2.powi(t));
             theta[i] = theta[i] * (1.0 - self.lr * wd) - self.lr * u_hat / (v_hat.sqrt() + eps);
         }
-        if (ctx.step + 1).is_multiple_of(self.h) {
+        if ctx.ends_round(self.h) {
             let mean = |x: &mut Vec<f32>| -> Result<()> {
                 let t = Tensor::<1>::from_data(TensorData::new(x.clone(), [x.len()]), &device);
                 *x = host(ctx.collective.all_reduce(t, ReduceOp::Mean)?);

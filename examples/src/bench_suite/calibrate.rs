@@ -243,10 +243,16 @@ pub fn run_calibration(config: &CalibrateConfig) -> Result<SuiteResult, BoxError
     }
     out.figures
         .insert("calib_fit_processes".into(), p_fit as f64);
+    // The link the network file holds (on emulated hosts: their rate, no latency), and the
+    // α-β line through the timings beside it (on one host, the same link).
     out.figures
-        .insert("calib_latency_us".into(), fit.latency_s * 1e6);
+        .insert("calib_latency_us".into(), link.latency_s * 1e6);
     out.figures
-        .insert("calib_bandwidth_gbit".into(), fit.bytes_per_s * 8e-9);
+        .insert("calib_bandwidth_gbit".into(), link.up_bytes_per_s * 8e-9);
+    out.figures
+        .insert("calib_line_latency_us".into(), fit.latency_s * 1e6);
+    out.figures
+        .insert("calib_line_bandwidth_gbit".into(), fit.bytes_per_s * 8e-9);
 
     let mut rows = vec![
         "| size | calls | measured (ms) | fitted (ms) | fitted ÷ measured | in the fit |"
@@ -283,10 +289,10 @@ pub fn run_calibration(config: &CalibrateConfig) -> Result<SuiteResult, BoxError
             ),
             format!(
                 " Over a link of that rate and no latency, the file holds the transport's costs \
-                 instead (`fit_on_line`): **a call overhead of {1:.0} µs** (the mean of the \
-                 sizes up to {2}, which the link's token bucket passes at once) and \
-                 **efficiency {0:.4}** (the line's time over the time beyond the overhead, \
-                 sizes from {3}), its `call_overhead_ms` and `efficiency` (`{flags}`).",
+                 instead (`fit_on_line`): **a call overhead of {1:.0} µs** and **efficiency \
+                 {0:.4}**, the line `T = c + line time / η` through the mean of the sizes up \
+                 to {2} and that of the sizes from {3}, its `call_overhead_ms` and \
+                 `efficiency` (`{flags}`).",
                 protocol.efficiency,
                 protocol.call_overhead_s * 1e6,
                 size_label(ON_LINE_SMALL),

@@ -63,7 +63,7 @@ enum Task {
 /// with --peer-results); --suite, --node-cost, --soak, --calibrate and --real-links for the
 /// others.
 #[derive(Debug, Parser)]
-#[command(version)]
+#[command(version, allow_negative_numbers = true)]
 // --json needs one of the modes that write figures.
 #[command(group = clap::ArgGroup::new("figures").args(["suite", "node_cost", "soak", "calibrate", "real_links"]).multiple(true))]
 struct Cli {

@@ -20,7 +20,7 @@ use std::time::Instant;
 /// bytes communicated. `--data-dir` is the `cifar-10-batches-bin` folder (downloaded when
 /// absent); `--approx FILE` trains on a CIFAR-like approximation instead.
 #[derive(Debug, Parser, Serialize)]
-#[command(version)]
+#[command(version, allow_negative_numbers = true)]
 struct Cli {
     #[command(flatten)]
     #[serde(flatten)]

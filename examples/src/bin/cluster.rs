@@ -24,7 +24,7 @@ const SKIP: u8 = 77;
 
 /// Run an MPI job across emulated hosts with shaped links.
 #[derive(Debug, Parser)]
-#[command(version)]
+#[command(version, allow_negative_numbers = true)]
 struct Cli {
     /// Hosts (default: one per --rate entry, or 2).
     #[arg(long)]

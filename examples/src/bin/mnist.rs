@@ -16,7 +16,7 @@ use std::time::Instant;
 /// Train an MNIST classifier on K simulated nodes and report loss, accuracy, speed and
 /// bytes communicated.
 #[derive(Debug, Parser, Serialize)]
-#[command(version)]
+#[command(version, allow_negative_numbers = true)]
 struct Cli {
     #[command(flatten)]
     #[serde(flatten)]

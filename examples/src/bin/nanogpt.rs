@@ -26,7 +26,7 @@ use std::time::Instant;
 /// bytes communicated; save the model and print a sample. With --sample-from, sample from
 /// a saved model instead.
 #[derive(Debug, Parser, Serialize)]
-#[command(version)]
+#[command(version, allow_negative_numbers = true)]
 struct Cli {
     #[command(flatten)]
     #[serde(flatten)]
@@ -92,6 +92,19 @@ fn main() -> ExitCode {
     })
 }
 
+/// OpenWebText with this binary's small model and 5,000 steps: what the original trains
+/// instead (GPT-2 base, 30,000 steps), and how to ask for it.
+fn openwebtext_note(cli: &Cli) -> Option<String> {
+    let small = cli.gpt.model_size == "small" && cli.gpt.n_layer.is_none();
+    let short = cli.common.max_steps == Some(5000);
+    (cli.gpt.dataset == tasks::TextDataset::OpenWebText && (small || short)).then(|| {
+        "note: OpenWebText with this binary's defaults (the small GPT, 5,000 steps); the \
+         original trains GPT-2 base (124M) for 30,000: --model-size base --max-steps 30000, \
+         or --config examples/configs/nanogpt-original.toml for all of its settings"
+            .to_string()
+    })
+}
+
 /// `--sample-from`: load a saved model and its vocabulary, continue the prompt.
 fn sample_saved(cli: &Cli, dir: &Path) -> Result<(), BoxError> {
     let (device, backend) = backend::select();
@@ -113,6 +126,9 @@ fn train(cli: &Cli, process_start: Instant) -> Result<(), BoxError> {
     // An output folder that cannot be written is refused before any text is read.
     cli.common.check_run_folders()?;
     let runner = Runner::new(process_start);
+    if let Some(note) = openwebtext_note(cli) {
+        eprintln!("{note}");
+    }
     let gpt = tasks::gpt(cli.common.data_dir.as_deref(), &cli.gpt)?;
     // Checked before training, so a bad prompt or size fails in a second, not after the run.
     cli.sampling().validate()?;

@@ -12,7 +12,7 @@ use gym_core::{
     Autocast, ComputeModel, GymError, Network, NonFinitePolicy, ParamCount, SimulationConfig,
     StrategyConfig, Topology, TrainerConfig,
 };
-use gym_strategies::registry::{self, Entry, StrategyFlags};
+use gym_strategies::registry::{self, Entry, StrategyFlags, fraction, non_negative, positive};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -232,7 +232,7 @@ pub struct CommonArgs {
     pub collective: CollectiveKind,
     /// With `--collective mpi`: a rank that waits this many seconds in one collective
     /// (a peer hung) exits with status 70, which ends the job.
-    #[arg(long, default_value_t = 600.0, value_name = "SECONDS")]
+    #[arg(long, default_value_t = 600.0, value_name = "SECONDS", value_parser = positive)]
     pub mpi_timeout: f64,
     /// Simulate time on this network: datacenter, cross-region, wan, internet,
     /// BANDWIDTH:LATENCY (1gbit:10ms) or UP/DOWN:LATENCY (100mbit/1gbit:40ms); several,
@@ -250,7 +250,7 @@ pub struct CommonArgs {
     /// The share of every link's rate that carries payload, in (0, 1] (default 1, or the
     /// network file's `efficiency`): TCP over Ethernet carries about 0.95. `bench
     /// --calibrate` fits it to a transport.
-    #[arg(long)]
+    #[arg(long, value_parser = fraction)]
     pub link_efficiency: Option<f64>,
     /// A fixed cost of every collective call besides its transfers (300us, 0.5ms; default 0,
     /// or the network file's `call_overhead_ms`). `bench --calibrate` fits it.
@@ -266,7 +266,7 @@ pub struct CommonArgs {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub node_speed: Vec<f64>,
     /// σ of every node's step-time jitter: lognormal with mean 1, drawn from the seed.
-    #[arg(long)]
+    #[arg(long, value_parser = non_negative)]
     pub jitter: Option<f64>,
     /// Train the model for its loss curve but charge the simulated clock as if it had
     /// PARAMS parameters (124M, 1.3B, 7e9, 70B): every collective's bytes scaled by PARAMS

@@ -75,6 +75,20 @@ impl StepContext<'_> {
     pub fn world(&self) -> Group {
         self.collective.world()
     }
+
+    /// Whether this step ends a round of `every` local steps (H): the steps H−1, 2H−1, …
+    /// ([`is_sync_step`]). Never for `every` 0.
+    pub fn ends_round(&self, every: usize) -> bool {
+        is_sync_step(self.step, every)
+    }
+}
+
+/// Whether a strategy that synchronises every `sync_interval` steps (H) does so after the
+/// inner step of `step`: after every H-th inner step (steps H−1, 2H−1, …), so each round has
+/// exactly H local steps. (The original syncs when `t > 0 && t % H == 0`, which makes its
+/// first round H+1 steps long.)
+pub fn is_sync_step(step: usize, sync_interval: usize) -> bool {
+    sync_interval > 0 && (step + 1).is_multiple_of(sync_interval)
 }
 
 /// A distributed training algorithm as one node runs it on its own replica (SPMD), as it
@@ -119,7 +133,7 @@ impl StepContext<'_> {
 /// impl Strategy for PeriodicAverageNode {
 ///     fn step(&mut self, replica: &mut dyn Replica, grads: Tensor<1>, ctx: &mut StepContext<'_>) -> Result<()> {
 ///         self.optim.step(replica, grads);
-///         if (ctx.step + 1) % self.every == 0 {
+///         if ctx.ends_round(self.every) {
 ///             let mean = ctx.collective.all_reduce(replica.params(), ReduceOp::Mean)?;
 ///             replica.set_params(mean);
 ///         }

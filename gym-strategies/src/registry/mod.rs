@@ -17,7 +17,7 @@ use std::collections::BTreeSet;
 
 pub use shared::{
     CompressionArgs, OptimizerArgs, OptimizerName, OuterArgs, QuorumArgs, SelectorName, SpartaArgs,
-    SyncArgs,
+    SyncArgs, below_one, fraction, non_negative, positive,
 };
 
 /// A group of flags that several strategies read, declared once.
@@ -397,6 +397,51 @@ mod tests {
             saved["sparta_selector"], "random",
             "enums as their flag values"
         );
+    }
+
+    #[test]
+    fn nesterov_sets_the_outer_sgd_as_the_originals_flag_and_is_refused_where_unused() {
+        // The outer SGD's momentum settings, wherever the configuration's JSON holds them.
+        fn momentum_of(v: &serde_json::Value) -> Option<serde_json::Value> {
+            match v {
+                serde_json::Value::Object(map) => map
+                    .get("momentum")
+                    .filter(|m| m.is_object())
+                    .cloned()
+                    .or_else(|| map.values().find_map(momentum_of)),
+                _ => None,
+            }
+        }
+        let outer = |args: &[&str]| {
+            let diloco = parse(args)
+                .build(find("diloco").unwrap())
+                .unwrap()
+                .to_json();
+            momentum_of(&diloco["communicator"]["outer_optimizer"]).expect("an outer SGD")
+        };
+        assert_eq!(outer(&[])["nesterov"], true, "DiLoCo's default");
+        for (args, nesterov) in [
+            (&["--nesterov", "false"][..], false),
+            (&["--nesterov", "False"], false),
+            (&["--nesterov"], true),
+            (&["--nesterov", "True"], true),
+        ] {
+            let momentum = outer(args);
+            assert_eq!(momentum["nesterov"], nesterov, "{args:?}");
+            assert_eq!(
+                momentum["momentum"], 0.9,
+                "{args:?}: the default momentum kept"
+            );
+        }
+        let heavy_ball = outer(&["--nesterov=false", "--outer-momentum", "0.5"]);
+        assert_eq!(heavy_ball["momentum"], 0.5);
+        assert_eq!(heavy_ball["nesterov"], false);
+        let e = parse(&["--nesterov"])
+            .build(find("noloco").unwrap())
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(e.contains("--nesterov") && e.contains("NoLoCo"), "{e}");
     }
 
     #[test]

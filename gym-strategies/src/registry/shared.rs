@@ -49,7 +49,7 @@ pub struct OptimizerArgs {
     #[arg(long, value_enum, default_value = "adamw")]
     pub optimizer: OptimizerName,
     /// Learning rate of the inner optimizer (DeMo: of its sign step).
-    #[arg(long, default_value_t = 3e-4)]
+    #[arg(long, default_value_t = 3e-4, value_parser = positive)]
     pub lr: f64,
     /// Weight decay of the inner optimizer (default: the optimizer's own, 0.01 for AdamW;
     /// DeMo: decoupled, default 0).
@@ -62,7 +62,7 @@ pub struct OptimizerArgs {
     #[arg(long)]
     pub cosine: bool,
     /// Clip gradients to this global L2 norm.
-    #[arg(long)]
+    #[arg(long, value_parser = positive)]
     pub max_norm: Option<f64>,
 }
 
@@ -129,11 +129,16 @@ impl SyncArgs {
 #[derive(Debug, Clone, Args, Serialize)]
 pub struct OuterArgs {
     /// Outer learning rate (default: the strategy's; DiLoCo 0.7).
-    #[arg(long)]
+    #[arg(long, value_parser = positive)]
     pub outer_lr: Option<f64>,
     /// Outer momentum (default: the strategy's; DiLoCo's Nesterov 0.9).
-    #[arg(long)]
+    #[arg(long, value_parser = below_one)]
     pub outer_momentum: Option<f64>,
+    /// Nesterov momentum in an outer SGD: `--nesterov` or `--nesterov true|false` (default:
+    /// the strategy's; DiLoCo's true), as the original's `--nesterov`.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true",
+          value_parser = clap::builder::BoolishValueParser::new())]
+    pub nesterov: Option<bool>,
 }
 
 impl OuterArgs {
@@ -142,17 +147,26 @@ impl OuterArgs {
         self.outer_lr.unwrap_or(default)
     }
 
-    /// `--outer-momentum`, or `default`.
-    pub fn momentum_or(&self, default: f64) -> f64 {
-        self.outer_momentum.unwrap_or(default)
+    /// `--outer-momentum`, or `default`, for an outer step with a momentum of its own
+    /// (`who`'s); `--nesterov` is refused there rather than ignored.
+    pub fn momentum_or(&self, default: f64, who: &str) -> Result<f64, String> {
+        if self.nesterov.is_some() {
+            return Err(format!(
+                "--nesterov sets an outer SGD's momentum; {who}'s outer step has its own                  (set --outer-momentum)"
+            ));
+        }
+        Ok(self.outer_momentum.unwrap_or(default))
     }
 
-    /// The outer SGD `--outer-momentum` describes (Nesterov; plain at 0), or `default`.
+    /// The outer SGD that `--outer-momentum` and `--nesterov` describe (plain at momentum
+    /// 0; what is not given is DiLoCo's: 0.9, Nesterov), or `default` when neither is given.
     pub fn optimizer_or(&self, default: &OptimizerConfig) -> OptimizerConfig {
-        match self.outer_momentum {
-            Some(0.0) => OptimizerConfig::sgd(),
-            Some(momentum) => OptimizerConfig::sgd_momentum(momentum, true),
-            None => default.clone(),
+        if self.outer_momentum.is_none() && self.nesterov.is_none() {
+            return default.clone();
+        }
+        match self.outer_momentum.unwrap_or(0.9) {
+            0.0 => OptimizerConfig::sgd(),
+            momentum => OptimizerConfig::sgd_momentum(momentum, self.nesterov.unwrap_or(true)),
         }
     }
 }
@@ -252,7 +266,7 @@ pub enum SelectorName {
 #[derive(Debug, Clone, Args, Serialize)]
 pub struct SpartaArgs {
     /// SPARTA: fraction of the parameters averaged per synchronisation.
-    #[arg(long, default_value_t = 0.005)]
+    #[arg(long, default_value_t = 0.005, value_parser = fraction)]
     pub p_sparta: f64,
     /// SPARTA: steps between sparse averagings (in sparta and sparta-diloco).
     #[arg(long, default_value_t = 1)]
@@ -269,6 +283,39 @@ pub struct SpartaArgs {
     /// ramp:STEPS (over every STEPS steps, started again after each).
     #[arg(long, value_name = "SCHEDULE", default_value = "constant")]
     pub p_sparta_schedule: String,
+}
+
+/// A value parser for a flag that must be positive and finite (a learning rate, a norm, a
+/// time): clap's error names the flag, the value and this range.
+pub fn positive(value: &str) -> Result<f64, String> {
+    number_in(value, |x| x > 0.0, "positive and finite")
+}
+
+/// A value parser for a flag in `[0, 1)` (a momentum, a dropout).
+pub fn below_one(value: &str) -> Result<f64, String> {
+    number_in(value, |x| (0.0..1.0).contains(&x), "in [0, 1)")
+}
+
+/// A value parser for a fraction in `(0, 1]`.
+pub fn fraction(value: &str) -> Result<f64, String> {
+    number_in(value, |x| x > 0.0 && x <= 1.0, "in (0, 1]")
+}
+
+/// A value parser for a flag that must be zero or more, and finite.
+pub fn non_negative(value: &str) -> Result<f64, String> {
+    number_in(value, |x| x >= 0.0, "zero or more, and finite")
+}
+
+fn number_in(value: &str, ok: impl Fn(f64) -> bool, range: &str) -> Result<f64, String> {
+    let x: f64 = value
+        .trim()
+        .parse()
+        .map_err(|_| format!("not a number (must be {range})"))?;
+    if x.is_finite() && ok(x) {
+        Ok(x)
+    } else {
+        Err(format!("must be {range}"))
+    }
 }
 
 /// A value parser that checks a spec parses as `T` and keeps it as written (so that the

@@ -97,19 +97,21 @@ impl RingFit {
     }
 }
 
-/// Sizes up to this pass an emulated link's token bucket (64 KiB) before it shapes them:
-/// their time is the call's own cost.
+/// The small sizes: they pin the call's own cost (the line's time is a small part of
+/// theirs).
 pub const ON_LINE_SMALL: usize = 4 * KIB;
-/// Sizes from this on are shaped by the link for all but the first bucket's worth.
+/// The large sizes: they pin the efficiency.
 pub const ON_LINE_LARGE: usize = 256 * KIB;
 
 /// The transport's costs over a line of known rate and no latency (emulated hosts, where
-/// only the rate is set), from all-reduce timings over `k` processes: `T = c + 2(k−1)/k ·
-/// n/(η·rate)`. The overhead per call `c` is the mean time of the sizes a link's token
-/// bucket passes at once (up to [`ON_LINE_SMALL`]); the efficiency `η` is fitted to the
-/// sizes the link shapes (from [`ON_LINE_LARGE`]) as the ratio of the line's time to the
-/// time measured beyond `c`, summed over them (at most 1). Sizes between are the bucket's,
-/// neither one nor the other.
+/// only the rate is set), from all-reduce timings over `k` processes: `T = c + x/η` with
+/// `x = 2(k−1)/k · n/rate` the line's time. The two unknowns come from two means: of the
+/// small sizes (up to [`ON_LINE_SMALL`]) and of the large ones (from [`ON_LINE_LARGE`]),
+/// exact for timings that follow the formula; the efficiency is at most 1 (never fewer
+/// bytes than the line's) and the overhead at least 0. Sizes between count for neither.
+/// (An emulated link up to 100 Mbit/s paces every size; a faster one lets its bucket's
+/// burst through at once, so its small sizes take `c` alone, an error of their line time,
+/// tens of µs.)
 pub fn fit_on_line(
     k: usize,
     samples: &[(f64, f64)],
@@ -118,35 +120,40 @@ pub fn fit_on_line(
     if k < 2 {
         return Err(format!("an all-reduce over {k} process(es) moves nothing"));
     }
-    let small: Vec<f64> = samples
-        .iter()
-        .filter(|s| s.0 <= ON_LINE_SMALL as f64)
-        .map(|s| s.1)
-        .collect();
-    if small.is_empty() {
-        return Err(format!(
+    let line = |n: f64| 2.0 * (k as f64 - 1.0) / k as f64 * n * 8.0 / bits_per_s;
+    // The means of the line's time and of the measured time over the samples `which` keeps.
+    let means = |which: &dyn Fn(f64) -> bool| {
+        let kept: Vec<(f64, f64)> = samples
+            .iter()
+            .filter(|s| which(s.0))
+            .map(|&(n, t)| (line(n), t))
+            .collect();
+        let count = kept.len() as f64;
+        (!kept.is_empty()).then(|| {
+            let (x, t) = kept.iter().fold((0.0, 0.0), |a, s| (a.0 + s.0, a.1 + s.1));
+            (x / count, t / count)
+        })
+    };
+    let (x_small, t_small) = means(&|n| n <= ON_LINE_SMALL as f64).ok_or_else(|| {
+        format!(
             "the fit needs a size up to {} for the call's own cost",
             size_label(ON_LINE_SMALL)
-        ));
-    }
-    let overhead = small.iter().sum::<f64>() / small.len() as f64;
-    let line = |n: f64| 2.0 * (k as f64 - 1.0) / k as f64 * n * 8.0 / bits_per_s;
-    let (mut ideal, mut measured) = (0.0, 0.0);
-    for &(n, t) in samples.iter().filter(|s| s.0 >= ON_LINE_LARGE as f64) {
-        ideal += line(n);
-        measured += t - overhead;
-    }
-    if measured <= 0.0 {
-        return Err(format!(
+        )
+    })?;
+    let large = means(&|n| n >= ON_LINE_LARGE as f64).filter(|&(_, t)| t > t_small);
+    let (x_large, t_large) = large.ok_or_else(|| {
+        format!(
             "the fit needs sizes from {} that take longer than the small ones",
             size_label(ON_LINE_LARGE)
-        ));
-    }
+        )
+    })?;
+    // Seconds measured per second of the line: 1/η, at least 1.
+    let per_line_s = ((t_large - t_small) / (x_large - x_small)).max(1.0);
     Ok(Calibrated {
         link: Link::symmetric(bits_per_s, 0.0),
         protocol: Protocol {
-            efficiency: (ideal / measured).min(1.0),
-            call_overhead_s: overhead,
+            efficiency: 1.0 / per_line_s,
+            call_overhead_s: (t_small - x_small * per_line_s).max(0.0),
         },
     })
 }
@@ -376,13 +383,10 @@ mod tests {
         let truth = |k: usize, n: f64| {
             overhead + 2.0 * (k as f64 - 1.0) / k as f64 * n / (eta * rate / 8.0)
         };
-        // As an emulated link times them: the bucket passes the small sizes at once.
+        // As an emulated link paces them, every size.
         let samples: Vec<(f64, f64)> = sizes(4 * MIB)
             .into_iter()
-            .map(|n| match n {
-                n if n <= ON_LINE_SMALL => (n as f64, overhead),
-                n => (n as f64, truth(2, n as f64)),
-            })
+            .map(|n| (n as f64, truth(2, n as f64)))
             .collect();
         let calibrated = fit_on_line(2, &samples, rate).unwrap();
         assert_eq!(calibrated.link, Link::symmetric(rate, 0.0));

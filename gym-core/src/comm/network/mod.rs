@@ -377,6 +377,17 @@ impl Default for Protocol {
 }
 
 impl Protocol {
+    /// TCP's framing over Ethernet at a 1500-byte MTU and nothing per call: 1448 payload
+    /// bytes (the segment, with TCP's timestamps) per 1514-byte frame. The least a link that
+    /// is paced frame by frame costs, before acknowledgements and the transport's own costs
+    /// (which `bench --calibrate` fits).
+    pub fn tcp_over_ethernet() -> Self {
+        Protocol {
+            efficiency: 1448.0 / 1514.0,
+            call_overhead_s: 0.0,
+        }
+    }
+
     /// Refuses an efficiency outside (0, 1] or a negative or infinite overhead.
     pub fn validate(&self) -> Result<(), String> {
         if !(self.efficiency > 0.0 && self.efficiency <= 1.0) {
