@@ -108,31 +108,36 @@ fn tensorboard_reads_a_runs_scalars_and_flags_as_the_run_logged_them() {
     let train = csv(&logs.join("run/train.csv"));
     let val = csv(&logs.join("run/validation.csv"));
     assert_eq!(train.len(), 6);
-    assert_eq!(points(run, "train/loss"), expected(&train, "train_loss"));
-    assert_eq!(points(run, "train/lr"), expected(&train, "lr"));
-    assert_eq!(
-        points(run, "comm/bytes_sent"),
-        expected(&train, "bytes_sent")
-    );
-    assert_eq!(
-        points(run, "time/simulated_s"),
-        expected(&train, "sim_time_s")
-    );
-    assert_eq!(points(run, "val/loss"), expected(&val, "global_loss"));
-    assert_eq!(
-        points(run, "val/accuracy"),
-        expected(&val, "global_accuracy")
-    );
+    // Every tag is a CSV column of the same name (the original's tracker names).
+    for column in [
+        "train_loss",
+        "train_perplexity",
+        "lr",
+        "bytes_sent",
+        "sim_time_s",
+    ] {
+        assert_eq!(points(run, column), expected(&train, column), "{column}");
+    }
+    for column in [
+        "local_loss",
+        "local_perplexity",
+        "global_loss",
+        "global_perplexity",
+        "local_accuracy",
+        "global_accuracy",
+    ] {
+        assert_eq!(points(run, column), expected(&val, column), "{column}");
+    }
     // The last step's figures are the summary's.
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(logs.join("run/summary.json")).unwrap())
             .unwrap();
     let last = |tag| points(run, tag).last().unwrap().1;
     let f32_of = |key: &str| summary[key].as_f64().unwrap() as f32;
-    assert_eq!(last("comm/bytes_sent"), f32_of("bytes_sent_per_node"));
-    assert_eq!(last("time/simulated_s"), f32_of("simulated_time_s"));
-    assert_eq!(last("train/loss"), f32_of("final_train_loss"));
-    assert_eq!(last("val/loss"), f32_of("final_val_loss"));
+    assert_eq!(last("bytes_sent"), f32_of("bytes_sent_per_node"));
+    assert_eq!(last("sim_time_s"), f32_of("simulated_time_s"));
+    assert_eq!(last("train_loss"), f32_of("final_train_loss"));
+    assert_eq!(last("global_loss"), f32_of("final_val_loss"));
     // The flags, as hyper-parameters: the strategy's own, not the places files go, nor
     // other strategies' flags.
     let h = &run["hparams"];
@@ -164,12 +169,17 @@ fn tensorboard_reads_a_runs_scalars_and_flags_as_the_run_logged_them() {
     assert_eq!(
         experiment["metrics"],
         serde_json::json!([
-            "comm/bytes_sent",
-            "time/simulated_s",
-            "train/loss",
-            "train/lr",
-            "val/accuracy",
-            "val/loss"
+            "bytes_sent",
+            "global_accuracy",
+            "global_loss",
+            "global_perplexity",
+            "local_accuracy",
+            "local_loss",
+            "local_perplexity",
+            "lr",
+            "sim_time_s",
+            "train_loss",
+            "train_perplexity"
         ])
     );
     std::fs::remove_dir_all(&root).ok();
@@ -208,17 +218,61 @@ fn a_comparison_writes_one_run_per_strategy_to_overlay() {
     );
     for (name, run) in runs {
         let train = csv(&root.join("out/runs").join(name).join("train.csv"));
-        assert_eq!(points(run, "train/loss"), expected(&train, "train_loss"));
-        assert_eq!(
-            points(run, "comm/bytes_sent"),
-            expected(&train, "bytes_sent")
-        );
+        assert_eq!(points(run, "train_loss"), expected(&train, "train_loss"));
+        assert_eq!(points(run, "bytes_sent"), expected(&train, "bytes_sent"));
         assert_eq!(run["hparams"]["strategy"], name.as_str(), "{run}");
         assert_eq!(run["hparams"]["num_nodes"], 2.0, "{run}");
     }
     // AllReduce does not read -H; DiLoCo does.
     assert!(runs["allreduce"]["hparams"].get("sync_interval").is_none());
     assert_eq!(runs["diloco"]["hparams"]["sync_interval"], 2.0);
+    std::fs::remove_dir_all(&root).ok();
+}
+
+/// `--x-axis examples` puts the event file's points at the examples seen (as the plots do),
+/// and the replicas' correlation is a scalar of its own.
+#[test]
+fn the_examples_axis_and_the_correlation_reach_the_event_file() {
+    let root = temp_dir("axis");
+    let (logs, tb) = (root.join("logs"), root.join("tb"));
+    let out = Command::new(env!("CARGO_BIN_EXE_mnist"))
+        .args(["--strategy", "diloco", "-H", "2", "--num-nodes", "2"])
+        .args(["--max-steps", "4", "--batch-size", "16", "--val-size", "32"])
+        .args(["--val-interval", "2", "--correlation-interval", "1"])
+        .args(["--x-axis", "examples", "--no-progress", "--run-name", "run"])
+        .arg("--data-dir")
+        .arg(tests::shared_data("mnist"))
+        .arg("--log-dir")
+        .arg(&logs)
+        .arg("--tensorboard")
+        .arg(&tb)
+        .output()
+        .expect("the mnist binary runs");
+    succeeded(&out);
+    let Some(py) = python() else {
+        eprintln!("no Python with tensorboard: the independent reader was not run");
+        return;
+    };
+    let r = read(&py, &tb);
+    let run = &r["runs"]["run"];
+    let at_examples = |rows: &[std::collections::HashMap<String, String>], column: &str| {
+        rows.iter()
+            .map(|r| {
+                let value: f64 = r[column].parse().unwrap();
+                (r["examples_seen"].parse().unwrap(), value as f32)
+            })
+            .collect::<Vec<(u64, f32)>>()
+    };
+    let train = csv(&logs.join("run/train.csv"));
+    let correlation = csv(&logs.join("run/correlation.csv"));
+    assert_eq!(train.len(), 4);
+    assert!(!correlation.is_empty());
+    assert_eq!(points(run, "train_loss"), at_examples(&train, "train_loss"));
+    assert_eq!(points(run, "train_loss")[1].0, 64, "2 nodes × 16 × 2 steps");
+    assert_eq!(
+        points(run, "correlation"),
+        at_examples(&correlation, "correlation")
+    );
     std::fs::remove_dir_all(&root).ok();
 }
 
@@ -264,11 +318,8 @@ fn a_resumed_run_continues_its_scalars_in_one_event_file() {
     let train = csv(&logs.join("run/train.csv"));
     assert_eq!(train.len(), 6);
     let run = &r["runs"]["run"];
-    assert_eq!(points(run, "train/loss"), expected(&train, "train_loss"));
-    assert_eq!(
-        points(run, "comm/bytes_sent"),
-        expected(&train, "bytes_sent")
-    );
+    assert_eq!(points(run, "train_loss"), expected(&train, "train_loss"));
+    assert_eq!(points(run, "bytes_sent"), expected(&train, "bytes_sent"));
     std::fs::remove_dir_all(&root).ok();
 }
 

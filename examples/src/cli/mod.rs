@@ -330,6 +330,7 @@ impl CommonArgs {
                     .as_ref()
                     .map(|d| d.to_string_lossy().into_owned()),
             )
+            .with_tensorboard_examples_axis(self.x_axis == XAxis::Examples)
             .with_trace(self.trace)
             .with_progress(!self.no_progress)
             .with_kernel_threads_per_node(self.kernel_threads_per_node)

@@ -149,25 +149,35 @@ impl RunLogs {
         csv.and(tb)
     }
 
-    /// A correlation's record (CSV only).
+    /// A correlation's record, to every log.
     pub fn correlation_row(&mut self, r: &CorrelationRecord) -> Result<()> {
-        self.csv.as_mut().map_or(Ok(()), |l| l.correlation_row(r))
+        let csv = self.csv.as_mut().map_or(Ok(()), |l| l.correlation_row(r));
+        let tb = self
+            .tensorboard
+            .as_mut()
+            .map_or(Ok(()), |l| l.correlation(r));
+        csv.and(tb)
     }
 }
 
-/// A run's TensorBoard event file (`<tensorboard_dir>/<run_name>/`): per step `train/loss`,
-/// `train/lr`, `comm/bytes_sent` and, with simulated time, `time/simulated_s`; per
-/// evaluation `val/loss` and, for classifiers, `val/accuracy` (the averaged model's); the
-/// run's hyper-parameters once, for the HParams tab. Steps are the CSV files' `step`.
+/// A run's TensorBoard event file (`<tensorboard_dir>/<run_name>/`). Its tags are the CSV
+/// files' columns, which are the original's tracker names: per step `train_loss`,
+/// `train_perplexity`, `lr`, `bytes_sent` and, with simulated time, `sim_time_s`; per
+/// evaluation `local_loss`, `local_perplexity`, `global_loss`, `global_perplexity` and, for
+/// classifiers, `local_accuracy` and `global_accuracy`; per measurement `correlation`; the
+/// run's hyper-parameters once, for the HParams tab. The x axis is the step, or with
+/// [`TrainerConfig::tensorboard_examples_axis`](crate::TrainerConfig::tensorboard_examples_axis)
+/// the examples seen by all nodes (`examples_seen`).
 pub(crate) struct TensorBoardLogs {
     writer: EventWriter,
+    examples_axis: bool,
 }
 
 impl TensorBoardLogs {
     /// Creates `dir` and a new event file there holding `hparams`. The folder's earlier
     /// event files (a run of the same name, or this run before it was resumed, whose records
     /// the recorder writes again) are removed first, as the CSV files are rewritten.
-    pub fn create(dir: &Path, hparams: &[(String, HParam)]) -> Result<Self> {
+    pub fn create(dir: &Path, hparams: &[(String, HParam)], examples_axis: bool) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(|e| GymError::io(dir, e))?;
         for entry in std::fs::read_dir(dir).map_err(|e| GymError::io(dir, e))? {
             let path = entry.map_err(|e| GymError::io(dir, e))?.path();
@@ -178,29 +188,56 @@ impl TensorBoardLogs {
         }
         let mut writer = EventWriter::create(dir)?;
         writer.hparams(hparams)?;
-        Ok(TensorBoardLogs { writer })
+        Ok(TensorBoardLogs {
+            writer,
+            examples_axis,
+        })
+    }
+
+    /// The point on the x axis of a record of `step` with `examples_seen`.
+    fn x(&self, step: usize, examples_seen: u64) -> u64 {
+        if self.examples_axis {
+            examples_seen
+        } else {
+            step as u64
+        }
     }
 
     /// A step's scalars.
     pub fn train(&mut self, r: &TrainRecord) -> Result<()> {
         let mut scalars = vec![
-            ("train/loss", r.train_loss),
-            ("train/lr", r.lr),
-            ("comm/bytes_sent", r.bytes_sent as f64),
+            ("train_loss", r.train_loss),
+            ("train_perplexity", r.train_loss.exp()),
+            ("lr", r.lr),
+            ("bytes_sent", r.bytes_sent as f64),
         ];
         if let Some(t) = r.sim_time_s {
-            scalars.push(("time/simulated_s", t));
+            scalars.push(("sim_time_s", t));
         }
-        self.writer.scalars(r.step as u64, &scalars)
+        let x = self.x(r.step, r.examples_seen);
+        self.writer.scalars(x, &scalars)
     }
 
-    /// An evaluation's scalars (the averaged model's).
+    /// An evaluation's scalars: a node's own model (`local_`) and the averaged one
+    /// (`global_`).
     pub fn val(&mut self, r: &ValRecord) -> Result<()> {
-        let mut scalars = vec![("val/loss", r.global_loss)];
-        if let Some(a) = r.global_accuracy {
-            scalars.push(("val/accuracy", a));
+        let mut scalars = vec![
+            ("local_loss", r.local_loss),
+            ("local_perplexity", r.local_loss.exp()),
+            ("global_loss", r.global_loss),
+            ("global_perplexity", r.global_loss.exp()),
+        ];
+        if let (Some(local), Some(global)) = (r.local_accuracy, r.global_accuracy) {
+            scalars.extend([("local_accuracy", local), ("global_accuracy", global)]);
         }
-        self.writer.scalars(r.step as u64, &scalars)
+        let x = self.x(r.step, r.examples_seen);
+        self.writer.scalars(x, &scalars)
+    }
+
+    /// The replicas' correlation.
+    pub fn correlation(&mut self, r: &CorrelationRecord) -> Result<()> {
+        let x = self.x(r.step, r.examples_seen);
+        self.writer.scalars(x, &[("correlation", r.correlation)])
     }
 }
 

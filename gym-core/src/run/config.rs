@@ -47,12 +47,18 @@ pub struct TrainerConfig {
     /// Where run folders go (`<log_dir>/<run_name>/`); unset, no file is written.
     pub log_dir: Option<String>,
     /// Where TensorBoard event files go (`<tensorboard_dir>/<run_name>/`, written as the run
-    /// goes: loss, learning rate, bytes and simulated time per step, validation loss and
-    /// accuracy, and the run's hyper-parameters; see [`Trainer::with_hparams`]); unset,
-    /// none. `tensorboard --logdir <tensorboard_dir>` overlays the runs written there.
+    /// goes, tagged as the CSV files' columns: loss and perplexity, learning rate, bytes and
+    /// simulated time per step, a node's and the averaged model's validation loss,
+    /// perplexity and accuracy, the replicas' correlation, and the run's hyper-parameters;
+    /// see [`Trainer::with_hparams`]); unset, none. `tensorboard --logdir
+    /// <tensorboard_dir>` overlays the runs written there.
     ///
     /// [`Trainer::with_hparams`]: crate::Trainer::with_hparams
     pub tensorboard_dir: Option<String>,
+    /// The event files' x axis: the examples seen by all nodes instead of the step (the
+    /// examples' `--x-axis examples`), so that runs of other batch sizes line up.
+    #[config(default = false)]
+    pub tensorboard_examples_axis: bool,
     /// Write the run's timeline to `<log_dir>/<run_name>/trace.json`, a Chrome trace that
     /// Perfetto's UI opens: every node's compute, exposed communication, idle and down time
     /// on the simulated clock, the transfers on its link, and the loss

@@ -299,7 +299,11 @@ impl Trainer {
                     None => default_hparams(cfg, strategy, plan.max_steps),
                 };
                 let dir = PathBuf::from(dir).join(&run_name);
-                Some(TensorBoardLogs::create(&dir, &hparams)?)
+                Some(TensorBoardLogs::create(
+                    &dir,
+                    &hparams,
+                    cfg.tensorboard_examples_axis,
+                )?)
             }
             _ => None,
         };
@@ -441,6 +445,7 @@ fn identity<M: TrainModel>(
             "run_name",
             "log_dir",
             "tensorboard_dir",
+            "tensorboard_examples_axis",
             "trace",
             "progress",
             "kernel_threads_per_node",
