@@ -67,32 +67,59 @@ fn points(run: &serde_json::Value, tag: &str) -> Vec<(u64, f32)> {
 
 /// `column` of `rows` as TensorBoard stores it (an f32), against `step`.
 fn expected(rows: &[std::collections::HashMap<String, String>], column: &str) -> Vec<(u64, f32)> {
+    expected_at(rows, "step", column)
+}
+
+/// `column` of `rows` as TensorBoard stores it, against the column `x`.
+fn expected_at(
+    rows: &[std::collections::HashMap<String, String>],
+    x: &str,
+    column: &str,
+) -> Vec<(u64, f32)> {
     rows.iter()
         .map(|r| {
             let value: f64 = r[column].parse().unwrap();
-            (r["step"].parse().unwrap(), value as f32)
+            (r[x].parse().unwrap(), value as f32)
         })
         .collect()
+}
+
+/// `mnist` with DiLoCo (H = 2) on 2 nodes, batches of 16, logging to `logs` and `tb` as
+/// the run `run`, with `flags` and `more`.
+fn mnist_diloco(logs: &Path, tb: &Path, flags: &[&str], more: &[&str]) {
+    let out = Command::new(env!("CARGO_BIN_EXE_mnist"))
+        .args(["--strategy", "diloco", "-H", "2", "--num-nodes", "2"])
+        .args(["--batch-size", "16", "--no-progress", "--run-name", "run"])
+        .args(flags)
+        .args(more)
+        .arg("--data-dir")
+        .arg(tests::shared_data("mnist"))
+        .arg("--log-dir")
+        .arg(logs)
+        .arg("--tensorboard")
+        .arg(tb)
+        .output()
+        .expect("the mnist binary runs");
+    succeeded(&out);
 }
 
 #[test]
 fn tensorboard_reads_a_runs_scalars_and_flags_as_the_run_logged_them() {
     let root = temp_dir("run");
     let (logs, tb) = (root.join("logs"), root.join("tb"));
-    let out = Command::new(env!("CARGO_BIN_EXE_mnist"))
-        .args(["--strategy", "diloco", "-H", "2", "--num-nodes", "2"])
-        .args(["--max-steps", "6", "--batch-size", "16"])
-        .args(["--val-size", "64", "--val-interval", "3", "--no-progress"])
-        .args(["--network", "wan", "--run-name", "run"])
-        .arg("--data-dir")
-        .arg(tests::shared_data("mnist"))
-        .arg("--log-dir")
-        .arg(&logs)
-        .arg("--tensorboard")
-        .arg(&tb)
-        .output()
-        .expect("the mnist binary runs");
-    succeeded(&out);
+    mnist_diloco(
+        &logs,
+        &tb,
+        &[
+            "--max-steps",
+            "6",
+            "--val-size",
+            "64",
+            "--val-interval",
+            "3",
+        ],
+        &["--network", "wan"],
+    );
     let files: Vec<String> = std::fs::read_dir(tb.join("run"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -235,34 +262,26 @@ fn a_comparison_writes_one_run_per_strategy_to_overlay() {
 fn the_examples_axis_and_the_correlation_reach_the_event_file() {
     let root = temp_dir("axis");
     let (logs, tb) = (root.join("logs"), root.join("tb"));
-    let out = Command::new(env!("CARGO_BIN_EXE_mnist"))
-        .args(["--strategy", "diloco", "-H", "2", "--num-nodes", "2"])
-        .args(["--max-steps", "4", "--batch-size", "16", "--val-size", "32"])
-        .args(["--val-interval", "2", "--correlation-interval", "1"])
-        .args(["--x-axis", "examples", "--no-progress", "--run-name", "run"])
-        .arg("--data-dir")
-        .arg(tests::shared_data("mnist"))
-        .arg("--log-dir")
-        .arg(&logs)
-        .arg("--tensorboard")
-        .arg(&tb)
-        .output()
-        .expect("the mnist binary runs");
-    succeeded(&out);
+    mnist_diloco(
+        &logs,
+        &tb,
+        &[
+            "--max-steps",
+            "4",
+            "--val-size",
+            "32",
+            "--val-interval",
+            "2",
+        ],
+        &["--correlation-interval", "1", "--x-axis", "examples"],
+    );
     let Some(py) = python() else {
         eprintln!("no Python with tensorboard: the independent reader was not run");
         return;
     };
     let r = read(&py, &tb);
     let run = &r["runs"]["run"];
-    let at_examples = |rows: &[std::collections::HashMap<String, String>], column: &str| {
-        rows.iter()
-            .map(|r| {
-                let value: f64 = r[column].parse().unwrap();
-                (r["examples_seen"].parse().unwrap(), value as f32)
-            })
-            .collect::<Vec<(u64, f32)>>()
-    };
+    let at_examples = |rows, column| expected_at(rows, "examples_seen", column);
     let train = csv(&logs.join("run/train.csv"));
     let correlation = csv(&logs.join("run/correlation.csv"));
     assert_eq!(train.len(), 4);
