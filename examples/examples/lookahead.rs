@@ -6,67 +6,50 @@
 //! `cargo run --release -p examples --example lookahead -- ../shared/data/mnist`
 
 use burn::tensor::Tensor;
-use gym_core::{InnerOptimizer, InnerOptimizerConfig, NodeData, NodeInfo, ReduceOp, Replica};
-use gym_core::{StepContext, Strategy, StrategyConfig, Trainer, TrainerConfig};
+use gym_core::{InnerOptimizerConfig, NodeData, NodeInfo, ReduceOp, Replica, StepContext};
+use gym_core::{StrategyConfig, Trainer, TrainerConfig};
 use gym_data::{MnistBatcher, MnistDataset, MnistSplit};
 use gym_models::MlpConfig;
+use gym_strategies::communicate::CommunicationModule;
+use gym_strategies::{CommunicateOptimizeConfig, module_fn};
 
 // ANCHOR: strategy
-/// The settings: synchronise every `h` steps, move the slow weights by `alpha`.
+/// What each node keeps: the settings, and the slow weights φ.
 struct Lookahead {
     h: usize,
     alpha: f64,
-    inner: InnerOptimizerConfig,
+    slow: Tensor<1>,
 }
 
-/// What each node keeps: its optimizer, the settings, and the slow weights φ.
-struct LookaheadNode {
-    optim: InnerOptimizer,
-    h: usize,
-    alpha: f64,
-    slow: Option<Tensor<1>>,
-}
-
-impl StrategyConfig for Lookahead {
-    fn name(&self) -> String {
-        "lookahead-diloco".into()
-    }
-
-    fn init(&self, node: &NodeInfo<'_>) -> gym_core::Result<Box<dyn Strategy>> {
-        let optim = self.inner.init(node.layout, node.max_steps)?;
-        let (h, alpha) = (self.h, self.alpha);
-        Ok(Box::new(LookaheadNode {
-            optim,
-            h,
-            alpha,
-            slow: None,
-        }))
-    }
-}
-
-impl Strategy for LookaheadNode {
-    fn step(
+/// Runs after every inner step; acts at the end of each round of H steps.
+impl CommunicationModule for Lookahead {
+    fn communicate(
         &mut self,
         replica: &mut dyn Replica,
-        grads: Tensor<1>,
         ctx: &mut StepContext<'_>,
     ) -> gym_core::Result<()> {
-        // φ starts as the replica did (the same on every node: one seed).
-        let slow = self.slow.get_or_insert_with(|| replica.params());
-        self.optim.step(replica, grads);
         if ctx.ends_round(self.h) {
             let mean = ctx
                 .collective
                 .all_reduce(replica.params(), ReduceOp::Mean)?;
-            *slow = slow.clone() + (mean - slow.clone()).mul_scalar(self.alpha);
-            replica.set_params(slow.clone());
+            self.slow = self.slow.clone() + (mean - self.slow.clone()).mul_scalar(self.alpha);
+            replica.set_params(self.slow.clone());
         }
         Ok(())
     }
+}
 
-    fn lr(&self) -> f64 {
-        self.optim.lr()
-    }
+/// AdamW at `lr` on each node, then the Lookahead round; φ starts as the replicas do.
+fn lookahead(h: usize, alpha: f64, lr: f64) -> CommunicateOptimizeConfig {
+    let inner = InnerOptimizerConfig::new().with_lr(lr);
+    CommunicateOptimizeConfig::new("lookahead-diloco", inner).with_module(module_fn(
+        "lookahead",
+        move |node: &NodeInfo<'_>| Lookahead {
+            h,
+            alpha,
+            slow: node.initial_params.clone(),
+        },
+    ))
 }
 // ANCHOR_END: strategy
 
@@ -79,11 +62,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         MnistDataset::load(&dir, MnistSplit::Train)?,
         MnistDataset::load(&dir, MnistSplit::Test)?,
     );
-    let strategy = Lookahead {
-        h: 20,
-        alpha: 0.5,
-        inner: InnerOptimizerConfig::new().with_lr(1e-3),
-    };
+    let strategy = lookahead(20, 0.5, 1e-3);
     let config = TrainerConfig::new(4)
         .with_max_steps(Some(400))
         .with_batch_size(64);
@@ -102,4 +81,65 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         100.0 * last.global_accuracy.unwrap_or(f64::NAN)
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gym_core::OptimizerConfig;
+    use gym_strategies::{DiLoCoCommunicatorConfig, DiLoCoConfig};
+
+    /// Lookahead across nodes is DiLoCo whose outer step is plain SGD at lr α:
+    /// `φ − α(φ − mean) = φ + α(mean − φ)`. The two train the same curve on 4 nodes.
+    #[test]
+    fn lookahead_trains_as_diloco_with_a_plain_sgd_outer_step() {
+        let dir = ::tests::shared_data("mnist");
+        let data = NodeData::shared(
+            MnistDataset::load(&dir, MnistSplit::Train).unwrap(),
+            MnistDataset::load(&dir, MnistSplit::Test).unwrap(),
+        );
+        let config = TrainerConfig::new(4)
+            .with_max_steps(Some(20))
+            .with_batch_size(16)
+            .with_val_size(Some(64))
+            .with_val_interval(10);
+        let mlp = |device: &burn::tensor::Device| MlpConfig::new().init(device);
+        let fit = |strategy: &dyn StrategyConfig| {
+            Trainer::new(config.clone())
+                .fit(mlp, strategy, &data, &MnistBatcher)
+                .unwrap()
+                .report
+        };
+        let ours = fit(&lookahead(5, 0.5, 1e-3));
+        let diloco = DiLoCoConfig::new()
+            .with_inner(InnerOptimizerConfig::new().with_lr(1e-3))
+            .with_communicator(
+                DiLoCoCommunicatorConfig::new()
+                    .with_sync_interval(5)
+                    .with_outer_lr(0.5)
+                    .with_outer_optimizer(OptimizerConfig::sgd()),
+            );
+        let reference = fit(&diloco);
+        assert_eq!(ours.train.len(), 20);
+        for (a, b) in ours.train.iter().zip(&reference.train) {
+            let (x, y) = (a.train_loss, b.train_loss);
+            assert!(
+                (x - y).abs() <= 1e-5 * y.abs(),
+                "step {}: {x} against {y}",
+                a.step
+            );
+        }
+        let (x, y) = (
+            ours.final_validation().unwrap().global_loss,
+            reference.final_validation().unwrap().global_loss,
+        );
+        assert!((x - y).abs() <= 1e-5 * y.abs(), "{x} against {y}");
+        // Not vacuous: the outer step moved the replicas (α = 1 would be plain averaging).
+        let plain = fit(&lookahead(5, 1.0, 1e-3));
+        let z = plain.final_validation().unwrap().global_loss;
+        assert!(
+            (x - z).abs() > 1e-4 * z.abs(),
+            "{x} against plain averaging's {z}"
+        );
+    }
 }

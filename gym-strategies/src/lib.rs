@@ -89,7 +89,7 @@ pub static STRATEGIES: &[registry::Entry] = &[
 
 pub use all_reduce::{AllReduce, AllReduceConfig};
 pub use async_diloco::{AsyncDiLoCo, AsyncDiLoCoConfig};
-pub use communicate::{CommunicateOptimize, CommunicateOptimizeConfig};
+pub use communicate::{CommunicateOptimize, CommunicateOptimizeConfig, ModuleFn, module_fn};
 pub use compress::{Aggregation, Codec, CompressionConfig, Compressor, Quantizer};
 pub use demo::{DeMo, DeMoConfig};
 pub use desloc::{DesLoc, DesLocConfig};
