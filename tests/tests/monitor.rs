@@ -1,0 +1,84 @@
+//! A logger of one's own: a `RunMonitor` given to `Trainer::with_monitor` receives every
+//! step's and every evaluation's record, in step order, as the run goes. This one writes
+//! them as JSON lines to a file of its own; read back, they are the run's report.
+
+use gym_core::metrics::RunMonitor;
+use gym_core::{NodeData, SimulatedTime, TrainRecord, Trainer, TrainerConfig, ValRecord};
+use gym_strategies::DiLoCoConfig;
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use tests::{Synthetic, SyntheticBatcher, small_mlp};
+
+/// Writes each record as one JSON line: `{"train": …}` or `{"validation": …}`.
+struct JsonLines {
+    file: Mutex<std::fs::File>,
+    nodes_seen: Mutex<Vec<usize>>,
+}
+
+impl RunMonitor for JsonLines {
+    fn step(&self, record: &TrainRecord, nodes: &[SimulatedTime]) {
+        let line = serde_json::json!({ "train": record });
+        writeln!(self.file.lock().unwrap(), "{line}").unwrap();
+        self.nodes_seen.lock().unwrap().push(nodes.len());
+    }
+
+    fn validation(&self, record: &ValRecord) {
+        let line = serde_json::json!({ "validation": record });
+        writeln!(self.file.lock().unwrap(), "{line}").unwrap();
+    }
+}
+
+#[test]
+fn a_monitor_of_ones_own_logs_every_record_the_report_holds() {
+    let path = std::env::temp_dir().join(format!("gym-monitor-{}.jsonl", std::process::id()));
+    let logger = Arc::new(JsonLines {
+        file: Mutex::new(std::fs::File::create(&path).unwrap()),
+        nodes_seen: Mutex::new(Vec::new()),
+    });
+    let data = NodeData::shared(Synthetic::new(512, 16, 4, 1), Synthetic::new(64, 16, 4, 2));
+    let config = TrainerConfig::new(3)
+        .with_max_steps(Some(9))
+        .with_batch_size(8)
+        .with_val_size(Some(32))
+        .with_val_interval(3);
+    let out = Trainer::new(config)
+        .with_monitor(logger.clone())
+        .fit(small_mlp, &DiLoCoConfig::new(), &data, &SyntheticBatcher)
+        .unwrap();
+
+    // The file's lines, against the report's records written the same way (JSON text, so
+    // that every float is compared to the bit).
+    let text = std::fs::read_to_string(&path).unwrap();
+    let lines = |kind: &str| -> Vec<String> {
+        text.lines()
+            .filter(|l| l.starts_with(&format!("{{\"{kind}\"")))
+            .map(String::from)
+            .collect()
+    };
+    let expected = |kind: &str, records: Vec<serde_json::Value>| -> Vec<String> {
+        records
+            .into_iter()
+            .map(|r| serde_json::json!({ kind: r }).to_string())
+            .collect()
+    };
+    // Every step once, in order, as the report has it (and each with every node's time).
+    let train: Vec<serde_json::Value> = out
+        .report
+        .train
+        .iter()
+        .map(|r| serde_json::to_value(r).unwrap())
+        .collect();
+    assert_eq!(lines("train"), expected("train", train));
+    assert_eq!(out.report.train.len(), 9);
+    assert_eq!(*logger.nodes_seen.lock().unwrap(), vec![3; 9]);
+    // Every evaluation, the final one included.
+    let validation: Vec<serde_json::Value> = out
+        .report
+        .validation
+        .iter()
+        .map(|r| serde_json::to_value(r).unwrap())
+        .collect();
+    assert!(validation.len() >= 3, "{validation:?}");
+    assert_eq!(lines("validation"), expected("validation", validation));
+    std::fs::remove_file(&path).ok();
+}
