@@ -1,15 +1,17 @@
 //! A logger of one's own: a `RunMonitor` given to `Trainer::with_monitor` receives every
-//! step's and every evaluation's record, in step order, as the run goes. This one writes
+//! step's, evaluation's and correlation's record, in step order, as the run goes. This one writes
 //! them as JSON lines to a file of its own; read back, they are the run's report.
 
 use gym_core::metrics::RunMonitor;
-use gym_core::{NodeData, SimulatedTime, TrainRecord, Trainer, TrainerConfig, ValRecord};
+use gym_core::{CorrelationRecord, NodeData, SimulatedTime, TrainRecord, Trainer};
+use gym_core::{TrainerConfig, ValRecord};
 use gym_strategies::DiLoCoConfig;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 use tests::{Synthetic, SyntheticBatcher, small_mlp};
 
-/// Writes each record as one JSON line: `{"train": …}` or `{"validation": …}`.
+/// Writes each record as one JSON line: `{"train": …}`, `{"validation": …}` or
+/// `{"correlation": …}`.
 struct JsonLines {
     file: Mutex<std::fs::File>,
     nodes_seen: Mutex<Vec<usize>>,
@@ -26,6 +28,11 @@ impl RunMonitor for JsonLines {
         let line = serde_json::json!({ "validation": record });
         writeln!(self.file.lock().unwrap(), "{line}").unwrap();
     }
+
+    fn correlation(&self, record: &CorrelationRecord) {
+        let line = serde_json::json!({ "correlation": record });
+        writeln!(self.file.lock().unwrap(), "{line}").unwrap();
+    }
 }
 
 #[test]
@@ -40,7 +47,8 @@ fn a_monitor_of_ones_own_logs_every_record_the_report_holds() {
         .with_max_steps(Some(9))
         .with_batch_size(8)
         .with_val_size(Some(32))
-        .with_val_interval(3);
+        .with_val_interval(3)
+        .with_correlation_interval(Some(3));
     let out = Trainer::new(config)
         .with_monitor(logger.clone())
         .fit(small_mlp, &DiLoCoConfig::new(), &data, &SyntheticBatcher)
@@ -80,5 +88,14 @@ fn a_monitor_of_ones_own_logs_every_record_the_report_holds() {
         .collect();
     assert!(validation.len() >= 3, "{validation:?}");
     assert_eq!(lines("validation"), expected("validation", validation));
+    // Every correlation measured.
+    let correlation: Vec<serde_json::Value> = out
+        .report
+        .correlation
+        .iter()
+        .map(|r| serde_json::to_value(r).unwrap())
+        .collect();
+    assert_eq!(correlation.len(), 3, "{correlation:?}");
+    assert_eq!(lines("correlation"), expected("correlation", correlation));
     std::fs::remove_file(&path).ok();
 }

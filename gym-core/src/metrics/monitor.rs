@@ -1,8 +1,9 @@
 //! Watching a run while it trains: a [`RunMonitor`] receives every step's record as the
-//! recorder completes it, with each node's simulated seconds of that step, and every
-//! evaluation; a live dashboard (the examples' `--tui`) is one.
+//! recorder completes it, with each node's simulated seconds of that step, every
+//! evaluation and every correlation measured; a live dashboard (the examples' `--tui`) is
+//! one, a logger of one's own another.
 
-use super::records::{TrainRecord, ValRecord};
+use super::records::{CorrelationRecord, TrainRecord, ValRecord};
 use crate::comm::SimulatedTime;
 
 /// Receives a run's records as they are completed, in step order. Called from the node
@@ -15,4 +16,7 @@ pub trait RunMonitor: Send + Sync {
 
     /// An evaluation is done.
     fn validation(&self, _record: &ValRecord) {}
+
+    /// The replicas' correlation was measured (`TrainerConfig::correlation_interval`).
+    fn correlation(&self, _record: &CorrelationRecord) {}
 }

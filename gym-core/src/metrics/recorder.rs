@@ -330,6 +330,9 @@ impl Recorder {
         if let Err(e) = st.logs.correlation_row(&rec) {
             st.write_error.get_or_insert(e);
         }
+        if let Some(monitor) = &self.monitor {
+            monitor.correlation(&rec);
+        }
         st.correlation.push(rec);
     }
 
