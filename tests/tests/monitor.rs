@@ -63,38 +63,23 @@ fn a_monitor_of_ones_own_logs_every_record_the_report_holds() {
             .map(String::from)
             .collect()
     };
-    let expected = |kind: &str, records: Vec<serde_json::Value>| -> Vec<String> {
+    fn expected<R: serde::Serialize>(kind: &str, records: &[R]) -> Vec<String> {
         records
-            .into_iter()
+            .iter()
             .map(|r| serde_json::json!({ kind: r }).to_string())
             .collect()
-    };
+    }
     // Every step once, in order, as the report has it (and each with every node's time).
-    let train: Vec<serde_json::Value> = out
-        .report
-        .train
-        .iter()
-        .map(|r| serde_json::to_value(r).unwrap())
-        .collect();
+    let train = &out.report.train;
     assert_eq!(lines("train"), expected("train", train));
     assert_eq!(out.report.train.len(), 9);
     assert_eq!(*logger.nodes_seen.lock().unwrap(), vec![3; 9]);
     // Every evaluation, the final one included.
-    let validation: Vec<serde_json::Value> = out
-        .report
-        .validation
-        .iter()
-        .map(|r| serde_json::to_value(r).unwrap())
-        .collect();
+    let validation = &out.report.validation;
     assert!(validation.len() >= 3, "{validation:?}");
     assert_eq!(lines("validation"), expected("validation", validation));
     // Every correlation measured.
-    let correlation: Vec<serde_json::Value> = out
-        .report
-        .correlation
-        .iter()
-        .map(|r| serde_json::to_value(r).unwrap())
-        .collect();
+    let correlation = &out.report.correlation;
     assert_eq!(correlation.len(), 3, "{correlation:?}");
     assert_eq!(lines("correlation"), expected("correlation", correlation));
     std::fs::remove_file(&path).ok();

@@ -94,30 +94,44 @@ pub fn shape(ns: &str, dev: &str, bits_per_s: f64) -> Result<(), String> {
 /// The pacing bucket's rate over the link's (tbf wants it above the rate).
 const PEAK_OVER_RATE: f64 = 1.01;
 
-/// The fastest link whose bursts are paced (see [`run_tc`]).
+/// The fastest link whose bursts are paced (see [`tbf`]).
 const MAX_PACED_BITS_PER_S: f64 = 100e6;
 
 fn run_tc(ns: &str, dev: &str, bits_per_s: f64, verb: &str) -> Result<(), String> {
-    let rate = format!("{}bit", bits_per_s.round() as u64);
+    let mut args: Vec<String> = ["-n", ns, "qdisc", verb, "dev", dev, "root"]
+        .map(String::from)
+        .to_vec();
+    args.extend(tbf(bits_per_s));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    checked(Command::new("tc").args(&args), "tc", &args)
+}
+
+/// The token-bucket qdisc of a link of `bits_per_s`, as `tc` takes it after `root`.
+fn tbf(bits_per_s: f64) -> Vec<String> {
     // A bucket of 2 ms at the rate, at least 64 KiB. Smaller ones cost TCP throughput: the
     // MLP's all-reduce over 2 hosts at 20 Mbit/s took 1.15 times the simulated clock with
     // 16 or 32 KiB, 1.05 with 64 or 128 KiB. A queue of up to 400 ms, so that TCP is not cut
     // short by drops (a 50 ms queue was slower).
-    let burst = format!("{}", ((bits_per_s / 8.0 * 2e-3) as u64).max(64 * 1024));
+    let burst = ((bits_per_s / 8.0 * 2e-3) as u64).max(64 * 1024);
     let mut args = vec![
-        "-n", ns, "qdisc", verb, "dev", dev, "root", "tbf", "rate", &rate, "burst", &burst,
-        "latency", "400ms",
+        "tbf".to_string(),
+        "rate".into(),
+        format!("{}bit", bits_per_s.round() as u64),
+        "burst".into(),
+        burst.to_string(),
+        "latency".into(),
+        "400ms".into(),
     ];
     // The bucket alone lets its 64 KiB leave at memory speed after an idle spell (DeMo's
     // 36 KB per host and step were never paced). A second bucket of one packet at 1% over
     // the rate paces that burst too: 20 KB took 0.3 ms at 20 Mbit/s, and takes 7.7 ms (the
     // rate's 8.0), with bulk transfers as fast as before. Up to 100 Mbit/s: above, pacing
     // packet by packet outruns the kernel's timers here (300 Mbit/s delivered 217).
-    let peak = format!("{}bit", (bits_per_s * PEAK_OVER_RATE).round() as u64);
     if bits_per_s <= MAX_PACED_BITS_PER_S {
-        args.extend(["peakrate", &peak, "mtu", "2000"]);
+        let peak = format!("{}bit", (bits_per_s * PEAK_OVER_RATE).round() as u64);
+        args.extend(["peakrate".into(), peak, "mtu".into(), "2000".into()]);
     }
-    checked(Command::new("tc").args(&args), "tc", &args)
+    args
 }
 
 /// The bytes sent and received on `eth0` in namespace `ns`.
@@ -192,4 +206,23 @@ fn checked(command: &mut Command, tool: &str, args: &[&str]) -> Result<(), Strin
 fn on_path(tool: &str) -> bool {
     std::env::var_os("PATH")
         .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(tool).is_file()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tbf;
+
+    #[test]
+    fn links_up_to_100_mbit_pace_their_burst_and_faster_ones_do_not() {
+        let slow = tbf(20e6).join(" ");
+        assert_eq!(
+            slow,
+            "tbf rate 20000000bit burst 65536 latency 400ms peakrate 20200000bit mtu 2000"
+        );
+        assert!(tbf(100e6).join(" ").contains("peakrate 101000000bit"));
+        assert_eq!(
+            tbf(1e9).join(" "),
+            "tbf rate 1000000000bit burst 250000 latency 400ms"
+        );
+    }
 }

@@ -75,7 +75,7 @@ pub(super) fn all_gather<T: Equivalence + Default + Clone>(
 /// The all-reduce of the members' tensors of `n` values (`mine`: this process's members',
 /// one after the other), each element added in member order and then, for a mean, divided
 /// by the member count: the thread transport's arithmetic. `scratch` holds the other
-/// processes' slices.
+/// processes' slices (the chain's incoming running sum).
 ///
 /// Pipelined: process `q` owns slice `q`; as soon as chunk `c` of its slice has arrived
 /// from every other member it is summed and sent to every process, while later chunks are
@@ -96,7 +96,7 @@ pub(super) fn all_reduce(
 ) -> Vec<f32> {
     let (scatter, chain) = busiest_link(members);
     if chain < scatter - 1e-9 {
-        return chain_all_reduce(peers, mine, n, members, op);
+        return chain_all_reduce(peers, mine, n, members, op, scratch);
     }
     let me = peers.me();
     let parts = slices(n, members.len());
@@ -233,14 +233,16 @@ fn chain_all_reduce(
     n: usize,
     members: &[usize],
     op: ReduceOp,
+    scratch: &mut Vec<f32>,
 ) -> Vec<f32> {
     let me = peers.me();
     let count = members.len();
     let last = count - 1;
     let local = members[me];
     let group_size: usize = members.iter().sum();
-    let add_members = |acc: &mut [f32], lo: usize| {
-        for m in 0..local {
+    // Adds members `from..` of this process to `acc`, elements `lo..` of their tensors.
+    let add_members = |acc: &mut [f32], lo: usize, from: usize| {
+        for m in from..local {
             let values = &mine[m * n + lo..m * n + lo + acc.len()];
             for (a, &x) in acc.iter_mut().zip(values) {
                 *a += x;
@@ -250,14 +252,12 @@ fn chain_all_reduce(
     let mut out = vec![0f32; n];
     // The running sum this process sends on (the last one folds into `out` instead).
     let mut running = vec![0f32; if me < last { n } else { 0 }];
-    let mut incoming = vec![0f32; if me > 0 { n } else { 0 }];
+    // The previous process's running sum arrives in the caller's scratch buffer.
+    scratch.resize(if me > 0 { n } else { 0 }, 0.0);
+    let incoming = scratch.as_mut_slice();
     if me == 0 {
         running.copy_from_slice(&mine[..n]);
-        for m in 1..local {
-            for (a, &x) in running.iter_mut().zip(&mine[m * n..(m + 1) * n]) {
-                *a += x;
-            }
-        }
+        add_members(&mut running, 0, 1);
     }
     let (folds, results): (&mut [f32], &mut [f32]) = if me == last {
         (&mut out, &mut [])
@@ -268,7 +268,7 @@ fn chain_all_reduce(
     let chunk = plan.chunk();
     let pieces = n.div_ceil(chunk);
     if me > 0 {
-        plan.receive(me - 1, Tag::Data, &mut incoming);
+        plan.receive(me - 1, Tag::Data, incoming);
     }
     if me != last {
         plan.receive((me + count - 1) % count, Tag::Sums, results);
@@ -286,7 +286,7 @@ fn chain_all_reduce(
             // Chunk `i` of the running sum: add this process's members and send it on.
             let fold = fold_chunks[i].take().expect("each chunk is folded once");
             fold.copy_from_slice(data);
-            add_members(fold, i * chunk);
+            add_members(fold, i * chunk, 0);
             if me == last && op == ReduceOp::Mean {
                 let divisor = group_size as f32;
                 for s in fold.iter_mut() {
