@@ -232,7 +232,7 @@ impl Runner {
             .with_devices(devices)
             .with_hparams(args.hparams(run_config));
         let trainer = match (&dashboard, &view) {
-            (Some(d), Some(_)) => trainer.with_monitor(d.clone()),
+            (Some(d), Some(_)) => trainer.with_logger(d.clone()),
             _ => trainer,
         };
         let backend = args.devices.as_deref().unwrap_or(&self.backend);

@@ -5,10 +5,10 @@
 //! `q` or Ctrl-C stops the run exactly as Ctrl-C does without it (a checkpoint, the summary,
 //! status 130). Without a terminal the run shows the progress bar instead.
 //!
-//! [`Dashboard`] is the [`RunMonitor`] the trainer feeds; [`render`] draws its state into any
+//! [`Dashboard`] is the [`RunLogger`] the trainer feeds; [`render`] draws its state into any
 //! ratatui frame (tested on ratatui's `TestBackend`); [`LiveView`] owns the terminal.
 
-use gym_core::metrics::RunMonitor;
+use gym_core::metrics::RunLogger;
 use gym_core::{SimulatedTime, TrainRecord, ValRecord};
 use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
 use ratatui::crossterm::execute;
@@ -114,7 +114,7 @@ impl DashboardState {
     }
 }
 
-/// The [`RunMonitor`] behind the dashboard: stores what the run reports.
+/// The [`RunLogger`] behind the dashboard: stores what the run reports.
 pub struct Dashboard {
     state: Mutex<DashboardState>,
     start: Instant,
@@ -146,8 +146,8 @@ impl Dashboard {
     }
 }
 
-impl RunMonitor for Dashboard {
-    fn step(&self, record: &TrainRecord, nodes: &[SimulatedTime]) {
+impl RunLogger for Dashboard {
+    fn step(&self, record: &TrainRecord, nodes: &[SimulatedTime]) -> gym_core::Result<()> {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         st.steps_done = record.step + 1;
         if record.train_loss.is_finite() {
@@ -165,13 +165,20 @@ impl RunMonitor for Dashboard {
         st.simulated_s = record.sim_time_s;
         st.bytes_sent = record.bytes_sent;
         st.wall_s = self.start.elapsed().as_secs_f64();
+        Ok(())
     }
 
-    fn validation(&self, record: &ValRecord) {
+    fn validation(&self, record: &ValRecord) -> gym_core::Result<()> {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if record.global_loss.is_finite() {
             st.validation.push((record.step as f64, record.global_loss));
         }
+        Ok(())
+    }
+
+    /// The dashboard replaces the progress bar.
+    fn shows_progress(&self) -> bool {
+        true
     }
 }
 
@@ -439,7 +446,8 @@ mod tests {
     #[test]
     fn the_dashboard_draws_what_the_run_reported() {
         let dash = Dashboard::new("diloco, 3 nodes".into(), 3, 10);
-        dash.step(&record(0, 2.5), &[clock(1.0, 0.0, 0.0, 0.0); 3]);
+        dash.step(&record(0, 2.5), &[clock(1.0, 0.0, 0.0, 0.0); 3])
+            .unwrap();
         dash.step(
             &record(1, 1.25),
             &[
@@ -447,7 +455,8 @@ mod tests {
                 clock(0.2, 1.0, 0.0, 0.0),
                 clock(0.0, 0.0, 0.0, 2.0),
             ],
-        );
+        )
+        .unwrap();
         dash.validation(&ValRecord {
             step: 2,
             examples_seen: 0,
@@ -457,7 +466,8 @@ mod tests {
             global_accuracy: None,
             examples: 10,
             sim_time_s: None,
-        });
+        })
+        .unwrap();
         let state = dash.snapshot();
         assert_eq!(state.steps_done, 2);
         assert_eq!(state.validation, vec![(2.0, 1.4)]);

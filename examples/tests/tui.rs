@@ -150,7 +150,7 @@ fn screenshot() {
         tests::Synthetic::new(256, 16, 4, 2),
     );
     Trainer::new(config)
-        .with_monitor(dashboard.clone())
+        .with_logger(dashboard.clone())
         .fit(tests::small_mlp, &strategy, &data, &tests::SyntheticBatcher)
         .unwrap();
     let state = dashboard.snapshot();

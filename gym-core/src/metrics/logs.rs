@@ -1,13 +1,16 @@
-//! A run's folder: `config.json`, `train.csv`, `validation.csv` and `correlation.csv`,
-//! written row by row as the run goes; and its TensorBoard event file, written record by
-//! record beside them.
+//! The built-in [`RunLogger`]s: the run folder's `config.json`, `train.csv`,
+//! `validation.csv` and `correlation.csv`, written row by row as the run goes; its
+//! TensorBoard event file, written record by record beside them; and JSON lines.
 
+use super::logger::RunLogger;
 use super::records::{CorrelationRecord, TrainRecord, ValRecord};
 use super::tfevents::{EventWriter, HParam, is_event_file};
+use crate::comm::SimulatedTime;
 use crate::error::{GymError, Result};
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
 
 /// A UTC date and time, to the second (no time-zone database needed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,16 +70,22 @@ pub fn default_run_name(strategy: &str, num_nodes: usize) -> String {
     )
 }
 
-/// `train.csv`, `validation.csv` and (when measured) `correlation.csv` of a run.
-pub(crate) struct CsvLogs {
-    train: BufWriter<File>,
-    val: BufWriter<File>,
-    correlation: Option<BufWriter<File>>,
+/// The run folder's `config.json`, `train.csv`, `validation.csv` and (when measured)
+/// `correlation.csv`, a row per record, flushed as written.
+pub struct CsvLogger {
+    files: Mutex<CsvFiles>,
     dir: PathBuf,
 }
 
-impl CsvLogs {
-    /// Creates the run folder, its `config.json` and the CSV headers.
+struct CsvFiles {
+    train: BufWriter<File>,
+    val: BufWriter<File>,
+    correlation: Option<BufWriter<File>>,
+}
+
+impl CsvLogger {
+    /// Creates the run folder `dir`, its `config.json` (`config`) and the CSV files with
+    /// their headers (`correlation.csv` if `correlation`).
     pub fn create(dir: &Path, config: &serde_json::Value, correlation: bool) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(|e| GymError::io(dir, e))?;
         let config_path = dir.join("config.json");
@@ -90,7 +99,7 @@ impl CsvLogs {
                 .map_err(|e| GymError::io(&path, e))?;
             Ok(w)
         };
-        Ok(CsvLogs {
+        let files = CsvFiles {
             train: open("train.csv", TrainRecord::CSV_HEADER)?,
             val: open("validation.csv", ValRecord::CSV_HEADER)?,
             correlation: if correlation {
@@ -98,65 +107,83 @@ impl CsvLogs {
             } else {
                 None
             },
+        };
+        Ok(CsvLogger {
+            files: Mutex::new(files),
             dir: dir.to_path_buf(),
         })
     }
 
-    pub fn correlation_row(&mut self, r: &CorrelationRecord) -> Result<()> {
-        let Some(w) = self.correlation.as_mut() else {
-            return Ok(());
-        };
-        writeln!(w, "{}", r.csv_row())
-            .and_then(|_| w.flush())
-            .map_err(|e| GymError::io(self.dir.join("correlation.csv"), e))
-    }
-
-    pub fn train_row(&mut self, r: &TrainRecord) -> Result<()> {
-        writeln!(self.train, "{}", r.csv_row())
-            .and_then(|_| self.train.flush())
-            .map_err(|e| GymError::io(self.dir.join("train.csv"), e))
-    }
-
-    pub fn val_row(&mut self, r: &ValRecord) -> Result<()> {
-        writeln!(self.val, "{}", r.csv_row())
-            .and_then(|_| self.val.flush())
-            .map_err(|e| GymError::io(self.dir.join("validation.csv"), e))
+    /// Writes `row` as a line of `file` (`name` in the run folder) and flushes it.
+    fn write(&self, name: &str, file: &mut BufWriter<File>, row: String) -> Result<()> {
+        writeln!(file, "{row}")
+            .and_then(|_| file.flush())
+            .map_err(|e| GymError::io(self.dir.join(name), e))
     }
 }
 
-/// Where a run's records go as they come: its CSV files and its TensorBoard event file,
-/// either, both or neither.
-#[derive(Default)]
-pub(crate) struct RunLogs {
-    /// The run folder's CSV files.
-    pub csv: Option<CsvLogs>,
-    /// The run's TensorBoard event file.
-    pub tensorboard: Option<TensorBoardLogs>,
+impl RunLogger for CsvLogger {
+    fn step(&self, r: &TrainRecord, _nodes: &[SimulatedTime]) -> Result<()> {
+        let files = &mut *lock(&self.files);
+        self.write("train.csv", &mut files.train, r.csv_row())
+    }
+
+    fn validation(&self, r: &ValRecord) -> Result<()> {
+        let files = &mut *lock(&self.files);
+        self.write("validation.csv", &mut files.val, r.csv_row())
+    }
+
+    fn correlation(&self, r: &CorrelationRecord) -> Result<()> {
+        match &mut lock(&self.files).correlation {
+            Some(file) => self.write("correlation.csv", file, r.csv_row()),
+            None => Ok(()),
+        }
+    }
 }
 
-impl RunLogs {
-    /// A step's record, to every log (the first error is returned, after every log had it).
-    pub fn train_row(&mut self, r: &TrainRecord) -> Result<()> {
-        let csv = self.csv.as_mut().map_or(Ok(()), |l| l.train_row(r));
-        let tb = self.tensorboard.as_mut().map_or(Ok(()), |l| l.train(r));
-        csv.and(tb)
+/// Every record as one line of JSON, in the order the run completes them:
+/// `{"train": {...}}`, `{"validation": {...}}` or `{"correlation": {...}}`, each record with
+/// the fields of its CSV file (for `jq`, pandas' `read_json(lines=True)`, or a log
+/// shipper).
+pub struct JsonLinesLogger {
+    file: Mutex<BufWriter<File>>,
+    path: PathBuf,
+}
+
+impl JsonLinesLogger {
+    /// Creates (or empties) the file at `path`, and its folder.
+    pub fn create(path: impl Into<PathBuf>) -> Result<Self> {
+        let path = path.into();
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| GymError::io(dir, e))?;
+        }
+        let file = File::create(&path).map_err(|e| GymError::io(&path, e))?;
+        Ok(JsonLinesLogger {
+            file: Mutex::new(BufWriter::new(file)),
+            path,
+        })
     }
 
-    /// An evaluation's record, to every log.
-    pub fn val_row(&mut self, r: &ValRecord) -> Result<()> {
-        let csv = self.csv.as_mut().map_or(Ok(()), |l| l.val_row(r));
-        let tb = self.tensorboard.as_mut().map_or(Ok(()), |l| l.val(r));
-        csv.and(tb)
+    fn line(&self, kind: &str, record: &impl serde::Serialize) -> Result<()> {
+        let line = serde_json::json!({ kind: record });
+        let file = &mut *lock(&self.file);
+        writeln!(file, "{line}")
+            .and_then(|_| file.flush())
+            .map_err(|e| GymError::io(&self.path, e))
+    }
+}
+
+impl RunLogger for JsonLinesLogger {
+    fn step(&self, record: &TrainRecord, _nodes: &[SimulatedTime]) -> Result<()> {
+        self.line("train", record)
     }
 
-    /// A correlation's record, to every log.
-    pub fn correlation_row(&mut self, r: &CorrelationRecord) -> Result<()> {
-        let csv = self.csv.as_mut().map_or(Ok(()), |l| l.correlation_row(r));
-        let tb = self
-            .tensorboard
-            .as_mut()
-            .map_or(Ok(()), |l| l.correlation(r));
-        csv.and(tb)
+    fn validation(&self, record: &ValRecord) -> Result<()> {
+        self.line("validation", record)
+    }
+
+    fn correlation(&self, record: &CorrelationRecord) -> Result<()> {
+        self.line("correlation", record)
     }
 }
 
@@ -166,14 +193,14 @@ impl RunLogs {
 /// evaluation `local_loss`, `local_perplexity`, `global_loss`, `global_perplexity` and, for
 /// classifiers, `local_accuracy` and `global_accuracy`; per measurement `correlation`; the
 /// run's hyper-parameters once, for the HParams tab. The x axis is the step, or with
-/// [`TrainerConfig::tensorboard_examples_axis`](crate::TrainerConfig::tensorboard_examples_axis)
+/// `examples_axis` ([`TrainerConfig::tensorboard_examples_axis`](crate::TrainerConfig::tensorboard_examples_axis))
 /// the examples seen by all nodes (`examples_seen`).
-pub(crate) struct TensorBoardLogs {
-    writer: EventWriter,
+pub struct TensorBoardLogger {
+    writer: Mutex<EventWriter>,
     examples_axis: bool,
 }
 
-impl TensorBoardLogs {
+impl TensorBoardLogger {
     /// Creates `dir` and a new event file there holding `hparams`. The folder's earlier
     /// event files (a run of the same name, or this run before it was resumed, whose records
     /// the recorder writes again) are removed first, as the CSV files are rewritten.
@@ -188,23 +215,26 @@ impl TensorBoardLogs {
         }
         let mut writer = EventWriter::create(dir)?;
         writer.hparams(hparams)?;
-        Ok(TensorBoardLogs {
-            writer,
+        Ok(TensorBoardLogger {
+            writer: Mutex::new(writer),
             examples_axis,
         })
     }
 
-    /// The point on the x axis of a record of `step` with `examples_seen`.
-    fn x(&self, step: usize, examples_seen: u64) -> u64 {
-        if self.examples_axis {
+    /// Writes `scalars` at the point on the x axis of a record of `step` with
+    /// `examples_seen`.
+    fn scalars(&self, step: usize, examples_seen: u64, scalars: &[(&str, f64)]) -> Result<()> {
+        let x = if self.examples_axis {
             examples_seen
         } else {
             step as u64
-        }
+        };
+        lock(&self.writer).scalars(x, scalars)
     }
+}
 
-    /// A step's scalars.
-    pub fn train(&mut self, r: &TrainRecord) -> Result<()> {
+impl RunLogger for TensorBoardLogger {
+    fn step(&self, r: &TrainRecord, _nodes: &[SimulatedTime]) -> Result<()> {
         let mut scalars = vec![
             ("train_loss", r.train_loss),
             ("train_perplexity", r.train_loss.exp()),
@@ -214,13 +244,11 @@ impl TensorBoardLogs {
         if let Some(t) = r.sim_time_s {
             scalars.push(("sim_time_s", t));
         }
-        let x = self.x(r.step, r.examples_seen);
-        self.writer.scalars(x, &scalars)
+        self.scalars(r.step, r.examples_seen, &scalars)
     }
 
-    /// An evaluation's scalars: a node's own model (`local_`) and the averaged one
-    /// (`global_`).
-    pub fn val(&mut self, r: &ValRecord) -> Result<()> {
+    /// A node's own model (`local_`) and the averaged one (`global_`).
+    fn validation(&self, r: &ValRecord) -> Result<()> {
         let mut scalars = vec![
             ("local_loss", r.local_loss),
             ("local_perplexity", r.local_loss.exp()),
@@ -230,15 +258,16 @@ impl TensorBoardLogs {
         if let (Some(local), Some(global)) = (r.local_accuracy, r.global_accuracy) {
             scalars.extend([("local_accuracy", local), ("global_accuracy", global)]);
         }
-        let x = self.x(r.step, r.examples_seen);
-        self.writer.scalars(x, &scalars)
+        self.scalars(r.step, r.examples_seen, &scalars)
     }
 
-    /// The replicas' correlation.
-    pub fn correlation(&mut self, r: &CorrelationRecord) -> Result<()> {
-        let x = self.x(r.step, r.examples_seen);
-        self.writer.scalars(x, &[("correlation", r.correlation)])
+    fn correlation(&self, r: &CorrelationRecord) -> Result<()> {
+        self.scalars(r.step, r.examples_seen, &[("correlation", r.correlation)])
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poison| poison.into_inner())
 }
 
 #[cfg(test)]

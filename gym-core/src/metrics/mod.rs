@@ -1,8 +1,8 @@
 //! What a run measures: the records of every step, evaluation and correlation, the
 //! recorder that collects them from the nodes in step order (and draws the progress bar),
-//! live monitors ([`RunMonitor`]), the run folder's CSV logs, TensorBoard event files
-//! ([`tfevents`]) and timeline ([`trace`]), replica correlation, fingerprints, and what faults cost
-//! ([`ledger`]).
+//! the loggers they go to ([`RunLogger`]: the run folder's CSV files, TensorBoard event
+//! files ([`tfevents`]), JSON lines, a user's own), the timeline ([`trace`]), replica
+//! correlation, fingerprints, and what faults cost ([`ledger`]).
 //!
 //! Uses: [`crate::comm`] for the counters and clocks it records, [`crate::strategy`] for
 //! whether a node's work is merged. The run ([`crate::run`]) feeds it.
@@ -10,8 +10,8 @@
 mod correlation;
 mod fingerprint;
 pub mod ledger;
+mod logger;
 mod logs;
-mod monitor;
 mod recorder;
 mod records;
 mod reports;
@@ -20,9 +20,8 @@ pub mod trace;
 
 pub use correlation::mean_pairwise_correlation;
 pub(crate) use fingerprint::Fingerprint;
-pub(crate) use logs::{CsvLogs, RunLogs, TensorBoardLogs};
-pub use logs::{UtcTime, default_run_name};
-pub use monitor::RunMonitor;
+pub use logger::RunLogger;
+pub use logs::{CsvLogger, JsonLinesLogger, TensorBoardLogger, UtcTime, default_run_name};
 pub(crate) use recorder::{EvalKind, NodeStep, Recorder, Records};
 pub use records::{CorrelationRecord, FIRST_STEPS_KEPT, RunReport, TrainRecord, ValRecord};
 pub(crate) use reports::{Report, Reporter, exchange};

@@ -1,7 +1,6 @@
 //! Collects what the nodes report into records, in step order, and draws the progress bar.
 
-use super::logs::RunLogs;
-use super::monitor::RunMonitor;
+use super::logger::RunLogger;
 use super::records::{CorrelationRecord, FIRST_STEPS_KEPT, TrainRecord, ValRecord};
 use crate::comm::{CommStats, SimulatedTime};
 use crate::error::{GymError, Result};
@@ -33,8 +32,8 @@ pub(crate) struct Recorder {
     examples_per_step: u64,
     start: Instant,
     bar: ProgressBar,
-    /// Watches the records as they are completed (the bar is hidden then).
-    monitor: Option<Arc<dyn RunMonitor>>,
+    /// Where the records go as they are completed, in this order.
+    loggers: Vec<Arc<dyn RunLogger>>,
     state: Mutex<RecorderState>,
 }
 
@@ -50,7 +49,6 @@ struct RecorderState {
     pending_val: BTreeMap<usize, PendingEval>,
     validation: Vec<ValRecord>,
     correlation: Vec<CorrelationRecord>,
-    logs: RunLogs,
     write_error: Option<GymError>,
     /// Each node's simulated clock after its last reported step.
     last_simulated: Vec<SimulatedTime>,
@@ -138,10 +136,9 @@ impl Recorder {
         max_steps: usize,
         simulates: bool,
         progress: bool,
-        logs: RunLogs,
-        monitor: Option<Arc<dyn RunMonitor>>,
+        loggers: Vec<Arc<dyn RunLogger>>,
     ) -> Self {
-        let target = if progress && monitor.is_none() {
+        let target = if progress && !loggers.iter().any(|l| l.shows_progress()) {
             ProgressDrawTarget::stderr()
         } else {
             ProgressDrawTarget::hidden()
@@ -162,7 +159,7 @@ impl Recorder {
             simulates,
             start: now,
             bar,
-            monitor,
+            loggers,
             state: Mutex::new(RecorderState {
                 pending: BTreeMap::new(),
                 next_step: 0,
@@ -176,7 +173,6 @@ impl Recorder {
                 pending_val: BTreeMap::new(),
                 validation: Vec::new(),
                 correlation: Vec::new(),
-                logs,
                 write_error: None,
                 last_simulated: vec![SimulatedTime::default(); num_nodes],
                 first_steps: Vec::new(),
@@ -270,14 +266,9 @@ impl Recorder {
             self.bar.set_position(step as u64 + 1);
             self.bar
                 .set_message(format!("loss {:.4} lr {:.6}", rec.train_loss, rec.lr));
-            if let Err(e) = st.logs.train_row(&rec) {
-                st.write_error.get_or_insert(e);
-            }
-            if let Some(monitor) = &self.monitor {
-                let nodes: Vec<SimulatedTime> =
-                    p.simulated.iter().map(|s| s.unwrap_or_default()).collect();
-                monitor.step(&rec, &nodes);
-            }
+            let nodes: Vec<SimulatedTime> =
+                p.simulated.iter().map(|s| s.unwrap_or_default()).collect();
+            self.log(&mut st, |l| l.step(&rec, &nodes));
             st.train.push(rec);
             st.next_step += 1;
         }
@@ -309,12 +300,7 @@ impl Recorder {
                 examples: n,
                 sim_time_s,
             };
-            if let Err(e) = st.logs.val_row(&rec) {
-                st.write_error.get_or_insert(e);
-            }
-            if let Some(monitor) = &self.monitor {
-                monitor.validation(&rec);
-            }
+            self.log(&mut st, |l| l.validation(&rec));
             st.validation.push(rec);
         }
     }
@@ -327,13 +313,18 @@ impl Recorder {
             examples_seen: st.examples_before(steps, self.examples_per_step),
             correlation,
         };
-        if let Err(e) = st.logs.correlation_row(&rec) {
-            st.write_error.get_or_insert(e);
-        }
-        if let Some(monitor) = &self.monitor {
-            monitor.correlation(&rec);
-        }
+        self.log(&mut st, |l| l.correlation(&rec));
         st.correlation.push(rec);
+    }
+
+    /// Hands a record to every logger (`write`); the first error is kept for
+    /// [`finish`](Self::finish), and every logger still has the record.
+    fn log(&self, st: &mut RecorderState, write: impl Fn(&dyn RunLogger) -> Result<()>) {
+        for logger in &self.loggers {
+            if let Err(e) = write(&**logger) {
+                st.write_error.get_or_insert(e);
+            }
+        }
     }
 
     /// Seconds from the recorder's creation to the last completed step.
@@ -390,20 +381,14 @@ impl Recorder {
     /// again), the next step is `next_step`, and `clocks` are the nodes' simulated clocks.
     pub fn restore(&self, next_step: usize, records: Records, clocks: Vec<SimulatedTime>) {
         let mut st = self.lock();
-        let logs = &mut st.logs;
-        let written = records
-            .train
-            .iter()
-            .try_for_each(|r| logs.train_row(r))
-            .and_then(|_| records.validation.iter().try_for_each(|r| logs.val_row(r)))
-            .and_then(|_| {
-                records
-                    .correlation
-                    .iter()
-                    .try_for_each(|r| logs.correlation_row(r))
-            });
-        if let Err(e) = written {
-            st.write_error.get_or_insert(e);
+        for r in &records.train {
+            self.log(&mut st, |l| l.step(r, &[]));
+        }
+        for r in &records.validation {
+            self.log(&mut st, |l| l.validation(r));
+        }
+        for r in &records.correlation {
+            self.log(&mut st, |l| l.correlation(r));
         }
         st.next_step = next_step;
         st.train = records.train;
@@ -450,7 +435,7 @@ mod tests {
 
     #[test]
     fn recorder_emits_steps_in_order_with_the_mean_loss_over_nodes() {
-        let r = Recorder::new(2, 8, 2, false, false, RunLogs::default(), None);
+        let r = Recorder::new(2, 8, 2, false, false, Vec::new());
         let c = CommStats {
             bytes_sent: 10,
             bytes_received: 20,
@@ -500,7 +485,7 @@ mod tests {
     #[test]
     fn the_first_steps_keep_each_nodes_simulated_times_of_the_step() {
         let steps = FIRST_STEPS_KEPT + 3;
-        let r = Recorder::new(2, 8, steps, true, false, RunLogs::default(), None);
+        let r = Recorder::new(2, 8, steps, true, false, Vec::new());
         let mut clocks = [SimulatedTime::default(); 2];
         for step in 0..steps {
             for (rank, clock) in clocks.iter_mut().enumerate() {

@@ -155,7 +155,7 @@ impl Trainer {
                 interrupt: None,
                 final_evaluation: false,
                 hparams: None,
-                monitor: None,
+                loggers: Vec::new(),
             };
             let baseline = memory::reset_peak()?;
             let out = trainer.fit(&init, strategy, data, batcher);

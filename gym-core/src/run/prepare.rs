@@ -13,7 +13,8 @@ use crate::error::{GymError, Result};
 use crate::metrics::ledger::ElasticReport;
 use crate::metrics::tfevents::hparams_from_json;
 use crate::metrics::{
-    CsvLogs, Fingerprint, Recorder, Records, RunLogs, RunReport, TensorBoardLogs, default_run_name,
+    CsvLogger, Fingerprint, Recorder, Records, RunLogger, RunReport, TensorBoardLogger,
+    default_run_name,
 };
 use crate::model::{TrainModel, cast_params, in_f32};
 use crate::state::params::ParamLayout;
@@ -24,12 +25,20 @@ use burn::data::dataloader::batcher::Batcher;
 use burn::module::ParamId;
 use burn::tensor::{Device, Distribution, Tensor, TensorData};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 impl Trainer {
     /// The recorder of a run planned as `plan`, drawing a bar if `progress`.
-    pub(super) fn recorder(&self, plan: &RunPlan, progress: bool, logs: RunLogs) -> Recorder {
+    /// Its records go to `logs` (the run folder's), then to the trainer's own loggers.
+    pub(super) fn recorder(
+        &self,
+        plan: &RunPlan,
+        progress: bool,
+        mut logs: Vec<Arc<dyn RunLogger>>,
+    ) -> Recorder {
         let cfg = &self.config;
+        logs.extend(self.loggers.iter().cloned());
         Recorder::new(
             cfg.num_nodes,
             (cfg.batch_size * cfg.num_nodes) as u64,
@@ -37,7 +46,6 @@ impl Trainer {
             cfg.simulation.is_some(),
             progress,
             logs,
-            self.monitor.clone(),
         )
     }
 
@@ -276,7 +284,8 @@ impl Trainer {
                     "model": { "type": std::any::type_name::<M>(), "trainable_parameters": num_params },
                     "devices": devices.iter().map(|d| format!("{d:?}")).collect::<Vec<_>>(),
                 });
-                let logs = CsvLogs::create(dir, &config_json, cfg.correlation_interval.is_some())?;
+                let logs =
+                    CsvLogger::create(dir, &config_json, cfg.correlation_interval.is_some())?;
                 if let Some(schedule) = &cfg.faults {
                     // The faults in effect, random ones as drawn: what the run met.
                     let faults = serde_json::json!({
@@ -299,7 +308,7 @@ impl Trainer {
                     None => default_hparams(cfg, strategy, plan.max_steps),
                 };
                 let dir = PathBuf::from(dir).join(&run_name);
-                Some(TensorBoardLogs::create(
+                Some(TensorBoardLogger::create(
                     &dir,
                     &hparams,
                     cfg.tensorboard_examples_axis,
@@ -325,7 +334,13 @@ impl Trainer {
             plan,
             starts,
             facts,
-            logs: RunLogs { csv, tensorboard },
+            logs: [
+                csv.map(|l| Arc::new(l) as Arc<dyn RunLogger>),
+                tensorboard.map(|l| Arc::new(l) as Arc<dyn RunLogger>),
+            ]
+            .into_iter()
+            .flatten()
+            .collect(),
             identity,
         })
     }
@@ -359,7 +374,8 @@ pub(super) struct Prepared<M, I> {
     /// The nodes that run here, in the order asked for.
     pub starts: Vec<NodeStart<M, I>>,
     pub facts: RunFacts,
-    pub logs: RunLogs,
+    /// The run folder's loggers (CSV, TensorBoard), on the process that writes them.
+    pub logs: Vec<Arc<dyn RunLogger>>,
     pub identity: Identity,
 }
 

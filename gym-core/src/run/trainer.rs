@@ -15,7 +15,7 @@ use crate::comm::trace::{NodeTimeline, TimelineRecord};
 use crate::comm::transport::{ThreadTransport, Transport};
 use crate::comm::{Collective, ComputeSlots, run_on_threads};
 use crate::error::{GymError, Result};
-use crate::metrics::RunMonitor;
+use crate::metrics::RunLogger;
 use crate::metrics::ledger::NodeLedger;
 use crate::metrics::trace::{MAX_TRACE_EVENTS, Trace};
 use crate::metrics::{Records, RunReport, default_run_name, exchange};
@@ -63,8 +63,8 @@ pub struct Trainer {
     pub(super) final_evaluation: bool,
     /// The hyper-parameters a run's TensorBoard events record ([`Self::with_hparams`]).
     pub(super) hparams: Option<serde_json::Value>,
-    /// Watches the run live ([`Self::with_monitor`]).
-    pub(super) monitor: Option<Arc<dyn RunMonitor>>,
+    /// Where the records also go ([`Self::with_logger`]).
+    pub(super) loggers: Vec<Arc<dyn RunLogger>>,
 }
 
 impl Trainer {
@@ -76,7 +76,7 @@ impl Trainer {
             interrupt: None,
             final_evaluation: true,
             hparams: None,
-            monitor: None,
+            loggers: Vec::new(),
         }
     }
 
@@ -106,11 +106,12 @@ impl Trainer {
         self
     }
 
-    /// Hands every step's record, with each node's simulated seconds of the step, and every
-    /// evaluation to `monitor` as the run completes them (a live dashboard); the progress
-    /// bar is not drawn then.
-    pub fn with_monitor(mut self, monitor: Arc<dyn RunMonitor>) -> Self {
-        self.monitor = Some(monitor);
+    /// Hands every step's record, with each node's simulated seconds of the step, every
+    /// evaluation and every correlation to `logger` as the run completes them, after the
+    /// run folder's CSV and TensorBoard logs: a [`JsonLinesLogger`](crate::metrics::JsonLinesLogger),
+    /// a live dashboard, or a logger of one's own. Each call adds one.
+    pub fn with_logger(mut self, logger: Arc<dyn RunLogger>) -> Self {
+        self.loggers.push(logger);
         self
     }
 
