@@ -5,51 +5,32 @@
 //!
 //! `cargo run --release -p examples --example lookahead -- ../shared/data/mnist`
 
-use burn::tensor::Tensor;
-use gym_core::{InnerOptimizerConfig, NodeData, NodeInfo, ReduceOp, Replica, StepContext};
-use gym_core::{StrategyConfig, Trainer, TrainerConfig};
+use gym_core::TrainerConfig;
+use gym_core::{InnerOptimizerConfig, NodeData, ReduceOp, StrategyConfig, Trainer};
 use gym_data::{MnistBatcher, MnistDataset, MnistSplit};
 use gym_models::MlpConfig;
-use gym_strategies::communicate::CommunicationModule;
-use gym_strategies::{CommunicateOptimizeConfig, module_fn};
+use gym_strategies::{CommunicateOptimizeConfig, round_fn};
 
 // ANCHOR: strategy
-/// What each node keeps: the settings, and the slow weights φ.
-struct Lookahead {
-    h: usize,
-    alpha: f64,
-    slow: Tensor<1>,
-}
-
-/// Runs after every inner step; acts at the end of each round of H steps.
-impl CommunicationModule for Lookahead {
-    fn communicate(
-        &mut self,
-        replica: &mut dyn Replica,
-        ctx: &mut StepContext<'_>,
-    ) -> gym_core::Result<()> {
-        if ctx.ends_round(self.h) {
+/// AdamW at `lr` on each node; at the end of every round of `h` steps, the slow weights φ
+/// (starting where the replicas start) move toward the replicas' mean by `alpha`, and every
+/// replica restarts from φ.
+fn lookahead(h: usize, alpha: f64, lr: f64) -> CommunicateOptimizeConfig {
+    let inner = InnerOptimizerConfig::new().with_lr(lr);
+    let outer = round_fn(
+        "lookahead",
+        h,
+        |node| node.initial_params.clone(),
+        move |slow, replica, ctx| {
             let mean = ctx
                 .collective
                 .all_reduce(replica.params(), ReduceOp::Mean)?;
-            self.slow = self.slow.clone() + (mean - self.slow.clone()).mul_scalar(self.alpha);
-            replica.set_params(self.slow.clone());
-        }
-        Ok(())
-    }
-}
-
-/// AdamW at `lr` on each node, then the Lookahead round; φ starts as the replicas do.
-fn lookahead(h: usize, alpha: f64, lr: f64) -> CommunicateOptimizeConfig {
-    let inner = InnerOptimizerConfig::new().with_lr(lr);
-    CommunicateOptimizeConfig::new("lookahead-diloco", inner).with_module(module_fn(
-        "lookahead",
-        move |node: &NodeInfo<'_>| Lookahead {
-            h,
-            alpha,
-            slow: node.initial_params.clone(),
+            *slow = slow.clone() + (mean - slow.clone()).mul_scalar(alpha);
+            replica.set_params(slow.clone());
+            Ok(())
         },
-    ))
+    );
+    CommunicateOptimizeConfig::new("lookahead-diloco", inner).with_module(outer)
 }
 // ANCHOR_END: strategy
 

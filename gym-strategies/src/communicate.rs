@@ -123,46 +123,6 @@ pub trait CommunicationModuleConfig: Send + Sync {
     }
 }
 
-/// A communication module's configuration made of a name and a function that builds each
-/// node's module ([`module_fn`]).
-pub struct ModuleFn<F> {
-    name: String,
-    build: F,
-}
-
-/// A module of one's own without a configuration type: `build` makes each node's module
-/// from its [`NodeInfo`] (the settings it captures, and the node's starting parameters,
-/// rank, layout…), as [`std::iter::from_fn`] makes an iterator of a closure. With
-/// [`CommunicateOptimizeConfig`], a whole strategy is one struct, one `impl
-/// CommunicationModule` and one expression (`examples/examples/lookahead.rs`). Its state is
-/// not checkpointed unless the module implements
-/// [`save_state`](CommunicationModule::save_state) and
-/// [`load_state`](CommunicationModule::load_state).
-pub fn module_fn<F, M>(name: impl Into<String>, build: F) -> ModuleFn<F>
-where
-    F: Fn(&NodeInfo<'_>) -> M + Send + Sync,
-    M: CommunicationModule + 'static,
-{
-    ModuleFn {
-        name: name.into(),
-        build,
-    }
-}
-
-impl<F, M> CommunicationModuleConfig for ModuleFn<F>
-where
-    F: Fn(&NodeInfo<'_>) -> M + Send + Sync,
-    M: CommunicationModule + 'static,
-{
-    fn name(&self) -> String {
-        self.name.clone()
-    }
-
-    fn init(&self, node: &NodeInfo<'_>) -> Result<Box<dyn CommunicationModule>> {
-        Ok(Box::new((self.build)(node)))
-    }
-}
-
 /// A strategy made of: local gradient clipping → inner optimizer step → each communication
 /// module in order (the schedule advances with the inner step).
 #[derive(Clone)]

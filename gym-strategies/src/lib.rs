@@ -52,6 +52,7 @@ mod eager_diloco;
 mod fedavg;
 mod free_async_diloco;
 mod index_selector;
+mod module_fn;
 mod muloco;
 mod noloco;
 mod outer;
@@ -89,7 +90,7 @@ pub static STRATEGIES: &[registry::Entry] = &[
 
 pub use all_reduce::{AllReduce, AllReduceConfig};
 pub use async_diloco::{AsyncDiLoCo, AsyncDiLoCoConfig};
-pub use communicate::{CommunicateOptimize, CommunicateOptimizeConfig, ModuleFn, module_fn};
+pub use communicate::{CommunicateOptimize, CommunicateOptimizeConfig};
 pub use compress::{Aggregation, Codec, CompressionConfig, Compressor, Quantizer};
 pub use demo::{DeMo, DeMoConfig};
 pub use desloc::{DesLoc, DesLocConfig};
@@ -102,6 +103,7 @@ pub use fedavg::{
 };
 pub use free_async_diloco::{FreeAsyncDiLoCo, FreeAsyncDiLoCoConfig};
 pub use index_selector::{IndexSelector, IndexSelectorKind, IndexSelectorRecord};
+pub use module_fn::{ModuleFn, RoundFn, RoundRecord, module_fn, round_fn};
 pub use muloco::{
     MuLoCoConfig, hidden_matrices, muloco_communicator, muloco_inner, muon_for_matrices,
 };

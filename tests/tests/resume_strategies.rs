@@ -9,15 +9,16 @@ use burn::tensor::{Device, Tensor, TensorData};
 use gym_core::rng::derive_seed;
 use gym_core::{
     CommStats, InProcessGroup, InnerOptimizerConfig, LrScheduleConfig, ModelReplica, NodeInfo,
-    OptimizerConfig, ParamLayout, Replica, StateDict, StepContext, StrategyConfig,
+    OptimizerConfig, ParamLayout, ReduceOp, Replica, StateDict, StepContext, StrategyConfig,
 };
 use gym_models::Mlp;
 use gym_strategies::compress::PowerSgdCompressionConfig;
 use gym_strategies::{
-    AllReduceConfig, AsyncDiLoCoConfig, AveragingCommunicatorConfig, CompressionConfig, DeMoConfig,
-    DesLocConfig, DiLoCoCommunicatorConfig, DiLoCoConfig, FedAvgConfig, IndexSelectorKind,
-    MuLoCoConfig, NoLoCoCommunicatorConfig, NoLoCoConfig, PowerSgdConfig, SparseCommunicatorConfig,
-    SparseLoCoConfig, SpartaConfig, SpartaDiLoCoConfig, StreamingDiLoCoConfig, muloco_communicator,
+    AllReduceConfig, AsyncDiLoCoConfig, AveragingCommunicatorConfig, CommunicateOptimizeConfig,
+    CompressionConfig, DeMoConfig, DesLocConfig, DiLoCoCommunicatorConfig, DiLoCoConfig,
+    FedAvgConfig, IndexSelectorKind, MuLoCoConfig, NoLoCoCommunicatorConfig, NoLoCoConfig,
+    PowerSgdConfig, SparseCommunicatorConfig, SparseLoCoConfig, SpartaConfig, SpartaDiLoCoConfig,
+    StreamingDiLoCoConfig, muloco_communicator, round_fn,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -331,6 +332,27 @@ fn resume_diloco_is_bit_identical_between_and_at_syncs() {
         10,
         &[3, 4],
     );
+}
+
+/// A module of one's own made of two closures ([`round_fn`]): its tensor of state (a
+/// Lookahead's slow weights) is checkpointed, between rounds and at their ends.
+#[test]
+fn resume_a_round_fn_module_keeps_its_state() {
+    let lookahead = round_fn(
+        "lookahead",
+        3,
+        |node| node.initial_params.clone(),
+        |slow, replica, ctx| {
+            let mean = ctx
+                .collective
+                .all_reduce(replica.params(), ReduceOp::Mean)?;
+            *slow = slow.clone() + (mean - slow.clone()).mul_scalar(0.5);
+            replica.set_params(slow.clone());
+            Ok(())
+        },
+    );
+    let strategy = CommunicateOptimizeConfig::new("lookahead", adamw()).with_module(lookahead);
+    assert_resumes_exactly(&strategy, &EQUAL_SPEEDS, 10, &[3, 4]);
 }
 
 #[test]
