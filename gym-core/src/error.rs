@@ -166,7 +166,23 @@ impl GymError {
     }
 }
 
-/// Shorthand for results in this crate.
+/// Shorthand for results in this crate: `Result<T>` is `Result<T, GymError>`. The error
+/// type is a default, not fixed, so where this name shadows std's (`use gym_core::*`, or
+/// `use gym_core::Result`) a `Result` with two parameters means what it means in std:
+///
+/// ```
+/// use gym_core::*;
+///
+/// fn parse(text: &str) -> Result<u32, std::num::ParseIntError> {
+///     text.parse()
+/// }
+///
+/// fn main() -> Result<(), Box<dyn std::error::Error>> {
+///     let steps: Result<u32> = Ok(parse("12")?);
+///     assert_eq!(steps?, 12);
+///     Ok(())
+/// }
+/// ```
 pub type Result<T, E = GymError> = std::result::Result<T, E>;
 
 /// The message of a panic payload.
