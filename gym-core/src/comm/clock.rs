@@ -96,6 +96,18 @@ impl NodeClock {
         Some(call)
     }
 
+    /// The step the node is in, as its trace labels spans (0 when not tracing).
+    pub fn trace_step(&self) -> usize {
+        self.trace.as_deref().map_or(0, ClockTrace::step)
+    }
+
+    /// While tracing, records `call`'s transfer from `start` to `end`, as made in `step`.
+    pub fn trace_transfer(&mut self, step: usize, start: f64, end: f64, call: &Arc<CallInfo>) {
+        if let Some(trace) = self.trace.as_deref_mut() {
+            trace.push_in_step(step, SpanKind::Transfer, start, end, Some(call));
+        }
+    }
+
     /// Keeps the link busy until a transfer that ends at `end_s` has ended.
     pub fn occupy_link(&mut self, end_s: f64) {
         self.link_free_s = self.link_free_s.max(end_s);

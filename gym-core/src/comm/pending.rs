@@ -10,7 +10,7 @@
 use super::real_clock::{RealKind, not_own_work};
 use crate::error::CollectiveError;
 use serde::{Deserialize, Serialize};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// The result of a collective started without waiting for it
 /// ([`Collective::all_reduce_start`](crate::comm::Collective::all_reduce_start), [`Collective::all_gather_start`](crate::comm::Collective::all_gather_start)). Take it with
@@ -20,8 +20,12 @@ use std::sync::{Mutex, OnceLock};
 pub struct Pending<T> {
     value: Incoming<T>,
     finish: Option<Box<dyn FnOnce() + Send>>,
-    timing: Option<TransferTiming>,
+    timing: Option<TimingOf>,
 }
+
+/// When a started transfer runs on the simulated clock, found when asked (its members'
+/// readiness may still be on its way); `None` for a call that failed.
+type TimingOf = Arc<dyn Fn() -> Option<TransferTiming> + Send + Sync>;
 
 /// When a started collective's transfer ran on the simulated clock: what a checkpoint saves
 /// of a [`Pending`] so that a resumed run charges its wait exactly
@@ -47,16 +51,16 @@ impl<T> Pending<T> {
     }
 
     /// A result whose waiting runs `finish` (charging the clock of a transfer that ran as
-    /// `timing` says) before handing it over.
+    /// `timing` says, when asked) before handing it over.
     pub(crate) fn new(
         value: Incoming<T>,
         finish: Box<dyn FnOnce() + Send>,
-        timing: TransferTiming,
+        timing: impl Fn() -> Option<TransferTiming> + Send + Sync + 'static,
     ) -> Self {
         Pending {
             value,
             finish: Some(finish),
-            timing: Some(timing),
+            timing: Some(Arc::new(timing)),
         }
     }
 
@@ -71,8 +75,10 @@ impl<T> Pending<T> {
 
     /// When the transfer ran on the simulated clock, if it is timed: save it to resume the
     /// wait with [`Collective::resume_pending`](crate::comm::Collective::resume_pending).
+    /// Across processes it is known once every member's header has arrived, which this
+    /// waits for.
     pub fn timing(&self) -> Option<TransferTiming> {
-        self.timing
+        self.timing.as_ref().and_then(|timing| timing())
     }
 
     /// A pending result transformed by `f` once it has arrived (e.g. decoded); `f` runs on
@@ -145,6 +151,12 @@ impl<T> Incoming<T> {
             value: OnceLock::new(),
             arrival: Mutex::new(Some(arrival)),
         }
+    }
+
+    /// Whether it has arrived (or its transfer has failed): [`get`](Self::get) would not
+    /// wait.
+    pub fn is_here(&self) -> bool {
+        self.value.get().is_some()
     }
 
     /// The value, once it has arrived (or the error that ended its transfer).
@@ -261,7 +273,7 @@ mod tests {
             Box::new(move || {
                 c.fetch_add(1, Ordering::SeqCst);
             }),
-            timing,
+            move || Some(timing),
         );
         let (value, transfer) = pending.map(|v| v.len()).into_parts();
         assert_eq!(transfer.timing(), Some(timing));

@@ -195,4 +195,39 @@ mod tests {
             "{own} + {blocked} vs {total}"
         );
     }
+
+    #[test]
+    fn own_work_done_while_a_started_transfer_runs_hides_it() {
+        use crate::comm::{CollectiveOp, Group, InProcessGroup, Link, Network, ReduceOp};
+        use burn::tensor::{Device, Tensor};
+        // 400 KB over 2 nodes at 10 Mbit/s: a transfer of about 0.3 s.
+        let network = Network::switch(Link::symmetric(10e6, 0.0));
+        let op = CollectiveOp::AllReduce(ReduceOp::Mean);
+        let transfer_s = network.collective_time(op, &Group::world(2), 400_000);
+        let group = InProcessGroup::simulated(2, network);
+        let runs = group.run(|comm| {
+            comm.measure_own_work(Some(1.0));
+            let values = Tensor::<1>::ones([100_000], &Device::default());
+            let pending = comm.all_reduce_start(values, ReduceOp::Mean)?;
+            // The node's own work while the data moves.
+            std::thread::sleep(Duration::from_millis(100));
+            pending.wait()?;
+            comm.charge_own_work();
+            Ok::<_, crate::error::CollectiveError>(())
+        });
+        for run in runs.unwrap() {
+            run.unwrap().unwrap();
+        }
+        for rank in 0..2 {
+            let t = group.simulated_time(rank).unwrap();
+            assert!(t.compute_s >= 0.1, "{t:?}");
+            // The work ran behind the transfer: the clock ends with the later of the two,
+            // not with their sum (the wait charged from before the work).
+            let hidden = transfer_s.max(t.compute_s);
+            assert!(
+                (t.now_s - hidden).abs() < 0.01,
+                "rank {rank}: {t:?}, transfer {transfer_s} s"
+            );
+        }
+    }
 }

@@ -364,8 +364,26 @@ impl ClockTrace {
         self.step = step;
     }
 
+    /// The step the node is in.
+    pub fn step(&self) -> usize {
+        self.step
+    }
+
     /// Records a span (none for an empty one).
     pub fn push(&mut self, kind: SpanKind, start_s: f64, end_s: f64, call: Option<&Arc<CallInfo>>) {
+        self.push_in_step(self.step, kind, start_s, end_s, call);
+    }
+
+    /// Records a span of `step` (a transfer placed on the clock after the step it was
+    /// started in).
+    pub fn push_in_step(
+        &mut self,
+        step: usize,
+        kind: SpanKind,
+        start_s: f64,
+        end_s: f64,
+        call: Option<&Arc<CallInfo>>,
+    ) {
         if end_s <= start_s {
             return;
         }
@@ -373,7 +391,7 @@ impl ClockTrace {
             kind,
             start_s,
             end_s,
-            steps: (self.step, self.step),
+            steps: (step, step),
             merged: 1,
             call: call.cloned(),
         });

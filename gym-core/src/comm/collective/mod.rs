@@ -11,13 +11,17 @@ use super::pending::{Incoming, Pending, TransferTiming};
 use super::quorum::QuorumRule;
 use super::real_clock::{LocalWork, RealKind, not_own_work};
 use super::trace::{CallInfo, group_text, op_name};
-use super::transport::{Contribution, Delivery, Header, Transport};
+use super::transport::{Contribution, Delivery, Header, Started, Transport};
 use crate::error::CollectiveError;
 use burn::tensor::{Device, Tensor, TensorData};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 mod nonblocking;
+mod own_work;
+mod placing;
 mod tracing;
+
+use placing::ClockedCall;
 
 /// Communication between the nodes of one run, as seen by one node (rank).
 ///
@@ -60,6 +64,9 @@ struct NodeState {
     /// ([`Collective::measure_own_work`]): since when, and the factor of its step (its
     /// speed and jitter).
     local: Mutex<Option<(LocalWork, f64)>>,
+    /// Started calls whose members' headers are still on their way, in the order they were
+    /// made ([`placing`]).
+    placing: Mutex<Vec<Arc<ClockedCall>>>,
 }
 
 impl std::fmt::Debug for Collective {
@@ -93,6 +100,7 @@ impl Collective {
                 clock: Mutex::new(NodeClock::default()),
                 stats: Mutex::new([CommStats::default(); 2]),
                 local: Mutex::new(None),
+                placing: Mutex::new(Vec::new()),
             }),
             rank,
             observer: false,
@@ -275,13 +283,13 @@ impl Collective {
         let group = self.present_in(group)?;
         let own_ready = self.own_ready();
         let op = CollectiveOp::Quorum;
-        let (headers, _, _) =
+        let (Started { headers, .. }, _) =
             self.exchange(&group, op, own_ready, Contribution::None, None, Lane::Now)?;
         let arrivals: Vec<(usize, f64)> = group
             .members()
             .iter()
             .copied()
-            .zip(headers.iter().map(|h| h.ready_s))
+            .zip(headers.into_inner()?.iter().map(|h| h.ready_s))
             .collect();
         let (taken, close) = rule.select(&arrivals);
         let taken = Group::new(taken);
@@ -365,33 +373,6 @@ impl Collective {
         }
     }
 
-    /// Charges the node's own work to its clock as measured on this machine
-    /// ([`own_work`](super::own_work)), `factor` times (its speed and jitter this step),
-    /// from now on (or on from where it was): each training call first charges the work
-    /// done since the last charge, and so does [`charge_own_work`](Self::charge_own_work).
-    /// `None` stops it.
-    pub(crate) fn measure_own_work(&self, factor: Option<f64>) {
-        if self.node.network.is_none() {
-            return;
-        }
-        let mut local = lock(&self.node.local);
-        *local = match (factor, local.take()) {
-            (Some(f), Some((work, _))) => Some((work, f)),
-            (Some(f), None) => Some((LocalWork::start(), f)),
-            (None, _) => None,
-        };
-    }
-
-    /// Charges the own work done since the last charge, if it is being measured.
-    pub(crate) fn charge_own_work(&self) {
-        let work = lock(&self.node.local)
-            .as_mut()
-            .map(|(work, factor)| work.take() * *factor);
-        if let Some(seconds) = work.filter(|&s| s > 0.0) {
-            lock(&self.node.clock).compute(seconds);
-        }
-    }
-
     /// Moves this node's simulated clock forward to `time_s`, the time between counted as
     /// away ([`SimulatedTime::down_s`]): a node that rejoins catches up with the time the
     /// others have reached.
@@ -405,6 +386,7 @@ impl Collective {
     /// checkpoint saves.
     pub fn clock_state(&self) -> Option<(SimulatedTime, f64)> {
         self.node.network.as_ref().map(|_| {
+            self.node.place_started(None);
             let c = lock(&self.node.clock);
             (c.time, c.link_free_s)
         })
@@ -428,6 +410,7 @@ impl Collective {
     /// When this node is ready for a call on the simulated clock (0 when untimed).
     fn own_ready(&self) -> f64 {
         if self.timed() {
+            self.node.place_started(None);
             lock(&self.node.clock).ready()
         } else {
             0.0
@@ -454,7 +437,7 @@ impl Collective {
     /// Runs one call through the transport on `lane`, counts it, and times it (its tensor's
     /// values counted and timed at `wire_bytes` each; `None`: its element type's size): the
     /// transfer starts when the last member is ready and keeps this node's link busy until
-    /// it ends. The returned `Pending` charges the wait when taken.
+    /// it ends ([`placing`]). The returned `Pending` charges the wait when taken.
     fn call(
         &self,
         group: &Group,
@@ -467,39 +450,39 @@ impl Collective {
             self.charge_own_work();
         }
         let own_ready = self.own_ready();
-        let (headers, delivery, payload) =
+        let (Started { headers, delivery }, payload) =
             self.exchange(group, op, own_ready, contribution, wire_bytes, lane)?;
-        let timing = match &self.node.network {
-            Some(network) if !self.observer => {
-                let start = headers.iter().map(|h| h.ready_s).fold(0.0, f64::max);
-                Some(TransferTiming {
-                    own_ready_s: own_ready,
-                    start_s: start,
-                    end_s: start + network.collective_time(op, group, payload),
-                })
-            }
-            _ => None,
+        let Some(network) = self.node.network.as_ref().filter(|_| !self.observer) else {
+            return Ok(Pending::new_untimed(delivery));
         };
-        Ok(match (timing, &self.node.network) {
-            (Some(timing), Some(network)) => {
-                let mut clock = lock(&self.node.clock);
-                clock.occupy_link(timing.end_s);
-                let transfer = Some((timing.start_s, timing.end_s));
-                let text = || group_text(group.members()).into();
-                let call = clock.trace_call(text, transfer, |name| {
-                    let (call, bytes) = ((op, group, self.rank), self.stats().bytes_sent);
-                    let algorithm = network.algorithm(op, group);
-                    let info = CallInfo::new(call, payload, bytes, algorithm, name);
-                    CallInfo {
-                        purpose: self.purpose,
-                        ..info
-                    }
-                });
-                drop(clock);
-                self.pending(delivery, timing, call)
-            }
-            _ => Pending::new_untimed(delivery),
-        })
+        let traced = {
+            let mut clock = lock(&self.node.clock);
+            let step = clock.trace_step();
+            let text = || group_text(group.members()).into();
+            let call = clock.trace_call(text, None, |name| {
+                let (call, bytes) = ((op, group, self.rank), self.stats().bytes_sent);
+                let algorithm = network.algorithm(op, group);
+                let info = CallInfo::new(call, payload, bytes, algorithm, name);
+                CallInfo {
+                    purpose: self.purpose,
+                    ..info
+                }
+            });
+            call.map(|call| (call, step))
+        };
+        let call = Arc::new(ClockedCall::new(
+            headers,
+            own_ready,
+            (op, group),
+            payload,
+            traced,
+        ));
+        if call.headers_here() {
+            call.place(&self.node);
+        } else {
+            lock(&self.node.placing).push(call.clone());
+        }
+        Ok(self.pending(delivery, call))
     }
 
     /// Checks `group` and the call, hands it to the transport on `lane`, and counts it.
@@ -515,7 +498,7 @@ impl Collective {
         contribution: Contribution,
         wire_bytes: Option<u64>,
         lane: Lane,
-    ) -> Result<(Vec<Header>, Incoming<Delivery>, u64), CollectiveError> {
+    ) -> Result<(Started, u64), CollectiveError> {
         group.validate(self.rank, self.world_size())?;
         if let CollectiveOp::Broadcast { root } | CollectiveOp::BroadcastBytes { root } = op
             && !group.contains(root)
@@ -545,42 +528,54 @@ impl Collective {
             true => RealKind::Simulator,
             false => RealKind::Communication,
         };
-        let (headers, delivery) = not_own_work(kind, op_name(op), || match lane {
+        let started = not_own_work(kind, op_name(op), || match lane {
             Lane::Now => {
                 let done = self
                     .transport
                     .exchange(self.rank, group, header, contribution)?;
-                Ok::<_, CollectiveError>((done.headers, Incoming::ready(done.delivery)))
+                Ok::<_, CollectiveError>(Started {
+                    headers: Incoming::ready(done.headers),
+                    delivery: Incoming::ready(done.delivery),
+                })
             }
-            Lane::Background => {
-                let started = self
-                    .transport
-                    .start(self.rank, group, header, contribution)?;
-                Ok((started.headers, started.delivery))
-            }
+            Lane::Background => self.transport.start(self.rank, group, header, contribution),
         })?;
-        let mut payload = payload_len(op, group, &headers) * element_bytes;
+        // The members agree on the length (or the call fails), but for a broadcast of bytes,
+        // whose length is the root's.
+        let len = match op {
+            CollectiveOp::BroadcastBytes { root } if root != self.rank => {
+                payload_len(op, group, started.headers.get()?)
+            }
+            _ => len,
+        };
+        let mut payload = len * element_bytes;
         if let Some(scale) = self.scale.filter(|_| !self.observer) {
             payload = scale.apply(payload);
         }
         lock(&self.node.stats)[usize::from(self.observer)].record(op, group, self.rank, payload);
-        Ok((headers, delivery, payload))
+        Ok((started, payload))
     }
 
-    /// `value`, whose wait charges this node's clock for a transfer timed as `timing`
-    /// (`call`: the call, while tracing).
-    fn pending<T>(
-        &self,
-        value: Incoming<T>,
-        timing: TransferTiming,
-        call: Option<Arc<CallInfo>>,
-    ) -> Pending<T> {
+    /// `value`, whose wait charges this node's clock for the transfer of `call`.
+    fn pending<T>(&self, value: Incoming<T>, call: Arc<ClockedCall>) -> Pending<T> {
         let node = self.node.clone();
+        let timing = {
+            let (node, call) = (node.clone(), call.clone());
+            move || {
+                node.place_started(Some(&call));
+                call.place(&node)
+            }
+        };
         Pending::new(
             value,
             Box::new(move || {
-                let (ready, start, end) = (timing.own_ready_s, timing.start_s, timing.end_s);
-                lock(&node.clock).finish(ready, start, end, call.as_ref())
+                // The work done while the transfer ran hid it: charged before the wait is.
+                node.charge_own_work();
+                node.place_started(Some(&call));
+                if let Some(t) = call.place(&node) {
+                    let (ready, start, end) = (t.own_ready_s, t.start_s, t.end_s);
+                    lock(&node.clock).finish(ready, start, end, call.info());
+                }
             }),
             timing,
         )

@@ -121,7 +121,7 @@ impl Collective {
     /// taken in the resumed run: it charges the clock as the original would have.
     pub fn resume_pending(&self, timing: TransferTiming) -> Pending<()> {
         if self.timed() {
-            self.pending(Incoming::ready(()), timing, None)
+            self.pending(Incoming::ready(()), Arc::new(ClockedCall::placed(timing)))
         } else {
             Pending::ready(())
         }

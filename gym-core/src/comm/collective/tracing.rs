@@ -30,6 +30,7 @@ impl Collective {
 
     /// The timeline recorded since [`start_trace`](Self::start_trace), which ends it.
     pub(crate) fn take_trace(&self) -> Option<NodeTimeline> {
+        self.node.place_started(None);
         let trace = lock(&self.node.clock).trace.take()?;
         Some(trace.into_timeline())
     }

@@ -20,6 +20,8 @@ pub(super) enum Input {
 
 /// A finished call: every member's header and the shared result.
 pub(super) struct Met {
+    /// Every member's header; empty for a call whose headers land later with its data
+    /// ([`Outcome::Later`], [`Landing::headers`]).
     pub headers: Vec<Header>,
     pub outcome: Outcome,
 }
@@ -33,36 +35,71 @@ pub(super) enum Outcome {
     All(Vec<Tensor<1>>),
     Bytes(Vec<u8>),
     AllBytes(Vec<Vec<u8>>),
-    /// A call whose data is still moving in the background (`Transport::start`): the
-    /// outcome lands later.
+    /// A call whose headers and data are still moving in the background
+    /// (`Transport::start`): they land later.
     #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
     Later(Arc<Landing>),
 }
 
-/// Where a call moving in the background lands its outcome.
+/// Where a call moving in the background lands its members' headers, then its outcome.
 #[derive(Default)]
 pub(super) struct Landing {
-    outcome: Mutex<Option<Result<Outcome, CollectiveError>>>,
-    landed: Condvar,
+    landed: Mutex<Landed>,
+    arrived: Condvar,
+}
+
+#[derive(Default)]
+struct Landed {
+    headers: Option<Result<Vec<Header>, CollectiveError>>,
+    outcome: Option<Result<Outcome, CollectiveError>>,
 }
 
 impl Landing {
-    /// The call's outcome has arrived.
+    /// Every member's header has arrived.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    pub fn land_headers(&self, headers: Result<Vec<Header>, CollectiveError>) {
+        lock(&self.landed).headers = Some(headers);
+        self.arrived.notify_all();
+    }
+
+    /// The call's outcome has arrived (and so have the headers: a call that failed before
+    /// they arrived gives its error for both).
     #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
     pub fn land(&self, outcome: Result<Outcome, CollectiveError>) {
-        *lock(&self.outcome) = Some(outcome);
-        self.landed.notify_all();
+        let mut landed = lock(&self.landed);
+        if landed.headers.is_none() {
+            let failed = outcome.as_ref().err().cloned();
+            landed.headers = Some(Err(failed.unwrap_or_else(|| CollectiveError::Transport {
+                rank: usize::MAX,
+                reason: "a call's outcome landed before its headers".into(),
+            })));
+        }
+        landed.outcome = Some(outcome);
+        drop(landed);
+        self.arrived.notify_all();
+    }
+
+    /// Waits for every member's header.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    pub fn headers(&self) -> Result<Vec<Header>, CollectiveError> {
+        let mut landed = lock(&self.landed);
+        loop {
+            if let Some(headers) = &landed.headers {
+                return headers.clone();
+            }
+            landed = self.arrived.wait(landed).unwrap_or_else(|p| p.into_inner());
+        }
     }
 
     /// Waits for the outcome, then hands this member its part.
     fn deliver(&self) -> Result<Delivery, CollectiveError> {
-        let mut outcome = lock(&self.outcome);
-        while outcome.is_none() {
-            outcome = self.landed.wait(outcome).unwrap_or_else(|p| p.into_inner());
-        }
-        match outcome.as_ref().expect("landed") {
-            Ok(outcome) => delivery_of(outcome),
-            Err(e) => Err(e.clone()),
+        let mut landed = lock(&self.landed);
+        loop {
+            match &landed.outcome {
+                Some(Ok(outcome)) => return delivery_of(outcome),
+                Some(Err(e)) => return Err(e.clone()),
+                None => landed = self.arrived.wait(landed).unwrap_or_else(|p| p.into_inner()),
+            }
         }
     }
 }

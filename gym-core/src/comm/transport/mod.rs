@@ -91,8 +91,8 @@ pub enum Delivery {
 /// The outcome of one call started in the background, as one member sees it: every
 /// member's header now, the result when it arrives.
 pub struct Started {
-    /// Every member's header, in member order.
-    pub headers: Vec<Header>,
+    /// Every member's header, in member order, which may still be on its way.
+    pub headers: Incoming<Vec<Header>>,
     /// The call's result for this member, once its data has moved.
     pub delivery: Incoming<Delivery>,
 }
@@ -133,8 +133,9 @@ pub trait Transport: Send + Sync {
     ) -> Result<Exchanged, CollectiveError>;
 
     /// `rank`'s part in one call among `group` whose data may keep moving after it
-    /// returns, while the node computes: the members' headers are exchanged (and checked)
-    /// before it returns, the result arrives in the returned [`Incoming`]. Calls started
+    /// returns, while the node computes: the members' headers (checked to agree) and the
+    /// result arrive in the returned [`Incoming`]s, so that the node need not wait here
+    /// for the others to arrive. Calls started
     /// this way on a group run in the order they were started, each member's in the same
     /// order. The default exchanges everything at once ([`exchange`](Self::exchange)): for
     /// a transport whose data moves in no real time to speak of, such as threads sharing
@@ -148,7 +149,7 @@ pub trait Transport: Send + Sync {
     ) -> Result<Started, CollectiveError> {
         let done = self.exchange(rank, group, header, contribution)?;
         Ok(Started {
-            headers: done.headers,
+            headers: Incoming::ready(done.headers),
             delivery: Incoming::ready(done.delivery),
         })
     }

@@ -268,7 +268,8 @@ impl MpiTransport {
     }
 
     /// This process's part of a call among `group` started in the background: the headers
-    /// now, the data on the group's background worker, landing later.
+    /// and then the data on the group's background worker, both landing later, so that the
+    /// node does not wait here for the group's other processes to arrive.
     fn start_across(
         &self,
         group: &Group,
@@ -278,17 +279,13 @@ impl MpiTransport {
     ) -> Result<Met, CollectiveError> {
         let comm = self.communicator(group, local, true)?;
         let members = self.members_by_process(&comm, group);
-        let call = {
-            let peers = self.peers(&comm, local, false);
-            call::headers(&peers, group, &headers, members, |r| self.process_of(r))?
-        };
-        let all = call.headers.clone();
         let landing = Arc::new(Landing::default());
         let job = {
             let (comm, landing, watch) = (comm.clone(), landing.clone(), self.mpi.watch.clone());
             let (group, local) = (group.clone(), local.to_vec());
             let chunk_bytes = self.chunk_bytes(&comm.processes);
-            let what = format!("{:?} in group {:?}", all[0].op, group.members());
+            let per_process = self.placement.per_process;
+            let what = format!("{:?} in group {:?}", headers[0].op, group.members());
             move || {
                 watch.begin(&local, true, &what);
                 let peers = Peers {
@@ -299,16 +296,20 @@ impl MpiTransport {
                     background: true,
                     chunk_bytes,
                 };
-                let mut scratch = comm.scratch.lock().unwrap_or_else(|p| p.into_inner());
-                let outcome = call::data(&peers, &call, &group, &local, inputs, &mut scratch);
-                drop(scratch);
+                let process_of = |r: usize| r / per_process;
+                let outcome = call::headers(&peers, &group, &headers, members, process_of)
+                    .and_then(|call| {
+                        landing.land_headers(Ok(call.headers.clone()));
+                        let mut scratch = comm.scratch.lock().unwrap_or_else(|p| p.into_inner());
+                        call::data(&peers, &call, &group, &local, inputs, &mut scratch)
+                    });
                 watch.end(&local, true);
                 landing.land(outcome);
             }
         };
         self.mpi.groups.submit(&comm, Box::new(job));
         Ok(Met {
-            headers: all,
+            headers: Vec::new(),
             outcome: Outcome::Later(landing),
         })
     }
@@ -423,11 +424,21 @@ impl Transport for MpiTransport {
                 |local, headers, inputs| self.start_across(group, local, headers, inputs),
             )
         })?;
+        // Waiting for headers or data still on their way, the node hands its compute
+        // permit on.
         let headers = match &*met {
-            Ok(met) => met.headers.clone(),
+            Ok(Met {
+                outcome: Outcome::Later(landing),
+                ..
+            }) => {
+                let landing = landing.clone();
+                Incoming::arriving(Box::new(move || {
+                    crate::comm::slots::waiting(|| landing.headers())
+                }))
+            }
+            Ok(met) => Incoming::ready(met.headers.clone()),
             Err(e) => return Err(e.clone()),
         };
-        // Waiting for data still on its way, the node hands its compute permit on.
         let delivery = Incoming::arriving(Box::new(move || {
             crate::comm::slots::waiting(|| Ok(Met::deliver(&met)?.delivery))
         }));
