@@ -15,10 +15,10 @@ use gym_core::{
 use gym_strategies::registry::{self, Entry, StrategyFlags, fraction, non_negative, positive};
 use serde::Serialize;
 use std::path::PathBuf;
-use std::str::FromStr;
 
 mod values;
 pub use values::{MinibatchSize, parse_bytes};
+use values::{checked, checked_duration, checked_faults, checked_network, parsed};
 
 pub use crate::config_file::{
     ConfigError, ConfigFile, parse, parse_command, parse_with, run_config_text, save_run_config,
@@ -633,42 +633,6 @@ pub fn network_and_speeds(
     Ok((file.network(), node_speed))
 }
 
-/// A value parser that checks a spec parses as `T` and keeps it as written (so that the
-/// run configuration saves the spec the user gave).
-fn checked<T: FromStr<Err = String>>(spec: &str) -> Result<String, String> {
-    spec.parse::<T>().map(|_| spec.to_string())
-}
-
-/// The value parser of `--call-overhead`: a duration (`300us`), kept as written.
-fn checked_duration(spec: &str) -> Result<String, String> {
-    gym_core::comm::network::parse_latency(spec).map(|_| spec.to_string())
-}
-
-/// The value parser of `--network`: a network file (shipped or a path) that reads and
-/// checks, or a link spec; kept as written, as [`checked`] does.
-fn checked_network(spec: &str) -> Result<String, String> {
-    match network_file(spec) {
-        Some(file) => file.map(|_| spec.to_string()).map_err(|e| e.to_string()),
-        None => checked::<Network>(spec).map_err(|e| {
-            format!(
-                "{e}; or a network file: a path ending in .toml, or one of {}",
-                crate::networks::network_file_names()
-            )
-        }),
-    }
-}
-
-/// The value parser of `--faults`: checks that the argument reads as a fault schedule (a
-/// file or a spec) and keeps it as written, as [`checked`] does.
-fn checked_faults(arg: &str) -> Result<String, String> {
-    match FaultSchedule::from_arg(arg) {
-        Ok(_) => Ok(arg.to_string()),
-        // clap names the flag and the value; the kind of error adds nothing.
-        Err(GymError::InvalidConfig(why)) => Err(why),
-        Err(e) => Err(e.to_string()),
-    }
-}
-
 /// Exits with clap's status for a bad command line (2), naming the flag and the strategy,
 /// when `common` holds flags its strategy does not take
 /// ([`CommonArgs::check_strategy_flags`]): for binaries that train one strategy.
@@ -679,9 +643,4 @@ pub fn exit_on_strategy_flag_error(common: &CommonArgs) {
     {
         clap::Error::raw(clap::error::ErrorKind::ArgumentConflict, format!("{why}\n")).exit();
     }
-}
-
-/// `spec` parsed as `T`, or an error naming `flag`.
-fn parsed<T: FromStr<Err = String>>(flag: &str, spec: &str) -> Result<T, String> {
-    spec.parse().map_err(|e| format!("{flag}: {e}"))
 }

@@ -14,8 +14,12 @@
 //! least 1 MiB per node, within [0.8, 1.25] for every case; bytes on the wire within 15% of
 //! the counted bytes.
 
+mod grid;
+
+pub use grid::{Case, Model, ci_grid, full_grid, select};
+
 use super::{MachineInfo, SuiteResult, SuiteTable, caption_for};
-use crate::cluster::{EmulatedCluster, HostLink, run_job};
+use crate::cluster::{EmulatedCluster, run_job};
 use crate::runner::BoxError;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -34,7 +38,7 @@ pub const WIRE_TOLERANCE: f64 = 0.15;
 #[derive(Debug, Clone, clap::Args)]
 pub struct RealLinksArgs {
     /// Real links: which cases to run: `full` (every strategy, model, host count and rate;
-    /// about 10 minutes on 2 cores), `ci` (AllReduce of the MLP on 2 hosts at 20 Mbit/s and on
+    /// about 3 minutes on 2 cores), `ci` (AllReduce of the MLP on 2 hosts at 20 Mbit/s and on
     /// 4 at 100 Mbit/s), or case names, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "full")]
     pub real_links_cases: Vec<String>,
@@ -50,209 +54,6 @@ pub struct RealLinksArgs {
     /// `call_overhead_ms`, given to every run as `--link-efficiency` and `--call-overhead`.
     #[arg(long, value_name = "FILE")]
     pub real_links_protocol: Option<PathBuf>,
-}
-
-/// The model of a case.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Model {
-    /// The MNIST MLP (784-256-10, 203,530 parameters), batch 64 per node.
-    Mlp,
-    /// A small GPT on tiny-shakespeare (2 layers, 4 heads, 128 wide, context 64: 410,000
-    /// parameters, 1.6 MB of f32), 8 sequences per node.
-    Gpt,
-}
-
-impl Model {
-    fn name(self) -> &'static str {
-        match self {
-            Model::Mlp => "mlp",
-            Model::Gpt => "gpt",
-        }
-    }
-}
-
-/// One configuration: a model and a strategy on a cluster.
-#[derive(Debug, Clone)]
-pub struct Case {
-    /// A short unique name (`mlp-allreduce-2x20`).
-    pub name: String,
-    /// The model.
-    pub model: Model,
-    /// `--strategy` and its flags.
-    pub strategy: Vec<String>,
-    /// Each host's link.
-    pub hosts: Vec<HostLink>,
-    /// Nodes of the run (a multiple of the host count: one process per host).
-    pub nodes: usize,
-    /// Steps of the run.
-    pub steps: usize,
-    /// The first steps, untimed: start-up, first-touch allocations, and for small payloads
-    /// the links' token buckets, full at the start (2 by default).
-    pub untimed: usize,
-}
-
-impl Case {
-    /// `model` under `strategy` (its name and flags, `diloco -H 2`) on `hosts`, with `nodes`
-    /// nodes spread evenly over them.
-    pub fn new(model: Model, strategy: &str, hosts: Vec<HostLink>, nodes: usize) -> Self {
-        let words: Vec<String> = strategy.split_whitespace().map(String::from).collect();
-        // Whole rounds of every period in the grid (H = 2, 4) after the two untimed steps,
-        // two of the longest (four timed steps moved by a few hundredths from run to run).
-        let steps = 2 + 8;
-        let rates: Vec<String> = hosts
-            .iter()
-            .map(|h| crate::cluster::format_rate(h.up_bits_per_s).replace("bit", ""))
-            .collect();
-        let mut name = format!("{}-{}-{}x{}", model.name(), words[0], hosts.len(), rates[0]);
-        if rates.iter().any(|r| r != &rates[0]) {
-            name = format!("{}-{}-{}", model.name(), words[0], rates.join("-"));
-        }
-        if nodes != hosts.len() {
-            name.push_str(&format!("-{nodes}nodes"));
-        }
-        Case {
-            name,
-            model,
-            strategy: words,
-            hosts,
-            nodes,
-            steps,
-            untimed: 2,
-        }
-    }
-
-    /// The same case run for `steps` steps, the first `untimed` of them not timed.
-    pub fn with_steps(self, steps: usize, untimed: usize) -> Self {
-        Case {
-            steps,
-            untimed,
-            ..self
-        }
-    }
-
-    /// The simulated network: each node's link is its host's.
-    pub fn network(&self) -> String {
-        let per_host = self.nodes / self.hosts.len();
-        let specs: Vec<String> = (0..self.nodes)
-            .map(|r| self.hosts[r / per_host].spec())
-            .collect();
-        if specs.iter().all(|s| s == &specs[0]) {
-            specs[0].clone()
-        } else {
-            specs.join(",")
-        }
-    }
-
-    /// The hosts' links, as the table shows them: `4 × 20mbit`, `3 × 100mbit + 20mbit`.
-    fn hosts_label(&self) -> String {
-        let mut groups: Vec<(String, usize)> = Vec::new();
-        for h in &self.hosts {
-            let rate = crate::cluster::format_rate(h.up_bits_per_s);
-            match groups.last_mut() {
-                Some((r, n)) if *r == rate => *n += 1,
-                _ => groups.push((rate, 1)),
-            }
-        }
-        let parts: Vec<String> = groups
-            .into_iter()
-            .map(|(r, n)| if n == 1 { r } else { format!("{n} × {r}") })
-            .collect();
-        parts.join(" + ")
-    }
-}
-
-/// Every case of `--real-links-cases full`.
-pub fn full_grid() -> Vec<Case> {
-    let same = |n: usize, mbit: f64| vec![HostLink::symmetric(mbit * 1e6); n];
-    let slow = || {
-        let mut hosts = same(3, 100.0);
-        hosts.push(HostLink::symmetric(20e6));
-        hosts
-    };
-    let strategies = [
-        "allreduce",
-        "diloco -H 2",
-        "streaming-diloco -H 4",
-        "sparseloco -H 2",
-        "demo",
-        "eager-diloco -H 2",
-    ];
-    let mut cases = Vec::new();
-    for model in [Model::Mlp, Model::Gpt] {
-        let base = match model {
-            Model::Mlp => 20.0,
-            Model::Gpt => 100.0,
-        };
-        for strategy in strategies {
-            let case = Case::new(model, strategy, same(4, base), 4);
-            // The MLP's sparse calls take a few milliseconds a step: 40 timed steps, so
-            // that a scheduler's time slice does not move the mean by a tenth.
-            let sparse =
-                model == Model::Mlp && ["sparseloco", "demo"].contains(&case.strategy[0].as_str());
-            cases.push(if sparse { case.with_steps(42, 2) } else { case });
-        }
-        for hosts in [2, 3] {
-            cases.push(Case::new(model, "allreduce", same(hosts, base), hosts));
-        }
-        for mbit in [100.0, 1000.0] {
-            if mbit != base {
-                cases.push(Case::new(model, "allreduce", same(4, mbit), 4));
-            }
-        }
-        cases.push(Case::new(model, "allreduce", same(4, base), 8));
-        cases.push(Case::new(model, "diloco -H 2", same(4, base), 8));
-        cases.push(Case::new(model, "allreduce", slow(), 4));
-    }
-    cases.push(Case::new(Model::Mlp, "allreduce", same(2, 1000.0), 2));
-    // The MLP's sparse strategies on slower links: timed after 20 steps, when the links'
-    // token buckets have run dry whatever their pacing.
-    for strategy in ["sparseloco -H 2", "demo"] {
-        cases.push(Case::new(Model::Mlp, strategy, same(4, 5.0), 4).with_steps(60, 20));
-    }
-    cases
-}
-
-/// The cases of `--real-links-cases ci`: two, under a minute together.
-pub fn ci_grid() -> Vec<Case> {
-    vec![
-        Case::new(
-            Model::Mlp,
-            "allreduce",
-            vec![HostLink::symmetric(20e6); 2],
-            2,
-        ),
-        Case::new(
-            Model::Mlp,
-            "allreduce",
-            vec![HostLink::symmetric(100e6); 4],
-            4,
-        ),
-    ]
-}
-
-/// The cases `names` asks for (`full`, `ci`, or case names from the full grid).
-pub fn select(names: &[String]) -> Result<Vec<Case>, String> {
-    let full = full_grid();
-    let mut out = Vec::new();
-    for name in names {
-        match name.as_str() {
-            "full" => out.extend(full.iter().cloned()),
-            "ci" => out.extend(ci_grid()),
-            other => out.push(
-                full.iter()
-                    .find(|c| c.name == other)
-                    .cloned()
-                    .ok_or_else(|| {
-                        let known: Vec<&str> = full.iter().map(|c| c.name.as_str()).collect();
-                        format!(
-                            "no case `{other}`: full, ci, or one of {}",
-                            known.join(", ")
-                        )
-                    })?,
-            ),
-        }
-    }
-    Ok(out)
 }
 
 /// What one case measured.
@@ -619,40 +420,6 @@ pub fn table(measured: &[Measured], machine: &MachineInfo, command: &str) -> Sui
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn case_names_are_unique_and_selectable() {
-        let full = full_grid();
-        let mut names: Vec<&str> = full.iter().map(|c| c.name.as_str()).collect();
-        names.sort_unstable();
-        let before = names.len();
-        names.dedup();
-        assert_eq!(names.len(), before, "duplicate case names");
-        let picked = select(&["mlp-allreduce-2x20m".into()]).unwrap();
-        assert_eq!(picked[0].hosts.len(), 2);
-        assert!(select(&["no-such-case".into()]).is_err());
-        assert_eq!(select(&["ci".into()]).unwrap().len(), 2);
-    }
-
-    #[test]
-    fn each_node_gets_its_hosts_link() {
-        let mut hosts = vec![HostLink::symmetric(100e6); 2];
-        hosts.push(HostLink::symmetric(20e6));
-        let case = Case::new(Model::Mlp, "allreduce", hosts, 6);
-        assert_eq!(
-            case.network(),
-            "100mbit:0ms,100mbit:0ms,100mbit:0ms,100mbit:0ms,20mbit:0ms,20mbit:0ms"
-        );
-        assert_eq!(case.hosts_label(), "2 × 100mbit + 20mbit");
-        let same = Case::new(
-            Model::Gpt,
-            "diloco -H 2",
-            vec![HostLink::symmetric(1e9); 4],
-            4,
-        );
-        assert_eq!(same.network(), "1gbit:0ms");
-        assert_eq!(same.name, "gpt-diloco-4x1g");
-    }
 
     #[test]
     fn per_step_times_skip_the_first_two_steps() {
