@@ -4,7 +4,7 @@
 //! example's positions) is summed in 32 `f32` lanes, so the loops vectorise, and the runs'
 //! sums are added in order in `f64`.
 
-use super::flex_f32;
+use super::flex::flex_f32;
 use crate::flex_values::{contiguous, slice};
 use burn::backend::TensorMetadata;
 use burn::backend::flex::FlexTensor;
