@@ -300,4 +300,28 @@ pub(super) mod flex {
         let shape = y.layout().shape().clone();
         Some(FlexTensor::from_data(TensorData::new(output, shape)))
     }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+        use crate::fused::spread_values;
+
+        /// The causal softmax's loops for the widest vectors give the baseline's bits (as
+        /// in `layer_norm_rows`).
+        #[test]
+        fn widest_vectors_round_as_the_baseline() {
+            let (side, scale) = (13, 2.5);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+            let (mut simd, mut baseline) = (spread_values(3 * side * side, 7), Vec::new());
+            baseline.clone_from(&simd);
+            forward_simd(&mut simd, side, scale);
+            forward_generic(&mut baseline, side, scale);
+            assert_eq!(bits(&simd), bits(&baseline));
+            let mut g = spread_values(simd.len(), 8);
+            let mut g0 = g.clone();
+            backward_simd(&simd, &mut g, side, scale);
+            backward_generic(&simd, &mut g0, side, scale);
+            assert_eq!(bits(&g), bits(&g0));
+        }
+    }
 }

@@ -371,3 +371,46 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod widest {
+    use super::*;
+    use crate::fused::spread_values;
+
+    /// GELU's loops for the widest vectors give the baseline's bits (as in
+    /// `layer_norm_rows`).
+    #[test]
+    fn widest_vectors_round_as_the_baseline() {
+        let mut x = spread_values(1000, 5);
+        x.extend([
+            0.0,
+            -0.0,
+            9.5,
+            -9.5,
+            30.0,
+            -30.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+        ]);
+        let dy = spread_values(x.len(), 6);
+        let n = x.len();
+        let bits = |v: Vec<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+        assert_eq!(
+            bits(filled(n, |y| forward_simd(&x, y))),
+            bits(filled(n, |y| forward_generic(&x, y)))
+        );
+        assert_eq!(
+            bits(filled(n, |dx| backward_simd(&x, &dy, dx))),
+            bits(filled(n, |dx| backward_generic(&x, &dy, dx)))
+        );
+        let mut slopes = (Vec::new(), Vec::new());
+        let y = filled(n, |y| {
+            slopes.0 = filled(n, |s| forward_with_slope_simd(&x, y, s))
+        });
+        let y0 = filled(n, |y| {
+            slopes.1 = filled(n, |s| forward_with_slope_generic(&x, y, s))
+        });
+        assert_eq!(bits(y), bits(y0));
+        assert_eq!(bits(slopes.0), bits(slopes.1));
+    }
+}

@@ -197,3 +197,52 @@ pub(crate) fn backward(
         flex(d_beta, Shape::new([d])),
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fused::spread_values;
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    /// The loops compiled for the widest vectors this CPU has (AVX-512 or AVX2, chosen at
+    /// run time) give the bits of the same loops at the target's baseline (SSE2): their
+    /// sums run in [`LANES`] partial sums whatever the vectors. CI runs this under an
+    /// emulated AVX2 CPU too.
+    #[test]
+    fn widest_vectors_round_as_the_baseline() {
+        let (rows, d) = (5, 77);
+        let x = spread_values(rows * d, 1);
+        let (gamma, beta) = (spread_values(d, 2), spread_values(d, 3));
+        let dy = spread_values(rows * d, 4);
+        let forward = |simd: bool| {
+            let (mut y, mut mean, mut rstd) =
+                (vec![0.0; rows * d], vec![0.0; rows], vec![0.0; rows]);
+            let stats = (&mut mean[..], &mut rstd[..]);
+            if simd {
+                forward_simd(&x, (&gamma, &beta), &mut y, stats, 1e-5);
+            } else {
+                forward_generic(&x, (&gamma, &beta), &mut y, stats, 1e-5);
+            }
+            (y, mean, rstd)
+        };
+        let (y, mean, rstd) = forward(true);
+        let baseline = forward(false);
+        assert_eq!(bits(&y), bits(&baseline.0));
+        assert_eq!(bits(&mean), bits(&baseline.1));
+        assert_eq!(bits(&rstd), bits(&baseline.2));
+        let backward = |simd: bool| {
+            let (mut dx, mut dg, mut db) = (vec![0.0; rows * d], vec![0.0; d], vec![0.0; d]);
+            let inputs = (&x[..], &dy[..], &gamma[..]);
+            if simd {
+                backward_simd(inputs, (&mean, &rstd), &mut dx, &mut dg, &mut db);
+            } else {
+                backward_generic(inputs, (&mean, &rstd), &mut dx, &mut dg, &mut db);
+            }
+            [dx, dg, db].map(|v| bits(&v))
+        };
+        assert_eq!(backward(true), backward(false));
+    }
+}

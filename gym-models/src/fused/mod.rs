@@ -531,5 +531,18 @@ thread_local! {
     pub(crate) static REFERENCE_MATMUL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
+/// In tests: `n` values spread over ±4 with their signs mixed, from `seed` (the same on
+/// every machine).
+#[cfg(test)]
+pub(crate) fn spread_values(n: usize, seed: u64) -> Vec<f32> {
+    (0..n as u64)
+        .map(|i| {
+            let h =
+                (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ seed).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            (h >> 40) as f32 / (1u64 << 24) as f32 * 8.0 - 4.0
+        })
+        .collect()
+}
+
 #[cfg(all(test, feature = "flex"))]
 mod tests;
