@@ -14,15 +14,8 @@ impl Collective {
         tensor: Tensor<1>,
         op: ReduceOp,
     ) -> Result<Pending<Tensor<1>>, CollectiveError> {
-        let group = self.present_in(group)?;
-        let device = tensor.device().inner();
-        let pending = self.call(
-            &group,
-            CollectiveOp::AllReduce(op),
-            Contribution::Tensor(Box::new(tensor.inner())),
-            None,
-            Lane::Background,
-        )?;
+        let (pending, device) =
+            self.start_tensor(group, CollectiveOp::AllReduce(op), tensor, None)?;
         Ok(pending.map(move |d| one_tensor(d, &device)))
     }
 
@@ -37,17 +30,10 @@ impl Collective {
         tensor: Tensor<1>,
         op: ReduceOp,
     ) -> Result<Pending<Tensor<1>>, CollectiveError> {
-        let group = self.present_in(group)?;
-        let device = tensor.device().inner();
         let rank = self.rank;
         let rounded = map_values(tensor, round_bf16, rank)?;
-        let pending = self.call(
-            &group,
-            CollectiveOp::AllReduce(op),
-            Contribution::Tensor(Box::new(rounded.inner())),
-            Some(2),
-            Lane::Background,
-        )?;
+        let op = CollectiveOp::AllReduce(op);
+        let (pending, device) = self.start_tensor(group, op, rounded, Some(2))?;
         Ok(pending.map(move |d| {
             let reduced = one_tensor(d, &device);
             map_values(reduced.clone(), round_bf16, rank).unwrap_or(reduced)
@@ -72,11 +58,8 @@ impl Collective {
         tensor: Tensor<1>,
         root: usize,
     ) -> Result<Pending<Tensor<1>>, CollectiveError> {
-        let group = self.present_in(group)?;
-        let device = tensor.device().inner();
         let op = CollectiveOp::Broadcast { root };
-        let contribution = Contribution::Tensor(Box::new(tensor.inner()));
-        let pending = self.call(&group, op, contribution, None, Lane::Background)?;
+        let (pending, device) = self.start_tensor(group, op, tensor, None)?;
         Ok(pending.map(move |d| one_tensor(d, &device)))
     }
 
@@ -87,11 +70,7 @@ impl Collective {
         group: &Group,
         tensor: Tensor<1>,
     ) -> Result<Pending<Vec<Tensor<1>>>, CollectiveError> {
-        let group = self.present_in(group)?;
-        let device = tensor.device().inner();
-        let op = CollectiveOp::AllGather;
-        let contribution = Contribution::Tensor(Box::new(tensor.inner()));
-        let pending = self.call(&group, op, contribution, None, Lane::Background)?;
+        let (pending, device) = self.start_tensor(group, CollectiveOp::AllGather, tensor, None)?;
         Ok(pending.map(move |d| all_tensors(d, &device)))
     }
 
@@ -115,6 +94,22 @@ impl Collective {
         let contribution = Contribution::Bytes(bytes);
         let pending = self.call(&group, op, contribution, None, Lane::Background)?;
         Ok(pending.map(all_buffers))
+    }
+
+    /// Starts `op` on `tensor` among `group`'s members present, its values counted and timed
+    /// at `wire_bytes` each (`None`: their type's size); the device its result goes to.
+    fn start_tensor(
+        &self,
+        group: &Group,
+        op: CollectiveOp,
+        tensor: Tensor<1>,
+        wire_bytes: Option<u64>,
+    ) -> Result<(Pending<Delivery>, Device), CollectiveError> {
+        let group = self.present_in(group)?;
+        let device = tensor.device().inner();
+        let contribution = Contribution::Tensor(Box::new(tensor.inner()));
+        let pending = self.call(&group, op, contribution, wire_bytes, Lane::Background)?;
+        Ok((pending, device))
     }
 
     /// The wait of a started collective saved in a checkpoint ([`Pending::timing`]), to be
