@@ -103,7 +103,7 @@ pub use fedavg::{
 };
 pub use free_async_diloco::{FreeAsyncDiLoCo, FreeAsyncDiLoCoConfig};
 pub use index_selector::{IndexSelector, IndexSelectorKind, IndexSelectorRecord};
-pub use module_fn::{ModuleFn, RoundFn, RoundRecord, module_fn, round_fn};
+pub use module_fn::{ModuleFn, RoundFn, RoundRecord, RoundStep, module_fn, round_fn};
 pub use muloco::{
     MuLoCoConfig, hidden_matrices, muloco_communicator, muloco_inner, muon_for_matrices,
 };

@@ -71,11 +71,7 @@ where
 pub fn round_fn<I, R>(name: impl Into<String>, h: usize, init: I, round: R) -> RoundFn<I, R>
 where
     I: Fn(&NodeInfo<'_>) -> Tensor<1> + Send + Sync,
-    R: Fn(&mut Tensor<1>, &mut dyn Replica, &mut StepContext<'_>) -> Result<()>
-        + Clone
-        + Send
-        + Sync
-        + 'static,
+    R: RoundStep,
 {
     RoundFn {
         name: name.into(),
@@ -83,6 +79,25 @@ where
         init,
         round,
     }
+}
+
+/// What [`round_fn`] runs at the end of each round: any closure of this shape.
+pub trait RoundStep:
+    Fn(&mut Tensor<1>, &mut dyn Replica, &mut StepContext<'_>) -> Result<()>
+    + Clone
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<R> RoundStep for R where
+    R: Fn(&mut Tensor<1>, &mut dyn Replica, &mut StepContext<'_>) -> Result<()>
+        + Clone
+        + Send
+        + Sync
+        + 'static
+{
 }
 
 /// A communication module's configuration made of a name, a round length and two closures
@@ -97,11 +112,7 @@ pub struct RoundFn<I, R> {
 impl<I, R> CommunicationModuleConfig for RoundFn<I, R>
 where
     I: Fn(&NodeInfo<'_>) -> Tensor<1> + Send + Sync,
-    R: Fn(&mut Tensor<1>, &mut dyn Replica, &mut StepContext<'_>) -> Result<()>
-        + Clone
-        + Send
-        + Sync
-        + 'static,
+    R: RoundStep,
 {
     fn name(&self) -> String {
         self.name.clone()
@@ -136,10 +147,7 @@ struct RoundModule<R> {
     uncommitted: bool,
 }
 
-impl<R> CommunicationModule for RoundModule<R>
-where
-    R: Fn(&mut Tensor<1>, &mut dyn Replica, &mut StepContext<'_>) -> Result<()> + Send,
-{
+impl<R: RoundStep> CommunicationModule for RoundModule<R> {
     fn communicate(&mut self, replica: &mut dyn Replica, ctx: &mut StepContext<'_>) -> Result<()> {
         self.uncommitted = !ctx.ends_round(self.h);
         if !self.uncommitted {

@@ -471,11 +471,7 @@ impl Collective {
             call.map(|call| (call, step))
         };
         let call = Arc::new(ClockedCall::new(
-            headers,
-            own_ready,
-            (op, group),
-            payload,
-            traced,
+            headers, own_ready, op, group, payload, traced,
         ));
         if call.headers_here() {
             call.place(&self.node);
@@ -561,18 +557,14 @@ impl Collective {
         let node = self.node.clone();
         let timing = {
             let (node, call) = (node.clone(), call.clone());
-            move || {
-                node.place_started(Some(&call));
-                call.place(&node)
-            }
+            move || node.place_through(&call)
         };
         Pending::new(
             value,
             Box::new(move || {
                 // The work done while the transfer ran hid it: charged before the wait is.
                 node.charge_own_work();
-                node.place_started(Some(&call));
-                if let Some(t) = call.place(&node) {
+                if let Some(t) = node.place_through(&call) {
                     let (ready, start, end) = (t.own_ready_s, t.start_s, t.end_s);
                     lock(&node.clock).finish(ready, start, end, call.info());
                 }

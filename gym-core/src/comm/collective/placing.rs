@@ -15,34 +15,43 @@ use std::sync::{Arc, OnceLock};
 
 /// A timed call, placed on the clock once every member's header is in.
 pub(super) struct ClockedCall {
-    headers: Incoming<Vec<Header>>,
     own_ready_s: f64,
-    op: CollectiveOp,
-    group: Group,
-    /// One member's payload, bytes, as charged.
-    payload: u64,
+    /// What places it; `None` for a call whose place is known ([`placed`](Self::placed)).
+    unplaced: Option<Unplaced>,
     /// The call in the trace (numbered when it was made) and the step it was made in.
     traced: Option<(Arc<CallInfo>, usize)>,
     /// Its place; `None` inside for a call that failed (its wait gives the error).
     placed: OnceLock<Option<TransferTiming>>,
 }
 
+/// A made call's members' headers (perhaps still on their way) and its size.
+struct Unplaced {
+    headers: Incoming<Vec<Header>>,
+    op: CollectiveOp,
+    group: Group,
+    /// One member's payload, bytes, as charged.
+    payload: u64,
+}
+
 impl ClockedCall {
-    /// A call made when this node was ready at `own_ready_s`, whose members' headers are
-    /// `headers` (perhaps still on their way).
+    /// A call of `op` among `group` made when this node was ready at `own_ready_s`, whose
+    /// members' headers are `headers` (perhaps still on their way).
     pub fn new(
         headers: Incoming<Vec<Header>>,
         own_ready_s: f64,
-        (op, group): (CollectiveOp, &Group),
+        op: CollectiveOp,
+        group: &Group,
         payload: u64,
         traced: Option<(Arc<CallInfo>, usize)>,
     ) -> Self {
         ClockedCall {
-            headers,
             own_ready_s,
-            op,
-            group: group.clone(),
-            payload,
+            unplaced: Some(Unplaced {
+                headers,
+                op,
+                group: group.clone(),
+                payload,
+            }),
             traced,
             placed: OnceLock::new(),
         }
@@ -51,11 +60,8 @@ impl ClockedCall {
     /// A call whose place is known (a wait resumed from a checkpoint).
     pub fn placed(timing: TransferTiming) -> Self {
         ClockedCall {
-            headers: Incoming::ready(Vec::new()),
             own_ready_s: timing.own_ready_s,
-            op: CollectiveOp::Barrier,
-            group: Group::world(1),
-            payload: 0,
+            unplaced: None,
             traced: None,
             placed: OnceLock::from(Some(timing)),
         }
@@ -63,7 +69,7 @@ impl ClockedCall {
 
     /// Whether its headers are in (the thread transport's are, at once).
     pub fn headers_here(&self) -> bool {
-        self.headers.is_here()
+        self.unplaced.as_ref().is_none_or(|u| u.headers.is_here())
     }
 
     /// The call in the trace, if tracing.
@@ -75,14 +81,15 @@ impl ClockedCall {
     /// node's link is busy until it ends, and the transfer is traced.
     pub fn place(&self, node: &NodeState) -> Option<TransferTiming> {
         *self.placed.get_or_init(|| {
-            let headers = self.headers.get().ok()?;
+            let call = self.unplaced.as_ref()?;
+            let headers = call.headers.get().ok()?;
             let network = node.network.as_ref()?;
             let start_s = headers.iter().map(|h| h.ready_s).fold(0.0, f64::max);
-            let end_s = start_s + network.collective_time(self.op, &self.group, self.payload);
+            let end_s = start_s + network.collective_time(call.op, &call.group, call.payload);
             let mut clock = lock(&node.clock);
             clock.occupy_link(end_s);
-            if let Some((call, step)) = &self.traced {
-                clock.trace_transfer(*step, start_s, end_s, call);
+            if let Some((info, step)) = &self.traced {
+                clock.trace_transfer(*step, start_s, end_s, info);
             }
             Some(TransferTiming {
                 own_ready_s: self.own_ready_s,
@@ -94,6 +101,12 @@ impl ClockedCall {
 }
 
 impl NodeState {
+    /// `call`'s place, once the calls made before it and it are placed (a wait needs it).
+    pub(super) fn place_through(&self, call: &Arc<ClockedCall>) -> Option<TransferTiming> {
+        self.place_started(Some(call));
+        call.place(self)
+    }
+
     /// Places the calls started and not placed yet, in the order they were made: all of
     /// them, or (`upto`) those made before that one and that one.
     pub(super) fn place_started(&self, upto: Option<&Arc<ClockedCall>>) {

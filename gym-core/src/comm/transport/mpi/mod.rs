@@ -198,7 +198,7 @@ impl MpiTransport {
 
     /// The process that runs `rank`.
     fn process_of(&self, rank: usize) -> usize {
-        rank / self.placement.per_process
+        self.placement.process_of(rank)
     }
 
     /// `group`'s members in this process.
@@ -284,7 +284,7 @@ impl MpiTransport {
             let (comm, landing, watch) = (comm.clone(), landing.clone(), self.mpi.watch.clone());
             let (group, local) = (group.clone(), local.to_vec());
             let chunk_bytes = self.chunk_bytes(&comm.processes);
-            let per_process = self.placement.per_process;
+            let placement = self.placement.clone();
             let what = format!("{:?} in group {:?}", headers[0].op, group.members());
             move || {
                 watch.begin(&local, true, &what);
@@ -296,7 +296,7 @@ impl MpiTransport {
                     background: true,
                     chunk_bytes,
                 };
-                let process_of = |r: usize| r / per_process;
+                let process_of = |r: usize| placement.process_of(r);
                 let outcome = call::headers(&peers, &group, &headers, members, process_of)
                     .and_then(|call| {
                         landing.land_headers(Ok(call.headers.clone()));

@@ -51,6 +51,11 @@ pub(super) struct Placement {
 }
 
 impl Placement {
+    /// The process that runs `rank`.
+    pub fn process_of(&self, rank: usize) -> usize {
+        rank / self.per_process
+    }
+
     /// The ranks that process `p` runs.
     pub fn ranks_of(&self, p: usize) -> Range<usize> {
         p * self.per_process..(p + 1) * self.per_process
