@@ -116,8 +116,20 @@ def _timing_hooks():
 
     if getattr(TrainNode._evaluate, "_harness_wrapped", False):
         return
+    from exogym.aux import logger as original_logger
+
     real_init = TrainNode.__init__
     real_evaluate = TrainNode._evaluate
+    last_loss = {}
+
+    # Rank 0's logger receives every step's training loss; the last is the run's final
+    # training loss (its CSV logger overrides the base class's method: both are wrapped).
+    for cls in (original_logger.Logger, original_logger.CSVLogger):
+        def log_train(self, loss, _real=cls.log_train):
+            last_loss["loss"] = float(loss)
+            return _real(self, loss)
+
+        cls.log_train = log_train
 
     def __init__(self, config):
         self._harness = {"node_init": time.time()}
@@ -133,6 +145,7 @@ def _timing_hooks():
                 h["loop_end"] = time.time()
                 h["steps"] = self.local_step
                 h["rank"] = self.rank
+                h["final_train_loss"] = last_loss.get("loss")
                 # ru_maxrss: KiB on Linux, bytes on macOS.
                 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
                 h["peak_rss_bytes"] = rss if sys.platform == "darwin" else rss * 1024
@@ -312,6 +325,13 @@ def _free_port():
 
 
 def _git_commit(gym_dir):
+    """The source tree's commit: its COMMIT file (a copy without git's folder, as
+    examples/gpu-check.sh carries it, inside another repository), else git's."""
+    try:
+        with open(os.path.join(gym_dir, "COMMIT")) as f:
+            return f.read().strip()[:7] or None
+    except OSError:
+        pass
     try:
         return subprocess.run(["git", "-C", gym_dir, "rev-parse", "--short=7", "HEAD"],
                               capture_output=True, text=True, check=True).stdout.strip()
@@ -488,6 +508,9 @@ def parse_args(argv):
     p.add_argument("--n-head", type=int, default=2, help="nanogpt (default 2)")
     p.add_argument("--n-embd", type=int, default=64, help="nanogpt (default 64)")
     p.add_argument("--seed", type=int, default=42, help="default 42")
+    p.add_argument("--device", default="cpu",
+                   help="the original's device: cpu (default), cuda (every node on the GPUs "
+                        "round-robin, as the original places them), mps")
     p.add_argument("--threads", type=int,
                    help="torch threads per node process, through OMP_NUM_THREADS (default: "
                         "$OMP_NUM_THREADS if set, else 1, as this project's nodes use one "
@@ -549,7 +572,7 @@ def run(a, gym_dir, timing_dir, t_process):
         a.task, a.strategy, time.strftime("%Y%m%d-%H%M%S"))
     # init_process_group_portsafe uses start_port + 199 (and the next ports on failure).
     port = max(1024, _free_port() - 199)
-    trainer = Trainer(model, train, val, start_port=port, device="cpu")
+    trainer = Trainer(model, train, val, start_port=port, device=a.device)
     fit_kwargs = dict(
         num_epochs=1, strategy=strategy, num_nodes=a.num_nodes, max_steps=a.steps,
         batch_size=a.batch_size,
@@ -586,6 +609,7 @@ def run(a, gym_dir, timing_dir, t_process):
         result["model"] = "mlp" if a.task == "mnist" else "cnn"
     result.update({
         "strategy": a.strategy,
+        "params": sum(p.numel() for p in model.parameters()),
         "its_per_s": round(steps / loop_s, 3),
         "wall_s": round(t_end - t_process, 2),
         "startup_s": round(r0["loop_start"] - t_process, 2),
@@ -611,6 +635,8 @@ def run(a, gym_dir, timing_dir, t_process):
                                   for r in sorted(ranks)],
         "processes": sampler.max_procs,
         "torch": torch.__version__,
+        "device": a.device,
+        "final_train_loss": r0.get("final_train_loss"),
         "torch_threads_per_node": a.threads if a.threads > 0 else "torch default",
         "python": platform.python_version(),
         "cpus": os.cpu_count(),

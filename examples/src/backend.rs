@@ -19,7 +19,7 @@ pub fn parse_devices(list: &str) -> Result<Vec<Device>, String> {
         .split(',')
         .map(str::trim)
         .filter(|e| !e.is_empty())
-        .map(parse_device)
+        .map(|entry| parse_device(entry).and_then(|device| usable(entry, device)))
         .collect::<Result<Vec<_>, _>>()?;
     if devices.is_empty() {
         return Err(format!("--devices {list:?}: no device named"));
@@ -27,9 +27,58 @@ pub fn parse_devices(list: &str) -> Result<Vec<Device>, String> {
     Ok(devices)
 }
 
+/// `device` if it can hold a tensor. A device its backend cannot open (a CUDA device on a
+/// machine without a driver or a GPU, a Vulkan device without a driver) makes the backend
+/// panic at the first tensor; here that becomes an error naming the entry and the backend's
+/// first line, before training starts.
+fn usable(entry: &str, device: Device) -> Result<Device, String> {
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let probe = std::panic::catch_unwind(|| {
+        burn::tensor::Tensor::<1>::zeros([1], &device).into_data();
+    });
+    std::panic::set_hook(hook);
+    let Err(panic) = probe else {
+        return Ok(device);
+    };
+    let text = panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&str>().copied())
+        .unwrap_or("it panicked");
+    // LibTorch's messages come wrapped in tch's `Torch("…")` and carry a C++ stack after
+    // their first line.
+    let text = text.split_once("Torch(\"").map_or(text, |(_, rest)| rest);
+    let first = text
+        .split("\\n")
+        .next()
+        .unwrap_or(text)
+        .lines()
+        .next()
+        .unwrap_or(text);
+    Err(format!("device {entry:?} cannot be used: {first}"))
+}
+
 /// One `--devices` entry.
 fn parse_device(entry: &str) -> Result<Device, String> {
     let (name, index) = match entry.split_once(':') {
+        // A software device of wgpu's (Mesa's lavapipe for Vulkan): how its path is checked
+        // without a GPU.
+        Some((name @ ("wgpu" | "vulkan"), "cpu")) => {
+            #[cfg(feature = "wgpu")]
+            {
+                let kind = burn::tensor::DeviceKind::Cpu;
+                return Ok(match name {
+                    #[cfg(feature = "vulkan")]
+                    "vulkan" => Device::vulkan(kind),
+                    _ => Device::wgpu(kind),
+                });
+            }
+            #[cfg(not(feature = "wgpu"))]
+            return Err(format!(
+                "device {entry:?} needs the `{name}` feature (cargo run --features {name})"
+            ));
+        }
         Some((name, index)) => {
             let index: usize = index
                 .parse()
@@ -81,20 +130,23 @@ fn parse_device(entry: &str) -> Result<Device, String> {
             return Err(missing(name));
         }
         "tch" => {
+            // Burn deprecates its LibTorch backend but still ships it.
             #[cfg(feature = "tch")]
+            #[allow(deprecated)]
             return Ok(Device::libtorch());
             #[cfg(not(feature = "tch"))]
             return Err(missing("tch"));
         }
         "tch-cuda" => {
             #[cfg(feature = "tch")]
+            #[allow(deprecated)]
             return Ok(Device::libtorch_cuda(index.unwrap_or(0)));
             #[cfg(not(feature = "tch"))]
             return Err(missing("tch"));
         }
         _ => Err(format!(
-            "device {entry:?}: expected default, flex, ndarray, cuda:N, wgpu:N, vulkan:N, \
-             metal:N, tch or tch-cuda:N"
+            "device {entry:?}: expected default, flex, ndarray, cuda:N, wgpu:N, wgpu:cpu, \
+             vulkan:N, vulkan:cpu, metal:N, tch or tch-cuda:N"
         )),
     }
 }
@@ -119,6 +171,12 @@ mod tests {
             parse_devices("cuda:1")
                 .unwrap_err()
                 .contains("`cuda` feature")
+        );
+        #[cfg(not(feature = "wgpu"))]
+        assert!(
+            parse_devices("flex,vulkan:cpu")
+                .unwrap_err()
+                .contains("`vulkan` feature")
         );
     }
 }

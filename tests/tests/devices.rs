@@ -1,19 +1,25 @@
-//! Nodes on several devices of one process (rank r on `devices[r % len]`): here Burn's two
-//! CPU backends, flex and ndarray, which share no kernels. `cargo test --release -p tests
-//! --features ndarray --test devices`.
-#![cfg(feature = "ndarray")]
-// Burn deprecates its ndarray backend but still ships it: the second backend at hand on CPU.
+//! Nodes on several devices of one process (rank r on `devices[r % len]`): here Burn's
+//! CPU backends, flex beside ndarray or LibTorch, which share no kernels. `cargo test
+//! --release -p tests --features ndarray --test devices` (and `--features tch` with
+//! LibTorch installed).
+#![cfg(any(feature = "ndarray", feature = "tch"))]
+// Burn deprecates its ndarray and LibTorch backends but still ships them: the other
+// backends at hand on a CPU.
 #![allow(deprecated)]
 
 use burn::tensor::Device;
-use gym_core::{InProcessGroup, NodeData, ReduceOp, Trainer, TrainerConfig};
-use gym_strategies::AllReduceConfig;
-use tests::{Synthetic, SyntheticBatcher, flat_params, host, max_abs_diff, rank_values, small_mlp};
+use gym_core::{NodeData, Trainer, TrainerConfig};
+use gym_strategies::{DiLoCoCommunicatorConfig, DiLoCoConfig};
+use std::sync::Mutex;
+use tests::{Synthetic, SyntheticBatcher, flat_params, max_abs_diff, small_mlp};
 
 /// Rank r's tensor on `devices[r % 2]`: the all-reduce moves the contributions between the
 /// backends, adds them in rank order, and hands each rank the result on its own device.
+#[cfg(feature = "ndarray")]
 #[test]
 fn an_all_reduce_across_two_backends_is_the_rank_order_sum_on_each_ranks_device() {
+    use gym_core::{InProcessGroup, ReduceOp};
+    use tests::{host, rank_values};
     let devices = [Device::flex(), Device::ndarray()];
     for n in [257, 100_003] {
         let got = InProcessGroup::new(4)
@@ -44,8 +50,10 @@ fn an_all_reduce_across_two_backends_is_the_rank_order_sum_on_each_ranks_device(
 
 /// AllReduce with the nodes alternating between flex and ndarray trains as on flex alone:
 /// every node applies the same averaged gradient, whatever backend computed its share.
+#[cfg(feature = "ndarray")]
 #[test]
 fn allreduce_on_two_backends_trains_as_on_one() {
+    use gym_strategies::AllReduceConfig;
     let data = NodeData::shared(Synthetic::new(1024, 16, 4, 1), Synthetic::new(64, 16, 4, 2));
     let fit = |devices: Vec<Device>| {
         let config = TrainerConfig::new(4)
@@ -75,4 +83,91 @@ fn allreduce_on_two_backends_trains_as_on_one() {
         "max |Δ| = {apart:e} (moved {moved:e})"
     );
     assert_eq!(one.report.comm, two.report.comm, "traffic");
+}
+
+/// The CPU backends compiled in besides flex.
+fn other_backends() -> Vec<Device> {
+    let mut others = Vec::new();
+    #[cfg(feature = "ndarray")]
+    others.push(Device::ndarray());
+    #[cfg(feature = "tch")]
+    others.push(Device::libtorch());
+    others
+}
+
+/// One seed, one start, whatever backend the nodes run on: `fit` draws the weights on the
+/// host (`rng::host_device`: flex here) and moves them to the nodes' devices, and the data
+/// order is the run's own, so a run on ndarray or LibTorch starts where the same run on
+/// flex does and follows its curve. (LibTorch and the GPU backends have generators of their
+/// own: drawn on their devices, their runs would start elsewhere.)
+#[test]
+fn a_seed_gives_the_same_start_and_curve_on_every_backend() {
+    let data = NodeData::shared(Synthetic::new(1024, 16, 4, 1), Synthetic::new(64, 16, 4, 2));
+    let fit = |device: Device| {
+        let built_on = Mutex::new(Vec::new());
+        let config = TrainerConfig::new(2)
+            .with_max_steps(Some(40))
+            .with_batch_size(16)
+            .with_val_size(Some(0))
+            .with_seed(5);
+        let run = Trainer::new(config)
+            .with_devices(vec![device])
+            .fit(
+                |d: &Device| {
+                    built_on.lock().unwrap().push(d.clone());
+                    small_mlp(d)
+                },
+                &DiLoCoConfig::new()
+                    .with_communicator(DiLoCoCommunicatorConfig::new().with_sync_interval(4)),
+                &data,
+                &SyntheticBatcher,
+            )
+            .expect("trains");
+        (run, built_on.into_inner().unwrap())
+    };
+    let (on_flex, _) = fit(Device::flex());
+    let a = &on_flex.report;
+    let losses: Vec<f64> = a.train.iter().map(|r| r.train_loss).collect();
+    let mean = |l: &[f64]| l.iter().sum::<f64>() / l.len() as f64;
+    assert!(
+        mean(&losses[35..]) < mean(&losses[..5]) - 0.05,
+        "it trains: {losses:?}"
+    );
+    for device in other_backends() {
+        let (on_other, built_on) = fit(device.clone());
+        assert_eq!(
+            built_on[0],
+            Device::flex(),
+            "{device:?}: the weights drawn on the host"
+        );
+        assert!(
+            built_on[1..].iter().all(|d| d.clone().inner() == device),
+            "{device:?}: the replicas live on the nodes' device"
+        );
+        let b = &on_other.report;
+        assert_eq!(
+            a.init_fingerprint, b.init_fingerprint,
+            "{device:?}: initial weights"
+        );
+        assert_eq!(
+            a.data_fingerprint, b.data_fingerprint,
+            "{device:?}: data order"
+        );
+        // The first loss is the same weights on the same batch: the kernels' last bits apart.
+        let first = (a.train[0].train_loss, b.train[0].train_loss);
+        assert!(
+            (first.0 - first.1).abs() <= 1e-6 * first.0.abs(),
+            "{device:?}: first loss {first:?}"
+        );
+        for (x, y) in a.train.iter().zip(&b.train) {
+            let gap = (x.train_loss - y.train_loss).abs();
+            assert!(
+                gap <= 1e-4 * x.train_loss.abs(),
+                "{device:?}, step {}: {x:?} against {y:?}",
+                x.step
+            );
+        }
+        let apart = max_abs_diff(&flat_params(&on_flex.model), &flat_params(&on_other.model));
+        assert!(apart < 1e-4, "{device:?}: final weights apart by {apart:e}");
+    }
 }

@@ -219,7 +219,8 @@ pub struct CommonArgs {
     pub concurrent_nodes: Option<usize>,
     /// Devices to spread the nodes over, comma-separated: rank r runs on entry r mod the
     /// count (the original's rule). Entries: default, flex, ndarray, cuda:N, wgpu:N,
-    /// vulkan:N, metal:N, tch, tch-cuda:N (each needs its backend's feature). Default: the
+    /// vulkan:N, metal:N, tch, tch-cuda:N, and wgpu:cpu / vulkan:cpu for a software device
+    /// such as Mesa's lavapipe (each needs its backend's feature). Default: the
     /// backend's default device for every node.
     #[arg(long, value_name = "LIST")]
     pub devices: Option<String>,

@@ -108,22 +108,25 @@ impl Trainer {
             steps_per_epoch = steps_per_epoch.min(shard / cfg.batch_size);
         }
 
-        // Replicas: rank 0's from the seed, the others copied from it. Every `init` draws
-        // from the backend's global generator (lazily: `materialize` forces it), so all of
-        // them run under the lock, and so does the probe of the model's own randomness.
+        // Replicas: the weights drawn from the seed on the host (one start on every
+        // backend), then loaded into every node's model. Every `init` draws from a
+        // backend's global generator (lazily: `materialize` forces it), so all of them run
+        // under the lock, and so does the probe of the model's own randomness.
         let (replicas, init_fingerprint) = {
             let _guard = rng::lock_backend_rng();
-            let base = rng::init_seeded(&devices[0], cfg.seed, init);
+            let base = rng::init_seeded(&rng::host_device(&devices[0]), cfg.seed, init);
             let all_float = ParamLayout::all_float(&base);
             let base_state = all_float.flatten(&base);
             // Parameter ids from the seed, the same on every replica: optimizer state, which
             // Burn keys by id, then means the same on every node (a rejoining node takes a
             // peer's) and encodes to the same bytes in every run of this seed.
-            let trainable = ParamLayout::trainable(&base);
+            // Which parameters train is each one's `require_grad`, which only a model built
+            // on an autodiff device holds (not the host's copy).
+            drop(base);
+            let trainable = ParamLayout::trainable(&init(&devices[0]));
             let base_ids: Vec<ParamId> = (0..trainable.entries().len())
                 .map(|i| ParamId::from(rng::derive_seed(cfg.seed, &[0x5041_5241, i as u64])))
                 .collect();
-            let mut base = Some(trainable.with_ids(base, &base_ids));
             let mut init_fingerprint = Fingerprint::default();
             for x in base_state
                 .to_data()
@@ -134,12 +137,6 @@ impl Trainer {
             }
             let mut replicas = Vec::with_capacity(ranks.len());
             for &rank in ranks {
-                if rank == 0
-                    && let Some(base) = base.take()
-                {
-                    replicas.push(base);
-                    continue;
-                }
                 let device = &devices[rank];
                 let fresh = init(device);
                 if ParamLayout::all_float(&fresh).num_elements() != all_float.num_elements() {

@@ -5,8 +5,8 @@
 //! refuses such a model. Layers that must be reproducible draw from this node's own stream
 //! instead ([`crate::Dropout`]): the trainer seeds a thread-local generator from
 //! `(seed, rank)` on each node's thread before training.
-//! Draws that must come from the backend's generator (initial weights) are serialised by
-//! [`lock_backend_rng`].
+//! Draws that must come from the backend's generator (initial weights, drawn on the
+//! [`host_device`]) are serialised by [`lock_backend_rng`].
 
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::{Bool, Device, Int, Tensor};
@@ -50,6 +50,28 @@ pub fn init_seeded<M: Module>(device: &Device, seed: u64, init: impl FnOnce(&Dev
     let model = init(device);
     materialize(&model);
     model
+}
+
+/// The device a run's initial weights are drawn on: Burn's CPU backend (flex, else ndarray)
+/// where one is compiled in, else `device` itself.
+///
+/// The two CPU backends draw a seed's numbers on the host with the same generator, while
+/// LibTorch and the GPU backends (wgpu, Vulkan, CUDA) each have generators of their own. So
+/// [`Trainer::fit`](crate::Trainer::fit) builds the model here from its seed and moves the
+/// weights to the nodes' devices: one seed gives one start on every backend, and a run on a
+/// GPU follows the CPU's curve within the arithmetic's tolerance. Without a CPU backend the
+/// weights come from `device`'s own generator.
+pub fn host_device(device: &Device) -> Device {
+    #[cfg(feature = "flex")]
+    let host = Device::flex();
+    // Burn deprecates its ndarray backend but still ships it.
+    #[cfg(all(feature = "ndarray", not(feature = "flex")))]
+    #[allow(deprecated)]
+    let host = Device::ndarray();
+    #[cfg(not(any(feature = "flex", feature = "ndarray")))]
+    let host = device.clone().inner();
+    let _ = device;
+    host
 }
 
 /// Forces the lazy initialisation of every parameter of `model`. Burn draws a parameter's
