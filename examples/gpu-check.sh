@@ -149,16 +149,17 @@ common=(--num-nodes "$nodes" --lr 1e-3 --warmup-steps 10 --max-norm 1.0 --seed 4
 
 over_budget() { [ $((SECONDS - started)) -ge "$budget" ]; }
 
-# ours BACKEND BINARY DEVICE MODEL FLAGS STEPS STRATEGY H-FLAGS
+# ours BACKEND BINARY DEVICE MODEL FLAGS STEPS STRATEGY H-FLAGS [EXTRA-FLAGS]
 ours() {
   local backend=$1 bin=$2 device=$3 model=$4 flags=$5 steps=$6 strategy=$7 hflags=$8
+  local extra=${9:-}
   local name="ours-$backend-$model-$strategy"
   if over_budget; then echo "skipped (time budget): $name"; return; fi
   echo "-- $name"
   # shellcheck disable=SC2086
   (export LD_LIBRARY_PATH="${torch_lib:+$torch_lib:}$carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
    export OMP_NUM_THREADS=1 CUBECL_AUTOTUNE_LEVEL="${CUBECL_AUTOTUNE_LEVEL:-minimal}"
-   timeout 150 "$bin" --strategy "$strategy" $hflags $flags --max-steps "$steps" \
+   timeout 150 "$bin" --strategy "$strategy" $hflags $flags $extra --max-steps "$steps" \
      --devices "$device" "${common[@]}" --data-dir "$data/shakespeare" \
      --log-dir "$runs" --run-name "$name") > "$runs/$name.log" 2>&1
   local rc=$?
@@ -171,7 +172,9 @@ try:
     t = json.load(open(os.path.join(run, "config.json")))["trainer"]
     g = json.load(open(os.path.join(run, "gpt.json")))
 except (OSError, ValueError, KeyError):
-    row.update({"error": f"exit {rc}; see {run}.log"})
+    rc = int(rc)
+    died = f" (signal {rc - 128})" if rc > 128 else ""
+    row.update({"error": f"exit {rc}{died}; see {run}.log"})
 else:
     tokens = t["num_nodes"] * t["batch_size"] * g["block_size"]
     row.update({"params": s["params"], "nodes": s["num_nodes"], "steps": s["steps"],
@@ -242,6 +245,15 @@ if [ -n "$vulkan_bin" ]; then
       ours vulkan "$vulkan_bin" "$vulkan_device" "$model" "$flags" "$steps" "$strategy" "$hflags"
     done
   done
+fi
+# bf16 autocast (the original's is broken: it passes torch.autocast a device, not its type),
+# on the largest model, where tensor cores matter.
+IFS='|' read -r model flags steps <<<"${models[${#models[@]}-1]}"
+if [ "$cpu" = 0 ] && [ -n "$tch_bin" ] && [ -n "$torch_lib" ]; then
+  ours tch-bf16 "$tch_bin" "$tch_device" "$model" "$flags" "$steps" diloco "-H 10" "--autocast bf16"
+fi
+if [ "$cpu" = 0 ] && [ -n "$vulkan_bin" ]; then
+  ours vulkan-bf16 "$vulkan_bin" "$vulkan_device" "$model" "$flags" "$steps" diloco "-H 10" "--autocast bf16"
 fi
 
 # ── the table ──────────────────────────────────────────────────────────────────────────

@@ -117,13 +117,13 @@ impl Trainer {
             let base = rng::init_seeded(&rng::host_device(&devices[0]), cfg.seed, init);
             let all_float = ParamLayout::all_float(&base);
             let base_state = all_float.flatten(&base);
+            drop(base);
+            // Which parameters train is each one's `require_grad`, which only a model built
+            // on an autodiff device holds (not the host's copy).
+            let trainable = ParamLayout::trainable(&init(&devices[0]));
             // Parameter ids from the seed, the same on every replica: optimizer state, which
             // Burn keys by id, then means the same on every node (a rejoining node takes a
             // peer's) and encodes to the same bytes in every run of this seed.
-            // Which parameters train is each one's `require_grad`, which only a model built
-            // on an autodiff device holds (not the host's copy).
-            drop(base);
-            let trainable = ParamLayout::trainable(&init(&devices[0]));
             let base_ids: Vec<ParamId> = (0..trainable.entries().len())
                 .map(|i| ParamId::from(rng::derive_seed(cfg.seed, &[0x5041_5241, i as u64])))
                 .collect();
