@@ -29,23 +29,31 @@ pub fn parse_devices(list: &str) -> Result<Vec<Device>, String> {
 
 /// `device` if it can hold a tensor. A device its backend cannot open (a CUDA device on a
 /// machine without a driver or a GPU, a Vulkan device without a driver) makes the backend
-/// panic at the first tensor; here that becomes an error naming the entry and the backend's
-/// first line, before training starts.
+/// panic at the first tensor, sometimes on a thread of its own (wgpu's device server, whose
+/// end the caller then sees as a closed channel); here that becomes an error naming the
+/// entry and the first thing the backend said, before training starts.
 fn usable(entry: &str, device: Device) -> Result<Device, String> {
+    let said = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     let hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
+    let heard = said.clone();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let text = payload
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "it panicked".into());
+        heard.lock().unwrap_or_else(|p| p.into_inner()).push(text);
+    }));
     let probe = std::panic::catch_unwind(|| {
         burn::tensor::Tensor::<1>::zeros([1], &device).into_data();
     });
     std::panic::set_hook(hook);
-    let Err(panic) = probe else {
+    if probe.is_ok() {
         return Ok(device);
-    };
-    let text = panic
-        .downcast_ref::<String>()
-        .map(String::as_str)
-        .or_else(|| panic.downcast_ref::<&str>().copied())
-        .unwrap_or("it panicked");
+    }
+    let said = said.lock().unwrap_or_else(|p| p.into_inner());
+    let text = said.first().map_or("it panicked", String::as_str);
     // LibTorch's messages come wrapped in tch's `Torch("…")` and carry a C++ stack after
     // their first line.
     let text = text.split_once("Torch(\"").map_or(text, |(_, rest)| rest);

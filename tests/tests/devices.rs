@@ -87,12 +87,13 @@ fn allreduce_on_two_backends_trains_as_on_one() {
 
 /// The CPU backends compiled in besides flex.
 fn other_backends() -> Vec<Device> {
-    let mut others = Vec::new();
-    #[cfg(feature = "ndarray")]
-    others.push(Device::ndarray());
-    #[cfg(feature = "tch")]
-    others.push(Device::libtorch());
-    others
+    [
+        #[cfg(feature = "ndarray")]
+        Device::ndarray(),
+        #[cfg(feature = "tch")]
+        Device::libtorch(),
+    ]
+    .into()
 }
 
 /// One seed, one start, whatever backend the nodes run on: `fit` draws the weights on the
