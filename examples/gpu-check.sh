@@ -120,7 +120,8 @@ elif [ -x target/vulkan/release/nanogpt ]; then
   vulkan_bin="$here/target/vulkan/release/nanogpt"
 fi
 flex_bin="${CARGO_TARGET_DIR:-target}/release/nanogpt"
-[ -x "$flex_bin" ] || flex_bin=""
+# On the lent machine there is no build: the LibTorch binary has flex too (default feature).
+[ -x "$flex_bin" ] || flex_bin="$tch_bin"
 
 if [ "$cpu" = 1 ]; then
   echo "== gpu-check --cpu: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
