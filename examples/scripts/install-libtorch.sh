@@ -13,9 +13,8 @@
 #
 # `env.sh` sets what the build and the binaries need: LIBTORCH_USE_PYTORCH=1 with the venv's
 # python first on PATH (torch-sys asks it where torch lives), and LD_LIBRARY_PATH to
-# torch/lib (the binaries link libtorch dynamically). The examples' build script links
-# libtorch_cuda whatever the linker's --as-needed (nothing calls it by name: without it a
-# binary would see no GPU).
+# torch/lib (the binaries link libtorch dynamically, libtorch_cuda among it: check with
+# `readelf -d BINARY | grep NEEDED`).
 set -euo pipefail
 venv="${1:-.venv-libtorch}"
 python3 -m venv "$venv"
