@@ -69,37 +69,23 @@ fn usable(entry: &str, device: Device) -> Result<Device, String> {
 
 /// One `--devices` entry.
 fn parse_device(entry: &str) -> Result<Device, String> {
-    let (name, index) = match entry.split_once(':') {
-        // A software device of wgpu's (Mesa's lavapipe for Vulkan): how its path is checked
-        // without a GPU.
-        Some((name @ ("wgpu" | "vulkan"), "cpu")) => {
-            #[cfg(feature = "wgpu")]
-            {
-                let kind = burn::tensor::DeviceKind::Cpu;
-                return Ok(match name {
-                    #[cfg(feature = "vulkan")]
-                    "vulkan" => Device::vulkan(kind),
-                    _ => Device::wgpu(kind),
-                });
-            }
-            #[cfg(not(feature = "wgpu"))]
-            return Err(format!(
-                "device {entry:?} needs the `{name}` feature (cargo run --features {name})"
-            ));
-        }
+    // `cpu` as the index: a software device of wgpu's (Mesa's lavapipe for Vulkan), how
+    // its path is checked without a GPU.
+    let (name, index, software) = match entry.split_once(':') {
+        Some((name @ ("wgpu" | "vulkan"), "cpu")) => (name, None, true),
         Some((name, index)) => {
             let index: usize = index
                 .parse()
                 .map_err(|_| format!("device {entry:?}: {index:?} is not a device index"))?;
-            (name, Some(index))
+            (name, Some(index), false)
         }
-        None => (entry, None),
+        None => (entry, None, false),
     };
     let missing = |feature: &str| {
         format!("device {entry:?} needs the `{feature}` feature (cargo run --features {feature})")
     };
     // Each is used only by the backends this build leaves out (or has).
-    let _ = (&missing, index);
+    let _ = (&missing, index, software);
     match name {
         "default" => Ok(Device::default()),
         "flex" => {
@@ -125,7 +111,11 @@ fn parse_device(entry: &str) -> Result<Device, String> {
         "wgpu" | "vulkan" | "metal" => {
             #[cfg(feature = "wgpu")]
             {
-                let kind = burn::tensor::DeviceKind::DiscreteGpu(index.unwrap_or(0));
+                let kind = if software {
+                    burn::tensor::DeviceKind::Cpu
+                } else {
+                    burn::tensor::DeviceKind::DiscreteGpu(index.unwrap_or(0))
+                };
                 return Ok(match name {
                     #[cfg(feature = "vulkan")]
                     "vulkan" => Device::vulkan(kind),

@@ -118,15 +118,6 @@ impl Trainer {
             let all_float = ParamLayout::all_float(&base);
             let base_state = all_float.flatten(&base);
             drop(base);
-            // Which parameters train is each one's `require_grad`, which only a model built
-            // on an autodiff device holds (not the host's copy).
-            let trainable = ParamLayout::trainable(&init(&devices[0]));
-            // Parameter ids from the seed, the same on every replica: optimizer state, which
-            // Burn keys by id, then means the same on every node (a rejoining node takes a
-            // peer's) and encodes to the same bytes in every run of this seed.
-            let base_ids: Vec<ParamId> = (0..trainable.entries().len())
-                .map(|i| ParamId::from(rng::derive_seed(cfg.seed, &[0x5041_5241, i as u64])))
-                .collect();
             let mut init_fingerprint = Fingerprint::default();
             for x in base_state
                 .to_data()
@@ -145,9 +136,21 @@ impl Trainer {
                     ));
                 }
                 let state = base_state.clone().to_device(&device.clone().inner());
-                let loaded = all_float.load(fresh, state);
-                replicas.push(trainable.with_ids(loaded, &base_ids));
+                replicas.push(all_float.load(fresh, state));
             }
+            // Which parameters train is each one's `require_grad`, which the replicas (on
+            // autodiff devices) hold and the host's copy does not.
+            let trainable = ParamLayout::trainable(&replicas[0]);
+            // Parameter ids from the seed, the same on every replica: optimizer state, which
+            // Burn keys by id, then means the same on every node (a rejoining node takes a
+            // peer's) and encodes to the same bytes in every run of this seed.
+            let base_ids: Vec<ParamId> = (0..trainable.entries().len())
+                .map(|i| ParamId::from(rng::derive_seed(cfg.seed, &[0x5041_5241, i as u64])))
+                .collect();
+            let replicas: Vec<M> = replicas
+                .into_iter()
+                .map(|replica| trainable.with_ids(replica, &base_ids))
+                .collect();
             let first = views[0].as_ref().expect("rank 0's view");
             let probe_items = (0..cfg.effective_minibatch().min(2))
                 .map(|i| get_item(&*first.train, i))
