@@ -55,7 +55,9 @@ fn bits(v: &[f32]) -> Vec<u32> {
 fn calls(c: &Collective) -> Result<Vec<Vec<u32>>, CollectiveError> {
     let r = c.rank();
     let mut out = Vec::new();
-    for n in [257, 100_003] {
+    // One chunk; several (a fold schedule cuts any tensor into 64 or more); several in
+    // shared memory's 1 MiB messages as well.
+    for n in [257, 100_003, 1_000_003] {
         out.push(bits(&host(
             c.all_reduce(vector(rank_values(r, n)), ReduceOp::Sum)?,
         )));
@@ -270,7 +272,7 @@ fn same_as_in_process_with(name: &str, processes: usize, ranks: usize, extra: &[
         for (i, (g, e)) in got_results.iter().zip(&results).enumerate() {
             assert!(
                 g == e,
-                "rank {rank}: result {i} differs from the in-process group's"
+                "{name}, rank {rank}: result {i} differs from the in-process group's"
             );
         }
         assert_eq!(
@@ -297,8 +299,9 @@ fn mpi_transport_gives_the_thread_transports_bits_and_byte_counts() {
     same_as_in_process("calls4", 4, &[]);
     // Two nodes per process: calls inside a process and across, islands concurrently.
     same_as_in_process("calls2", 2, &[]);
-    // Two nodes on each of four processes: the world's all-reduce runs as a chain
-    // through the processes (the islands, one node per process, as a reduce-scatter).
+    // Two nodes on each of four processes: the world's all-reduce runs by a fold
+    // schedule, several routes over the chunks of the largest tensor (the islands, one
+    // node per process, as a reduce-scatter).
     same_as_in_process_with("calls8", 4, 8, &[]);
 }
 

@@ -10,12 +10,14 @@
 //!   tensors), then the summed slices sent directly to every process. Each process sends and
 //!   receives `2(P−1)/P` of a tensor: the ring's bytes, in one hop each. With several
 //!   members per process that becomes `(m+1)(P−1)/P` (every member's slice travels: adding a
-//!   process's members first would change the order of additions), and a chain is lighter
-//!   (see [`all_reduce`]).
+//!   process's members first would change the order of additions), and a
+//!   [`FoldSchedule`] is lighter (see [`all_reduce`]).
 //! * **All-gather**: every process sends its members' buffers to every other.
 //! * **Broadcast**: a pipelined chain through the processes in group order from the root's,
 //!   each chunk forwarded as soon as it arrives: the simulated network's algorithm.
 
+use super::fold_schedule::FoldSchedule;
+use super::folded;
 use super::p2p::{Peers, Tag};
 use crate::comm::group::{CollectiveOp, ReduceOp};
 use crate::comm::transport::Header;
@@ -81,11 +83,11 @@ pub(super) fn all_gather<T: Equivalence + Default + Clone>(
 /// from every other member it is summed and sent to every process, while later chunks are
 /// still arriving, so the link never idles between the two halves.
 ///
-/// Where processes hold several members each, a chain moves fewer bytes over the busiest
-/// link (for 2 members on each of 4 processes, 2 tensors against 2.25): the tensor's
-/// running sum travels through the processes in group order, each adding its members, and
-/// the result comes back round the ring (see [`chain_all_reduce`]). The two give the same
-/// bits; [`busiest_link`] picks.
+/// Where processes hold several members each, a [`FoldSchedule`] moves fewer bytes over the
+/// busiest link (for 2 members on each of 4 processes, 5/3 of a tensor against 2.25): each
+/// chunk's running sum travels through some of the processes in group order, each adding
+/// its members and those shipped to it, and the result spreads from the last process (see
+/// [`folded::all_reduce`]). The two give the same bits; [`lighter_fold_schedule`] picks.
 pub(super) fn all_reduce(
     peers: &Peers<'_>,
     mine: &[f32],
@@ -94,9 +96,9 @@ pub(super) fn all_reduce(
     op: ReduceOp,
     scratch: &mut Vec<f32>,
 ) -> Vec<f32> {
-    let (scatter, chain) = busiest_link(members);
-    if chain < scatter - 1e-9 {
-        return chain_all_reduce(peers, mine, n, members, op, scratch);
+    let chunk = folded::chunk(n, peers.plan::<f32>().chunk());
+    if let Some(schedule) = lighter_fold_schedule(members, n, chunk) {
+        return folded::all_reduce(peers, mine, n, members, op, scratch, &schedule, chunk);
     }
     let me = peers.me();
     let parts = slices(n, members.len());
@@ -190,118 +192,33 @@ pub(super) fn all_reduce(
     out
 }
 
-/// The tensors that cross the busiest link (a process's uplink or downlink) in an
-/// all-reduce of one tensor by processes holding `members` each: `(reduce-scatter, chain)`.
+/// The [`FoldSchedule`] of `n` values in chunks of `chunk`, where it moves fewer bytes over
+/// the busiest link than the reduce-scatter.
+fn lighter_fold_schedule(members: &[usize], n: usize, chunk: usize) -> Option<FoldSchedule> {
+    let lengths: Vec<usize> = (0..n.div_ceil(chunk))
+        .map(|c| chunk.min(n - c * chunk))
+        .collect();
+    let schedule = FoldSchedule::new(members, lengths.len());
+    (schedule.busiest_link(members, &lengths) < scatter_busiest_link(members) - 1e-9)
+        .then_some(schedule)
+}
+
+/// The tensors that cross the busiest link (a process's uplink or downlink) in a
+/// reduce-scatter all-reduce of one tensor by processes holding `members` each.
 ///
-/// Reduce-scatter, process `p` of `P` with `m` of `k` members: it sends `m` slices of
-/// `1/P` to each other process and its sum to each, `(m+1)(P−1)/P`; it receives
-/// `(k−m)/P + (P−1)/P`. Chain: every process but the last sends the running sum (1) and
-/// every one but the ring's end forwards the result (1); every process but the first
-/// receives a running sum and every one but the last receives the result.
-fn busiest_link(members: &[usize]) -> (f64, f64) {
-    let count = members.len();
-    let p_f = count as f64;
+/// Process `p` of `P` with `m` of `k` members sends `m` slices of `1/P` to each other
+/// process and its sum to each, `(m+1)(P−1)/P`; it receives `(k−m)/P + (P−1)/P`.
+fn scatter_busiest_link(members: &[usize]) -> f64 {
+    let p_f = members.len() as f64;
     let k: usize = members.iter().sum();
-    let scatter = members
+    members
         .iter()
         .map(|&m| {
             let up = (m + 1) as f64 * (p_f - 1.0) / p_f;
             let down = (k - m) as f64 / p_f + (p_f - 1.0) / p_f;
             up.max(down)
         })
-        .fold(0.0, f64::max);
-    let one = |yes: bool| f64::from(u8::from(yes));
-    let chain = (0..count)
-        .map(|p| {
-            let up = one(p + 1 < count) + one(p + 2 != count);
-            let down = one(p > 0) + one(p + 1 != count);
-            up.max(down)
-        })
-        .fold(0.0, f64::max);
-    (scatter, chain)
-}
-
-/// The all-reduce as a chain, each element still `((x₀ + x₁) + x₂) + …` in member order:
-/// process 0 folds its members and sends the running sum to process 1, which adds its own
-/// members chunk by chunk as they arrive and sends each chunk on, and so on to the last
-/// process, which divides (for a mean) and sends the result round the ring (last → 0 → 1 →
-/// … → last − 1), each chunk forwarded as soon as it arrives. Every link carries at most
-/// two tensors, whatever the members per process.
-fn chain_all_reduce(
-    peers: &Peers<'_>,
-    mine: &[f32],
-    n: usize,
-    members: &[usize],
-    op: ReduceOp,
-    scratch: &mut Vec<f32>,
-) -> Vec<f32> {
-    let me = peers.me();
-    let count = members.len();
-    let last = count - 1;
-    let local = members[me];
-    let group_size: usize = members.iter().sum();
-    // Adds members `from..` of this process to `acc`, elements `lo..` of their tensors.
-    let add_members = |acc: &mut [f32], lo: usize, from: usize| {
-        for m in from..local {
-            let values = &mine[m * n + lo..m * n + lo + acc.len()];
-            for (a, &x) in acc.iter_mut().zip(values) {
-                *a += x;
-            }
-        }
-    };
-    let mut out = vec![0f32; n];
-    // The running sum this process sends on (the last one folds into `out` instead).
-    let mut running = vec![0f32; if me < last { n } else { 0 }];
-    // The previous process's running sum arrives in the caller's scratch buffer.
-    scratch.resize(if me > 0 { n } else { 0 }, 0.0);
-    let incoming = scratch.as_mut_slice();
-    if me == 0 {
-        running.copy_from_slice(&mine[..n]);
-        add_members(&mut running, 0, 1);
-    }
-    let (folds, results): (&mut [f32], &mut [f32]) = if me == last {
-        (&mut out, &mut [])
-    } else {
-        (&mut running, &mut out)
-    };
-    let mut plan = peers.plan::<f32>();
-    let chunk = plan.chunk();
-    let pieces = n.div_ceil(chunk);
-    if me > 0 {
-        plan.receive(me - 1, Tag::Data, incoming);
-    }
-    if me != last {
-        plan.receive((me + count - 1) % count, Tag::Sums, results);
-    }
-    let mut fold_chunks: Vec<Option<&mut [f32]>> = Vec::new();
-    if me == 0 {
-        let folded: &[f32] = folds;
-        plan.send(1, Tag::Data, folded);
-    } else {
-        fold_chunks = folds.chunks_mut(chunk).map(Some).collect();
-    }
-    let next = (me + 1) % count;
-    peers.run(plan, |i, data, then| {
-        if me > 0 && i < pieces {
-            // Chunk `i` of the running sum: add this process's members and send it on.
-            let fold = fold_chunks[i].take().expect("each chunk is folded once");
-            fold.copy_from_slice(data);
-            add_members(fold, i * chunk, 0);
-            if me == last && op == ReduceOp::Mean {
-                let divisor = group_size as f32;
-                for s in fold.iter_mut() {
-                    *s /= divisor;
-                }
-            }
-            let fold: &[f32] = fold;
-            let tag = if me == last { Tag::Sums } else { Tag::Data };
-            then.push((next, tag, fold));
-        } else if next != last {
-            // A chunk of the result, passed on round the ring.
-            then.push((next, Tag::Sums, data));
-        }
-    });
-    out
+        .fold(0.0, f64::max)
 }
 
 /// Broadcasts `buffer` from the process at position `root` along the chain of positions
@@ -368,21 +285,33 @@ fn op_from_code(code: u64, root: usize) -> CollectiveOp {
 
 #[cfg(test)]
 mod tests {
-    use super::{busiest_link, slices, split_mut};
+    use super::{lighter_fold_schedule, scatter_busiest_link, slices, split_mut};
 
     #[test]
-    fn the_chain_is_taken_only_where_it_moves_less() {
-        // One member per process: the reduce-scatter's ring bytes, never the chain.
+    fn the_fold_schedule_is_taken_only_where_it_moves_less() {
+        // One member per process: the reduce-scatter's ring bytes, never a fold schedule.
         for p in 2..9 {
-            let (scatter, chain) = busiest_link(&vec![1; p]);
-            assert!((scatter - 2.0 * (p - 1) as f64 / p as f64).abs() < 1e-12);
-            assert!(chain >= scatter - 1e-9, "{p} processes");
+            let busiest = scatter_busiest_link(&vec![1; p]);
+            assert!((busiest - 2.0 * (p - 1) as f64 / p as f64).abs() < 1e-12);
+            assert!(lighter_fold_schedule(&vec![1; p], 1_000_000, 1000).is_none());
         }
-        // Two members on each of 4 processes: 2.25 tensors against 2.
-        let (scatter, chain) = busiest_link(&[2, 2, 2, 2]);
-        assert!((scatter - 2.25).abs() < 1e-12 && (chain - 2.0).abs() < 1e-12);
+        // Two members on each of 4 processes: 2.25 tensors against 5/3 (over 30 chunks).
+        assert!((scatter_busiest_link(&[2, 2, 2, 2]) - 2.25).abs() < 1e-12);
+        let members = [2, 2, 2, 2];
+        let schedule = lighter_fold_schedule(&members, 30_000, 1000).expect("lighter");
+        let fold = schedule.busiest_link(&members, &[1000; 30]);
+        assert!((fold - 5.0 / 3.0).abs() < 0.05, "{fold}");
+        // The MPI tests' tensor of 100,003 values on one host (1 MiB messages): 64 chunks,
+        // routes in which a process ships its members, and more than one spreader.
+        let chunk = super::folded::chunk(100_003, 1 << 18);
+        let schedule = lighter_fold_schedule(&members, 100_003, chunk).expect("lighter");
+        assert_eq!(schedule.route_of_chunk.len(), 65);
+        let used = |c: usize| &schedule.routes[schedule.route_of_chunk[c]];
+        assert!((0..65).any(|c| (0..4).any(|p| !used(c).is_stop(p))));
+        assert!(schedule.spreader_of_chunk.iter().any(|&s| s != 3));
         // Two processes: the running sum one way, the result the other.
-        assert_eq!(busiest_link(&[4, 4]).1, 1.0);
+        let schedule = lighter_fold_schedule(&[4, 4], 10, 3).expect("lighter");
+        assert!((schedule.busiest_link(&[4, 4], &[3, 3, 3, 1]) - 1.0).abs() < 1e-12);
     }
 
     #[test]

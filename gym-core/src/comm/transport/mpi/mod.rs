@@ -28,6 +28,8 @@
 
 mod call;
 mod collectives;
+mod fold_schedule;
+mod folded;
 mod groups;
 mod p2p;
 mod watch;

@@ -29,16 +29,35 @@ pub(super) const SHARED_MEMORY_CHUNK_BYTES: usize = 1 << 20;
 /// on every process, and MPI keeps the order of messages with one source and one tag, so
 /// one tag per kind is enough to keep a call's headers apart from another call's data.
 #[derive(Debug, Clone, Copy)]
-#[repr(i32)]
 pub(super) enum Tag {
     /// The members' headers.
-    Headers = 1,
+    Headers,
     /// The members' data: a reduce-scatter's slices, an all-gather's buffers.
-    Data = 2,
+    Data,
     /// An all-reduce's summed slices.
-    Sums = 3,
+    Sums,
     /// A broadcast's chunks along the chain.
-    Chain = 4,
+    Chain,
+    /// The running sum or shipped members of the chunks of one route of a
+    /// [`FoldSchedule`](super::fold_schedule::FoldSchedule) (each route's chunks keep
+    /// their order between two processes, whichever route's chunks are ready first).
+    Running(usize),
+    /// The result of the chunks of one route, spread.
+    Result(usize),
+}
+
+impl Tag {
+    /// The MPI tag.
+    fn code(self) -> i32 {
+        match self {
+            Tag::Headers => 1,
+            Tag::Data => 2,
+            Tag::Sums => 3,
+            Tag::Chain => 4,
+            Tag::Running(route) => 16 + 2 * route as i32,
+            Tag::Result(route) => 17 + 2 * route as i32,
+        }
+    }
 }
 
 /// The processes of one call, as the transfers see them.
@@ -105,8 +124,13 @@ impl Peers<'_> {
 
     /// An empty plan, chunked for `T`.
     pub fn plan<'a, T>(&self) -> Plan<'a, T> {
+        self.plan_in_chunks((self.chunk_bytes / size_of::<T>().max(1)).max(1))
+    }
+
+    /// An empty plan whose messages hold at most `chunk` elements.
+    pub fn plan_in_chunks<'a, T>(&self, chunk: usize) -> Plan<'a, T> {
         Plan {
-            chunk: (self.chunk_bytes / size_of::<T>().max(1)).max(1),
+            chunk: chunk.max(1),
             receives: Vec::new(),
             sends: Vec::new(),
         }
@@ -169,7 +193,7 @@ impl Peers<'_> {
             let mut owed = vec![0usize; self.count()];
             for (i, (peer, tag, buffer)) in plan.receives.into_iter().enumerate() {
                 let process = self.comm.process_at_rank(peer as i32);
-                all.add(process.immediate_receive_into_with_tag(scope, buffer, tag as i32));
+                all.add(process.immediate_receive_into_with_tag(scope, buffer, tag.code()));
                 receives.push(Some((i, peer)));
                 owed[peer] += 1;
             }
@@ -181,7 +205,7 @@ impl Peers<'_> {
             loop {
                 for (peer, tag, data) in then.drain(..) {
                     let process = self.comm.process_at_rank(peer as i32);
-                    all.add(process.immediate_send_with_tag(scope, data, tag as i32));
+                    all.add(process.immediate_send_with_tag(scope, data, tag.code()));
                     receives.push(None);
                 }
                 // rsmpi's `test_some` on a collection with nothing active fails: check first.
