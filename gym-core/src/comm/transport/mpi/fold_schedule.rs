@@ -315,6 +315,12 @@ impl Tableau {
 /// The route and the spreader of every chunk of one all-reduce.
 #[derive(Debug, Clone)]
 pub(super) struct FoldSchedule {
+    /// How many members each process holds.
+    pub members: Vec<usize>,
+    /// Values in the tensor.
+    pub len: usize,
+    /// Values per chunk (the last may hold fewer).
+    pub chunk: usize,
     /// The routes in use; a route's index also tells its messages apart.
     pub routes: Vec<Route>,
     /// Chunk → its route in `routes`.
@@ -324,28 +330,47 @@ pub(super) struct FoldSchedule {
 }
 
 impl FoldSchedule {
-    /// The schedule of a tensor of `pieces` chunks over processes holding `members` each:
-    /// the chunks dealt to the routes and spreaders of [`best_mix`] in proportion,
-    /// interleaved (a smooth weighted round robin), so that every link is busy from the
-    /// first chunk to the last.
-    pub fn new(members: &[usize], pieces: usize) -> Self {
+    /// The schedule of a tensor of `len` values in chunks of `chunk` over processes holding
+    /// `members` each: the chunks dealt to the routes and spreaders of [`best_mix`] in
+    /// proportion, interleaved (a smooth weighted round robin), so that every link is busy
+    /// from the first chunk to the last.
+    pub fn new(members: &[usize], len: usize, chunk: usize) -> Self {
+        let chunk = chunk.max(1);
+        let pieces = len.div_ceil(chunk);
         let mix = best_mix(members);
         let route_weights: Vec<f64> = mix.routes.iter().map(|&(_, x)| x).collect();
         FoldSchedule {
+            members: members.to_vec(),
+            len,
+            chunk,
             routes: mix.routes.iter().map(|(r, _)| r.clone()).collect(),
             route_of_chunk: deal(&route_weights, pieces),
             spreader_of_chunk: deal(&mix.spreaders, pieces),
         }
     }
 
-    /// Tensors over the busiest link, for chunks of `lengths` (summing to the tensor's).
-    pub fn busiest_link(&self, members: &[usize], lengths: &[usize]) -> f64 {
-        let count = members.len();
-        let total: usize = lengths.iter().sum();
+    /// The chunks.
+    pub fn pieces(&self) -> usize {
+        self.route_of_chunk.len()
+    }
+
+    /// The values of chunk `c`.
+    pub fn range(&self, c: usize) -> Range<usize> {
+        c * self.chunk..((c + 1) * self.chunk).min(self.len)
+    }
+
+    /// The route of chunk `c`.
+    pub fn route(&self, c: usize) -> &Route {
+        &self.routes[self.route_of_chunk[c]]
+    }
+
+    /// Tensors over the busiest link.
+    pub fn busiest_link(&self) -> f64 {
+        let count = self.members.len();
         let (mut up, mut down) = (vec![0.0; count], vec![0.0; count]);
-        for (c, &len) in lengths.iter().enumerate() {
-            let share = len as f64 / total.max(1) as f64;
-            let (u, d) = self.routes[self.route_of_chunk[c]].loads(members);
+        for c in 0..self.pieces() {
+            let share = self.range(c).len() as f64 / self.len.max(1) as f64;
+            let (u, d) = self.route(c).loads(&self.members);
             for p in 0..count {
                 up[p] += share * (u[p] + spreading_up(count, self.spreader_of_chunk[c], p));
                 down[p] += share * (d[p] + f64::from(u8::from(p + 1 != count)));
@@ -480,8 +505,8 @@ mod tests {
             assert!((x - 1.0).abs() < 1e-9 && (w - 1.0).abs() < 1e-9);
             // The schedule over many equal chunks comes within a chunk of the bound.
             let pieces = 600;
-            let schedule = FoldSchedule::new(&members, pieces);
-            let busiest = schedule.busiest_link(&members, &vec![1; pieces]);
+            let schedule = FoldSchedule::new(&members, pieces, 1);
+            let busiest = schedule.busiest_link();
             let per_chunk = 2.0 * members.iter().sum::<usize>() as f64 / pieces as f64;
             assert!(
                 busiest <= bound + per_chunk * mix.routes.len() as f64,

@@ -107,26 +107,23 @@ enum Arrival {
 /// its own members and those shipped to it, chunk by chunk as they arrive; the last
 /// process divides (for a mean) and sends each chunk of the result to its spreader, which
 /// sends it to every other process.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn all_reduce(
     peers: &Peers<'_>,
     mine: &[f32],
-    n: usize,
-    members: &[usize],
     op: ReduceOp,
     scratch: &mut Vec<f32>,
     schedule: &FoldSchedule,
-    chunk: usize,
 ) -> Vec<f32> {
+    let (members, n, chunk) = (&schedule.members, schedule.len, schedule.chunk);
     let me = peers.me();
     let count = members.len();
     let last = count - 1;
     let local = members[me];
     let group_size: usize = members.iter().sum();
     let mut plan = peers.plan_in_chunks::<f32>(chunk);
-    let pieces = n.div_ceil(chunk);
-    let range = |c: usize| c * chunk..((c + 1) * chunk).min(n);
-    let route = |c: usize| &schedule.routes[schedule.route_of_chunk[c]];
+    let pieces = schedule.pieces();
+    let range = |c: usize| schedule.range(c);
+    let route = |c: usize| schedule.route(c);
     // The inputs of each chunk this process folds: the running sum from the previous
     // stop (none at process 0), then the members shipped here, in member order.
     let inputs: Vec<usize> = (0..pieces)
