@@ -9,9 +9,7 @@ use std::process::Output;
 const NOTICE: &str = "allocator: glibc's per-thread caches off for";
 
 fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("gym-alloc-{name}-{}", std::process::id()));
-    std::fs::remove_dir_all(&dir).ok();
-    dir
+    tests::scratch_dir("alloc", name)
 }
 
 /// Two MNIST nodes for 3 steps, each node's kernels on a pool of `kernel_threads`.
@@ -32,11 +30,7 @@ fn mnist(logs: &Path, kernel_threads: usize, tunables: Option<&str>) -> Output {
         command.env("GLIBC_TUNABLES", t);
     }
     let out = command.output().expect("mnist runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    tests::assert_succeeded(&out);
     out
 }
 

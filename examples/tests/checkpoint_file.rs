@@ -6,9 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("gym-ckfile-{name}-{}", std::process::id()));
-    std::fs::remove_dir_all(&dir).ok();
-    dir
+    tests::scratch_dir("ckfile", name)
 }
 
 /// A Python that imports `safetensors` and `numpy`, if there is one.
@@ -51,17 +49,10 @@ fn a_checkpoint_and_the_model_are_safetensors_that_python_reads() {
         ])
         .args(["--batch-size", "16", "--val-size", "0", "--no-progress"])
         .args(["--run-name", "run", "--checkpoint-interval", "4"])
-        .arg("--data-dir")
-        .arg(tests::shared_data("mnist"))
-        .arg("--log-dir")
-        .arg(&logs)
+        .args(tests::mnist_and_logs(&logs))
         .output()
         .expect("the mnist binary runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    tests::assert_succeeded(&out);
     let checkpoint = logs.join("run/checkpoint-000000004.safetensors");
     let model = logs.join("run/model.safetensors");
     // Every f32 in 4 bytes: the MLP (203,530 values) and Adam's two moments, per node.

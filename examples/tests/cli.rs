@@ -58,11 +58,7 @@ fn simulated_time_flags_are_checked_and_reported() {
             "9",
         ],
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    tests::assert_succeeded(&out);
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(logs.join("run/summary.json")).unwrap())
             .unwrap();
@@ -315,11 +311,7 @@ fn elastic_cli_faults_and_quorum_reach_the_summary() {
         "0.0",
     ];
     let out = mnist(&logs, &flags);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    tests::assert_succeeded(&out);
     let read_json = |file: &str| -> serde_json::Value {
         serde_json::from_str(&std::fs::read_to_string(logs.join("run").join(file)).unwrap())
             .unwrap()
@@ -378,11 +370,7 @@ fn devices_are_spread_round_robin_and_unknown_ones_refused() {
         &["--num-nodes", "3", "--devices", "default,default"],
     );
     for out in [&a, &b] {
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        tests::assert_succeeded(out);
     }
     let read = |dir: &PathBuf, file: &str| -> serde_json::Value {
         serde_json::from_str(&std::fs::read_to_string(dir.join("run").join(file)).unwrap()).unwrap()
@@ -460,11 +448,7 @@ fn mpi_mnist_under_mpirun_logs_once_what_the_in_process_run_logs() {
     ];
     let alone = temp_dir("mpi-alone");
     let out = mnist(&alone, &flags);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    tests::assert_succeeded(&out);
 
     let expected = losses_and_clocks(&alone.join("run"));
     assert_eq!(expected.len(), 6);
@@ -529,11 +513,7 @@ fn mpi_mnist_under_mpirun_logs_once_what_the_in_process_run_logs() {
     // named by either file, resumes under -n 4 and in one process, logging the same.
     let job = temp_dir("mpi-job-checkpoints");
     let out = mpirun(2, &job, &["--checkpoint-interval", "3"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    tests::assert_succeeded(&out);
     let shard = job
         .join("run")
         .join("checkpoint-000000003.ranks-2-3.safetensors");
@@ -545,11 +525,7 @@ fn mpi_mnist_under_mpirun_logs_once_what_the_in_process_run_logs() {
     );
     let resume = ["--resume", shard.to_str().unwrap()];
     let out = mpirun(4, &job, &resume);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    tests::assert_succeeded(&out);
     assert_eq!(
         losses_and_clocks(&job.join("run")),
         expected,
@@ -557,11 +533,7 @@ fn mpi_mnist_under_mpirun_logs_once_what_the_in_process_run_logs() {
     );
     let alone_resumed = temp_dir("mpi-alone-resumed");
     let out = mnist(&alone_resumed, &[&flags[..], &resume[..]].concat());
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    tests::assert_succeeded(&out);
     assert_eq!(
         losses_and_clocks(&alone_resumed.join("run")),
         expected,

@@ -12,9 +12,7 @@ const STEPS: &str = "60";
 const KILLS: usize = 20;
 
 fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("gym-crash-{name}-{}", std::process::id()));
-    std::fs::remove_dir_all(&dir).ok();
-    dir
+    tests::scratch_dir("crash", name)
 }
 
 /// The mnist binary on 2 nodes with a checkpoint before every step, logging into `logs`.
@@ -36,10 +34,7 @@ fn mnist(logs: &Path, resume: bool) -> Command {
             "--checkpoint-interval",
             "1",
         ])
-        .arg("--data-dir")
-        .arg(tests::shared_data("mnist"))
-        .arg("--log-dir")
-        .arg(logs)
+        .args(tests::mnist_and_logs(logs))
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
     if resume {
@@ -102,11 +97,7 @@ fn column(dir: &Path, name: &str) -> Vec<String> {
 fn killed_twenty_times_while_writing_a_checkpoint_the_run_resumes_and_ends_exactly() {
     let alone = temp_dir("alone");
     let out = mnist(&alone, false).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    tests::assert_succeeded(&out);
 
     let crashed = temp_dir("killed");
     let run = crashed.join("run");
@@ -125,11 +116,7 @@ fn killed_twenty_times_while_writing_a_checkpoint_the_run_resumes_and_ends_exact
     eprintln!("{torn} of {KILLS} kills left a half-written checkpoint");
     assert!(torn > 0);
     let out = mnist(&crashed, true).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    tests::assert_succeeded(&out);
 
     let (a, b) = (summary(&alone.join("run")), summary(&run));
     for field in [

@@ -119,11 +119,7 @@ fn nanogpt_trains_on_wikitext_in_bpe() {
         &["--prompt", "The", "--num-tokens", "10"],
         &[("--sample-from", &run)],
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    tests::assert_succeeded(&out);
     assert!(String::from_utf8_lossy(&out.stdout).contains("── sample ──\nThe"));
     std::fs::remove_dir_all(&dir).ok();
 }

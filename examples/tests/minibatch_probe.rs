@@ -53,11 +53,7 @@ fn a_small_budget_halves_to_the_largest_size_that_fits() {
     let (logs, cache) = (scratch("logs"), scratch("cache"));
     // A budget far above the need: the whole batch, one trial.
     let out = run(&logs, &cache, BATCH, &["--memory-budget", "64GiB"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    tests::assert_succeeded(&out);
     let probe = probe_of(&logs);
     assert_eq!(probe["minibatch_size"], BATCH);
     let trials = probe["trials"].as_array().unwrap();
@@ -158,11 +154,7 @@ fn a_resumed_run_keeps_its_probed_size() {
         8,
         &["--memory-budget", "64GiB", "--checkpoint-interval", "1"],
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    tests::assert_succeeded(&out);
     assert_eq!(probe_of(&logs)["minibatch_size"], 8);
     let checkpoint = logs.join("run/checkpoint-000000001.safetensors");
     assert!(checkpoint.is_file());

@@ -13,9 +13,7 @@ fn repo_root() -> PathBuf {
 }
 
 fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("gym-netfile-{name}-{}", std::process::id()));
-    std::fs::remove_dir_all(&dir).ok();
-    dir
+    tests::scratch_dir("netfile", name)
 }
 
 /// Runs `mnist` from the repository root for 2 steps of AllReduce with `extra` flags.
@@ -24,10 +22,7 @@ fn mnist(log_dir: &Path, extra: &[&str]) -> Output {
         .current_dir(repo_root())
         .args(["--max-steps", "2", "--batch-size", "16", "--val-size", "0"])
         .args(["--no-progress", "--run-name", "run"])
-        .arg("--data-dir")
-        .arg(tests::shared_data("mnist"))
-        .arg("--log-dir")
-        .arg(log_dir)
+        .args(tests::mnist_and_logs(log_dir))
         .args(extra)
         .output()
         .expect("the mnist binary runs")
@@ -47,11 +42,7 @@ fn a_network_file_drives_the_simulated_clock() {
             "examples/networks/consumer-internet.toml",
         ],
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    tests::assert_succeeded(&out);
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(logs.join("run/summary.json")).unwrap())
             .unwrap();

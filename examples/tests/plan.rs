@@ -15,11 +15,7 @@ fn json(flags: &[&str]) -> serde_json::Value {
     let mut all = flags.to_vec();
     all.push("--json");
     let out = plan(&all);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    tests::assert_succeeded(&out);
     serde_json::from_slice(&out.stdout).expect("one JSON object")
 }
 
@@ -145,11 +141,7 @@ fn a_sweep_prints_a_table_and_draws_utilisation_against_bandwidth() {
         out_dir.to_str().unwrap(),
     ]);
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    tests::assert_succeeded(&out);
     let rows: Vec<&str> = text
         .lines()
         .filter(|l| l.starts_with("| ") && !l.starts_with("| strategy"))

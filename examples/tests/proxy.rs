@@ -7,9 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("gym-proxy-{name}-{}", std::process::id()));
-    std::fs::remove_dir_all(&dir).ok();
-    dir
+    tests::scratch_dir("proxy", name)
 }
 
 /// Runs `binary` with `flags`, logging into `logs` as the run `run`.
@@ -107,11 +105,7 @@ fn charge_as_mnist_counts_and_times_a_billion_parameters() {
         ],
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    tests::assert_succeeded(&out);
     let s = summary(&logs);
     check_closed_forms(&s, (4, 2, 16.0), 1_000_000_000, "1gbit:10ms", 10e12);
     for line in ["simulated time", "bytes per node"] {
@@ -162,11 +156,7 @@ fn charge_as_nanogpt_charges_six_n_per_position() {
             shakespeare.to_str().unwrap(),
         ],
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    tests::assert_succeeded(&out);
     let s = summary(&logs);
     check_closed_forms(
         &s,

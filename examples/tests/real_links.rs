@@ -279,11 +279,7 @@ fn mpi_a_cut_link_ends_the_job_naming_the_lost_host_and_a_resume_gives_the_same_
         .command(mnist, &resume(mpi(flags("restored"))))
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    tests::assert_succeeded(&out);
     assert_eq!(
         outcome(&dir.join("restored/run")),
         expected,

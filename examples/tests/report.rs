@@ -10,9 +10,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("gym-report-{name}-{}", std::process::id()));
-    std::fs::remove_dir_all(&dir).ok();
-    dir
+    tests::scratch_dir("report", name)
 }
 
 /// A headless Chromium, if there is one.
@@ -237,17 +235,10 @@ fn a_run_report_renders_in_chromium_with_every_point() {
     let out = Command::new(env!("CARGO_BIN_EXE_mnist"))
         .args(["--strategy", "diloco", "-H", "3", "--run-name", "run"])
         .args(flags())
-        .arg("--data-dir")
-        .arg(tests::shared_data("mnist"))
-        .arg("--log-dir")
-        .arg(&logs)
+        .args(tests::mnist_and_logs(&logs))
         .output()
         .expect("the mnist binary runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    tests::assert_succeeded(&out);
     let run = logs.join("run");
     let file = run.join("report.html");
     let size = std::fs::metadata(&file).expect("report.html written").len();
@@ -327,11 +318,7 @@ fn a_comparison_report_holds_every_runs_points() {
         .arg(&out_dir)
         .output()
         .expect("the compare binary runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    tests::assert_succeeded(&out);
     let file = out_dir.join("report.html");
     let (dom, log) = render(&chromium, &file, &out_dir.join("profile"));
     let plots = plots(&dom, &log);

@@ -5,12 +5,10 @@
 //! be written is refused before any step.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
 fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("gym-tensorboard-{name}-{}", std::process::id()));
-    std::fs::remove_dir_all(&dir).ok();
-    dir
+    tests::scratch_dir("tensorboard", name)
 }
 
 /// A Python that imports `tensorboard`, if there is one.
@@ -22,20 +20,8 @@ fn python() -> Option<String> {
 fn read(py: &str, dir: &Path) -> serde_json::Value {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/read_tensorboard.py");
     let out = Command::new(py).arg(script).arg(dir).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    tests::assert_succeeded(&out);
     serde_json::from_slice(&out.stdout).unwrap()
-}
-
-fn succeeded(out: &Output) {
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// The rows of a CSV file, each column by its header's name.
@@ -92,15 +78,12 @@ fn mnist_diloco(logs: &Path, tb: &Path, flags: &[&str], more: &[&str]) {
         .args(["--batch-size", "16", "--no-progress", "--run-name", "run"])
         .args(flags)
         .args(more)
-        .arg("--data-dir")
-        .arg(tests::shared_data("mnist"))
-        .arg("--log-dir")
-        .arg(logs)
+        .args(tests::mnist_and_logs(logs))
         .arg("--tensorboard")
         .arg(tb)
         .output()
         .expect("the mnist binary runs");
-    succeeded(&out);
+    tests::assert_succeeded(&out);
 }
 
 #[test]
@@ -228,7 +211,7 @@ fn a_comparison_writes_one_run_per_strategy_to_overlay() {
         .arg(&tb)
         .output()
         .expect("the compare binary runs");
-    succeeded(&out);
+    tests::assert_succeeded(&out);
     for run in ["allreduce", "diloco"] {
         assert!(tb.join(run).is_dir(), "{}", tb.join(run).display());
     }
@@ -312,16 +295,13 @@ fn a_resumed_run_continues_its_scalars_in_one_event_file() {
             ])
             .args(["--val-size", "0", "--no-progress", "--run-name", "run"])
             .args(["--checkpoint-interval", "3"])
-            .arg("--data-dir")
-            .arg(tests::shared_data("mnist"))
-            .arg("--log-dir")
-            .arg(&logs)
+            .args(tests::mnist_and_logs(&logs))
             .arg("--tensorboard")
             .arg(&tb);
         if resume {
             command.arg("--resume").arg(logs.join("run"));
         }
-        succeeded(&command.output().expect("the mnist binary runs"));
+        tests::assert_succeeded(&command.output().expect("the mnist binary runs"));
     };
     run("3", false);
     // Event files are named by the second they were created in.
@@ -354,10 +334,7 @@ fn a_tensorboard_folder_that_cannot_be_written_is_refused_before_training() {
     let out = Command::new(env!("CARGO_BIN_EXE_mnist"))
         .args(["--num-nodes", "2", "--max-steps", "2", "--batch-size", "16"])
         .args(["--no-progress", "--run-name", "run"])
-        .arg("--data-dir")
-        .arg(tests::shared_data("mnist"))
-        .arg("--log-dir")
-        .arg(&logs)
+        .args(tests::mnist_and_logs(&logs))
         .arg("--tensorboard")
         .arg(&tb)
         .output()

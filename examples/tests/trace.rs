@@ -6,21 +6,11 @@
 
 use serde_json::Value;
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Command;
 use tests::trace_file::{self, NodeTrack};
 
 fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("gym-trace-cli-{name}-{}", std::process::id()));
-    std::fs::remove_dir_all(&dir).ok();
-    dir
-}
-
-fn succeeded(out: &Output) {
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    tests::scratch_dir("trace-cli", name)
 }
 
 /// The main tracks' means over nodes and their longest end, against the figures of
@@ -75,13 +65,10 @@ fn a_training_runs_trace_matches_its_summary() {
         .args(["--network", "wan", "--topology", "islands:2:internet"])
         .args(["--node-speed", "1,0.5,1,0.8", "--jitter", "0.2"])
         .args(["--no-progress", "--run-name", "run", "--trace"])
-        .arg("--data-dir")
-        .arg(tests::shared_data("mnist"))
-        .arg("--log-dir")
-        .arg(&logs)
+        .args(tests::mnist_and_logs(&logs))
         .output()
         .expect("the mnist binary runs");
-    succeeded(&out);
+    tests::assert_succeeded(&out);
     let dir = logs.join("run");
     let trace = trace_file::read(&dir.join("trace.json"));
     let summary: Value =
@@ -153,7 +140,7 @@ fn a_plans_trace_matches_its_figures() {
         .arg(&file)
         .output()
         .expect("plan runs");
-    succeeded(&out);
+    tests::assert_succeeded(&out);
     let summary: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(summary["trace"].as_str(), file.to_str());
     let trace = trace_file::read(&file);

@@ -33,6 +33,34 @@ pub fn shared_data(name: &str) -> PathBuf {
     dir
 }
 
+/// An empty scratch folder for one test of a suite: `gym-{suite}-{name}-{pid}` in the
+/// system's temporary folder, removed first if a previous run left it (not created).
+pub fn scratch_dir(suite: &str, name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("gym-{suite}-{name}-{}", std::process::id()));
+    std::fs::remove_dir_all(&dir).ok();
+    dir
+}
+
+/// Panics with what the command printed on stderr unless it exited successfully.
+pub fn assert_succeeded(out: &std::process::Output) {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The flags that point an example binary at the shared MNIST files ([`shared_data`]) and
+/// log its runs into `logs`.
+pub fn mnist_and_logs(logs: &Path) -> [std::ffi::OsString; 4] {
+    [
+        "--data-dir".into(),
+        shared_data("mnist").into(),
+        "--log-dir".into(),
+        logs.into(),
+    ]
+}
+
 /// One synthetic example: `features` and a class from a fixed linear rule.
 #[derive(Debug, Clone)]
 pub struct Example {
