@@ -155,7 +155,8 @@ impl Trainer {
     /// Every process builds the same replicas, draws the same data and steps the same
     /// strategy: with the same seed the run gives the same bits whatever the transport and
     /// however the nodes are spread over processes. With nodes in other processes, the
-    /// nodes exchange their reports after every step (uncounted), so every process's
+    /// nodes exchange their reports every few steps (about every two seconds, and at the
+    /// end; uncounted), so every process's
     /// [`RunReport`] holds the whole run; only the process of rank 0 writes the log folder
     /// and draws the progress bar, and every process returns the averaged model. Each
     /// process writes its own shard of a checkpoint; a run resumes from the shards under
