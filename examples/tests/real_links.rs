@@ -40,13 +40,14 @@ fn inputs(name: &str) -> Inputs {
     }
 }
 
-/// AllReduce of the MNIST MLP on 2 hosts at 20 Mbit/s and on 4 at 100 Mbit/s, the model
+/// AllReduce of the MNIST MLP on 2 hosts at 20 Mbit/s and on 4 at 100 Mbit/s, and 8 nodes
+/// on 4 hosts at 20 Mbit/s (2 per process: the transport's fold schedule), the model
 /// charging TCP's framing over Ethernet: each run's wall seconds per step within [0.8, 1.25]
-/// of its simulated seconds (the band of every case; `bench --real-links` holds the 4-host
-/// case to its tighter [0.9, 1.1], which a busy CI machine could leave by chance; on the
+/// of its simulated seconds (the band of every case; `bench --real-links` holds the large
+/// calls to its tighter [0.9, 1.1], which a busy CI machine could leave by chance; on the
 /// reference machine 1.18 and 1.13 with the model as shipped, whose bytes the framing
-/// charges 4.4% more, and 1.02 and 1.03 calibrated), and the bytes that crossed the hosts'
-/// links within 15% of the bytes the run counted.
+/// charges 4.4% more, and 1.02 and 1.03 calibrated), and, with one node per host, the bytes
+/// that crossed the hosts' links within 15% of the bytes the run counted.
 #[test]
 fn mpi_real_links_hold_the_simulated_clock_on_two_and_four_hosts() {
     let _one = ONE_CLUSTER.lock().unwrap_or_else(|p| p.into_inner());
@@ -65,8 +66,9 @@ fn mpi_real_links_hold_the_simulated_clock_on_two_and_four_hosts() {
             m.simulated_s,
             m.ratio()
         );
+        // With several nodes per host part of the counted traffic stays in memory.
         assert!(
-            (m.wire_ratio() - 1.0).abs() <= WIRE_TOLERANCE,
+            !m.wire_comparable() || (m.wire_ratio() - 1.0).abs() <= WIRE_TOLERANCE,
             "{}: {:.0} bytes on the wire against {:.0} counted",
             case.name,
             m.wire_bytes,

@@ -38,8 +38,8 @@ pub const WIRE_TOLERANCE: f64 = 0.15;
 #[derive(Debug, Clone, clap::Args)]
 pub struct RealLinksArgs {
     /// Real links: which cases to run: `full` (every strategy, model, host count and rate;
-    /// about 3 minutes on 2 cores), `ci` (AllReduce of the MLP on 2 hosts at 20 Mbit/s and on
-    /// 4 at 100 Mbit/s), or case names, comma-separated.
+    /// about 3 minutes on 2 cores), `ci` (AllReduce of the MLP on 2 hosts at 20 Mbit/s, on
+    /// 4 at 100 Mbit/s, and 8 nodes on 4 at 20 Mbit/s), or case names, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "full")]
     pub real_links_cases: Vec<String>,
     /// Real links: tiny-shakespeare's folder (the GPT cases).
