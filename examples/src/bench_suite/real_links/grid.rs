@@ -228,7 +228,11 @@ mod tests {
         let picked = select(&["mlp-allreduce-2x20m".into()]).unwrap();
         assert_eq!(picked[0].hosts.len(), 2);
         assert!(select(&["no-such-case".into()]).is_err());
-        assert_eq!(select(&["ci".into()]).unwrap().len(), 2);
+        // CI's cases are the full grid's, 8 nodes on 4 hosts among them.
+        let ci = select(&["ci".into()]).unwrap();
+        assert_eq!(ci.len(), 3);
+        assert!(ci.iter().all(|c| full.iter().any(|f| f.name == c.name)));
+        assert!(ci.iter().any(|c| c.nodes > c.hosts.len()));
     }
 
     #[test]
