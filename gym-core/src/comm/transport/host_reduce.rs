@@ -61,10 +61,7 @@ impl HostReduction {
     /// `device`.
     pub(super) fn new(mut buffers: Vec<TensorData>, op: ReduceOp, device: Device) -> Self {
         let len = buffers[0].num_elements();
-        let divisor = match op {
-            ReduceOp::Sum => None,
-            ReduceOp::Mean => Some(buffers.len() as f32),
-        };
+        let divisor = divisor(op, buffers.len());
         let mut pointers = buffers.iter_mut().map(|b| {
             let slice = b
                 .as_mut_slice::<f32>()
@@ -129,7 +126,6 @@ impl HostReduction {
     /// # Safety
     /// `lo..hi` must be a chunk no other thread reads or writes now.
     unsafe fn sum_chunk(&self, lo: usize, hi: usize) {
-        const LANES: usize = 64;
         let n = hi - lo;
         // SAFETY: in bounds (`hi <= len`), and exclusive by the caller's contract.
         let out = unsafe { std::slice::from_raw_parts_mut(self.out.0.add(lo), n) };
@@ -139,34 +135,7 @@ impl HostReduction {
             .iter()
             .map(|p| unsafe { std::slice::from_raw_parts(p.0.add(lo).cast_const(), n) })
             .collect();
-        // Full blocks with a fixed width (the compiler keeps `acc` in vector registers),
-        // then the tail element by element.
-        let full = n / LANES * LANES;
-        for start in (0..full).step_by(LANES) {
-            let mut acc: [f32; LANES] = out[start..start + LANES].try_into().expect("a block");
-            for x in &inputs {
-                let x: &[f32; LANES] = x[start..start + LANES].try_into().expect("a block");
-                for l in 0..LANES {
-                    acc[l] += x[l];
-                }
-            }
-            if let Some(k) = self.divisor {
-                for a in &mut acc {
-                    *a /= k;
-                }
-            }
-            out[start..start + LANES].copy_from_slice(&acc);
-        }
-        for i in full..n {
-            let mut a = out[i];
-            for x in &inputs {
-                a += x[i];
-            }
-            if let Some(k) = self.divisor {
-                a /= k;
-            }
-            out[i] = a;
-        }
+        fold_in_order(out, &inputs, self.divisor);
     }
 
     /// Builds the result from the first buffer, frees the others, and wakes the members.
@@ -181,6 +150,47 @@ impl HostReduction {
         let tensor = Tensor::<1>::from_data(first, &self.device);
         *self.result.lock().unwrap_or_else(|p| p.into_inner()) = Some(tensor);
         self.finished.notify_all();
+    }
+}
+
+/// What a reduction of `members` values divides by: their count for a mean.
+pub(super) fn divisor(op: ReduceOp, members: usize) -> Option<f32> {
+    (op == ReduceOp::Mean).then_some(members as f32)
+}
+
+/// Adds `inputs` into `out` one after the other, each element `((out + x₁) + x₂) + …`, then
+/// divides by `divisor` if there is one: every transport's reduction in member order, where
+/// `out` holds the first member's values on entry.
+pub(super) fn fold_in_order(out: &mut [f32], inputs: &[&[f32]], divisor: Option<f32>) {
+    const LANES: usize = 64;
+    let n = out.len();
+    // Full blocks with a fixed width (the compiler keeps `acc` in vector registers), then
+    // the tail element by element.
+    let full = n / LANES * LANES;
+    for start in (0..full).step_by(LANES) {
+        let mut acc: [f32; LANES] = out[start..start + LANES].try_into().expect("a block");
+        for x in inputs {
+            let x: &[f32; LANES] = x[start..start + LANES].try_into().expect("a block");
+            for l in 0..LANES {
+                acc[l] += x[l];
+            }
+        }
+        if let Some(k) = divisor {
+            for a in &mut acc {
+                *a /= k;
+            }
+        }
+        out[start..start + LANES].copy_from_slice(&acc);
+    }
+    for i in full..n {
+        let mut a = out[i];
+        for x in inputs {
+            a += x[i];
+        }
+        if let Some(k) = divisor {
+            a /= k;
+        }
+        out[i] = a;
     }
 }
 

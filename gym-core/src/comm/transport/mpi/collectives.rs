@@ -21,6 +21,7 @@ use super::folded;
 use super::p2p::{Peers, Tag};
 use crate::comm::group::{CollectiveOp, ReduceOp};
 use crate::comm::transport::Header;
+use crate::comm::transport::host_reduce::{divisor, fold_in_order};
 use mpi::datatype::Equivalence;
 
 /// `u64`s per encoded header.
@@ -171,17 +172,8 @@ pub(super) fn all_reduce(
                 }
             };
             sum.copy_from_slice(value_of(0));
-            for g in 1..group_size {
-                for (s, &x) in sum.iter_mut().zip(value_of(g)) {
-                    *s += x;
-                }
-            }
-            if op == ReduceOp::Mean {
-                let divisor = group_size as f32;
-                for s in sum.iter_mut() {
-                    *s /= divisor;
-                }
-            }
+            let rest: Vec<&[f32]> = (1..group_size).map(value_of).collect();
+            fold_in_order(sum, &rest, divisor(op, group_size));
             let sum: &[f32] = sum;
             for q in (0..members.len()).filter(|&q| q != me) {
                 then.push((q, Tag::Sums, sum));

@@ -5,6 +5,7 @@
 use super::fold_schedule::FoldSchedule;
 use super::p2p::{Peers, Tag};
 use crate::comm::group::ReduceOp;
+use crate::comm::transport::host_reduce::{divisor, fold_in_order};
 
 /// Chunks a [`FoldSchedule`] cuts a tensor into, at least (down to [`FOLD_MIN_CHUNK`]).
 const FOLD_CHUNKS: usize = 64;
@@ -166,23 +167,32 @@ pub(super) fn all_reduce(
             out.chunks_mut(chunk).map(Some).collect(),
         )
     };
-    // The sends this process makes for each chunk: the running sum on, or the result
-    // (to its spreader, or to every other process), or its members shipped; and the
-    // result passed on where this process spreads it.
+    // Where a chunk this process folds goes: the running sum to the next stop; at the last
+    // process the result to its spreader, or to every other process if it spreads it.
+    let fold_to = |c: usize| -> Vec<usize> {
+        match (me == last, schedule.spreader_of_chunk[c]) {
+            (false, _) => vec![
+                route(c)
+                    .next_stop(me)
+                    .expect("a stop after every but the last"),
+            ],
+            (true, spreader) if spreader == last => (0..last).collect(),
+            (true, spreader) => vec![spreader],
+        }
+    };
+    // The processes a spreader passes a chunk of the result on to.
+    let spread_to: Vec<usize> = (0..last).filter(|&q| q != me).collect();
+    // The sends this process makes for each chunk: its fold's, or its members shipped;
+    // and the result passed on where this process spreads it.
     let sends: Vec<usize> = (0..pieces)
         .map(|c| {
-            let spreader = schedule.spreader_of_chunk[c];
-            let own = match (route(c).is_stop(me), me == last) {
-                (false, _) => local,
-                (true, false) => 1,
-                (true, true) if spreader == last => count - 1,
-                (true, true) => 1,
-            };
-            own + if me != last && spreader == me {
-                count - 2
+            let own = if route(c).is_stop(me) {
+                fold_to(c).len()
             } else {
-                0
-            }
+                local
+            };
+            let spreads = me != last && schedule.spreader_of_chunk[c] == me;
+            own + if spreads { spread_to.len() } else { 0 }
         })
         .collect();
     let mut order = ChunkOrder::new(sends);
@@ -242,27 +252,13 @@ pub(super) fn all_reduce(
             }
         }
         target.copy_from_slice(values[0]);
-        for value in &values[1..] {
-            for (a, &x) in target.iter_mut().zip(*value) {
-                *a += x;
-            }
-        }
-        if me == last && op == ReduceOp::Mean {
-            let divisor = group_size as f32;
-            for a in target.iter_mut() {
-                *a /= divisor;
-            }
-        }
-        let to = match (me == last, schedule.spreader_of_chunk[c]) {
-            (false, _) => vec![
-                route
-                    .next_stop(me)
-                    .expect("a stop after every but the last"),
-            ],
-            (true, spreader) if spreader == last => (0..last).collect(),
-            (true, spreader) => vec![spreader],
+        let mean = if me == last {
+            divisor(op, group_size)
+        } else {
+            None
         };
-        (target, to)
+        fold_in_order(target, &values[1..], mean);
+        (target, fold_to(c))
     };
     // Process 0's folds that wait for nothing start at once.
     for c in (0..pieces).filter(|&c| route(c).is_stop(me) && inputs[c] == 0) {
@@ -298,7 +294,7 @@ pub(super) fn all_reduce(
         Arrival::Result { chunk: c, spread } => {
             if spread {
                 let tag = Tag::Result(schedule.route_of_chunk[c]);
-                for q in (0..last).filter(|&q| q != me) {
+                for &q in &spread_to {
                     order.hold(c, (q, tag, data));
                 }
                 then.extend(order.release());
@@ -306,7 +302,6 @@ pub(super) fn all_reduce(
         }
     });
     debug_assert!(order.is_done(), "every send of the schedule was made");
-    drop(folds);
     out
 }
 
