@@ -549,16 +549,13 @@ mod tests {
         // The program's largest case, and the chain beyond it: no link over 2 tensors and
         // a bit (the spreading's share), worked out without enumerating 3ⁿ routes.
         for count in [MIXED_UP_TO, MIXED_UP_TO + 1, 64, 1024] {
-            let start = std::time::Instant::now();
             let members = vec![2; count];
             let load = busiest(&members);
             let spread_share = 2.0 / count as f64;
             assert!(load <= 2.0 + spread_share + 1e-9, "{count}: {load}");
-            assert!(
-                start.elapsed().as_secs_f64() < 5.0,
-                "{count}: {:?}",
-                start.elapsed()
-            );
+            if count > MIXED_UP_TO {
+                assert_eq!(solve(&members).routes, [(Route::chain(count), 1.0)]);
+            }
         }
         assert_eq!(
             routes(MIXED_UP_TO).len(),
