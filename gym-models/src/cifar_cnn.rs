@@ -91,32 +91,30 @@ crate::classifier::image_classifier!(CifarCnn);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gym_core::ParamLayout;
+    use crate::test_support::assert_classifier;
 
     #[test]
     fn the_cifar_cnn_has_its_parameter_count_and_shapes() {
-        let device = Device::default().autodiff();
-        let model = CifarCnnConfig::new().init(&device);
         // conv 3→32, 32→64, 64→64 (3×3, with bias), Linear 1024→128 and 128→10.
-        let expected = (3 * 9 + 1) * 32
+        let params = (3 * 9 + 1) * 32
             + (32 * 9 + 1) * 64
             + (64 * 9 + 1) * 64
             + (64 * 16 + 1) * 128
             + (128 + 1) * 10;
-        assert_eq!(expected, 188_810);
-        assert_eq!(ParamLayout::trainable(&model).num_elements(), expected);
-        let logits = model.forward(Tensor::zeros([2, 3, 32, 32], &device));
-        assert_eq!(logits.dims(), [2, 10]);
+        assert_eq!(params, 188_810);
         // Forward multiply-adds: conv 3→32 at 32×32, 32→64 at 16×16, 64→64 at 8×8 (3×3),
-        // then 1024×128 and 128×10; training is three times twice that.
+        // then 1024×128 and 128×10.
         let macs = 3 * 32 * 9 * 32 * 32
             + 32 * 64 * 9 * 16 * 16
             + 64 * 64 * 9 * 8 * 8
             + 1024 * 128
             + 128 * 10;
-        assert_eq!(
-            gym_core::TrainModel::flops_per_example(&model),
-            6.0 * macs as f64
+        assert_classifier(
+            |device| CifarCnnConfig::new().init(device),
+            CifarCnn::forward,
+            ([2, 3, 32, 32], 10),
+            params,
+            macs,
         );
     }
 }

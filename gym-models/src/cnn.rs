@@ -128,15 +128,13 @@ crate::classifier::image_classifier!(MnistCnn);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gym_core::ParamLayout;
+    use crate::test_support::assert_classifier;
 
     #[test]
     fn the_cnn_has_the_originals_parameter_count_and_shapes() {
-        let device = Device::default().autodiff();
-        let model = MnistCnnConfig::new().init(&device);
         // conv 1→64, 64→64, 64→128, 128→128 (3×3, with bias), four batch norms (γ, β),
         // Linear 6272→256 and 256→10: 1,868,234 trainable parameters.
-        let expected = (9 + 1) * 64
+        let params = (9 + 1) * 64
             + (64 * 9 + 1) * 64
             + (64 * 9 + 1) * 128
             + (128 * 9 + 1) * 128
@@ -145,19 +143,19 @@ mod tests {
             + 256
             + 256 * 10
             + 10;
-        assert_eq!(expected, 1_868_234);
-        assert_eq!(ParamLayout::trainable(&model).num_elements(), expected);
-        let logits = model.forward(Tensor::zeros([3, 1, 28, 28], &device));
-        assert_eq!(logits.dims(), [3, 10]);
+        assert_eq!(params, 1_868_234);
         let macs = 64 * 9 * 28 * 28
             + 64 * 64 * 9 * 28 * 28
             + 64 * 128 * 9 * 14 * 14
             + 128 * 128 * 9 * 14 * 14
             + 6272 * 256
             + 256 * 10;
-        assert_eq!(
-            gym_core::TrainModel::flops_per_example(&model),
-            6.0 * macs as f64
+        assert_classifier(
+            |device| MnistCnnConfig::new().init(device),
+            MnistCnn::forward,
+            ([3, 1, 28, 28], 10),
+            params,
+            macs,
         );
     }
 }

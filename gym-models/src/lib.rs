@@ -35,6 +35,9 @@ pub mod fused;
 pub mod gpt;
 mod mlp;
 pub mod pool;
+#[cfg(test)]
+mod test_support;
+mod unary_op;
 
 pub use cifar_cnn::{CifarCnn, CifarCnnConfig};
 pub use classifier::{accuracy, classification_metrics, conv_flops, cross_entropy, dense_flops};

@@ -12,7 +12,8 @@
 //! dilation and floor rounding on flex, and the module's own forward pass otherwise.
 
 #[cfg(feature = "flex")]
-use crate::flex_values::{contiguous, slice};
+use crate::flex_values::{contiguous, slice, tensor};
+use crate::unary_op::unary_op;
 #[cfg(feature = "flex")]
 use burn::backend::TensorMetadata;
 use burn::backend::tensor::FloatTensor;
@@ -22,10 +23,7 @@ use burn::nn::pool::MaxPool2d;
 use burn::tensor::IntDType;
 use burn::tensor::Tensor;
 use burn_autodiff::Autodiff;
-use burn_autodiff::checkpoint::base::Checkpointer;
 use burn_autodiff::checkpoint::strategy::CheckpointStrategy;
-use burn_autodiff::grads::Gradients;
-use burn_autodiff::ops::{Backward, Ops, OpsKind};
 
 /// 2×2 max pooling with stride 2 (no padding, floor rounding) and its gradient, as a backend
 /// extension. The default bodies are Burn's pooling (with indices for the gradient); flex has
@@ -61,38 +59,13 @@ pub trait MaxPool2x2Ops: Backend {
 
 impl<B: MaxPool2x2Ops, C: CheckpointStrategy> MaxPool2x2Ops for Autodiff<B, C> {
     fn max_pool2x2(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        #[derive(Debug)]
-        struct MaxPool2x2;
-
-        impl<B: MaxPool2x2Ops> Backward<B, 1> for MaxPool2x2 {
-            /// The input.
-            type State = B::FloatTensorPrimitive;
-
-            fn backward(
-                self,
-                ops: Ops<Self::State, 1>,
-                grads: &mut Gradients,
-                _checkpointer: &mut Checkpointer,
-            ) {
-                let [node_x] = ops.parents;
-                let grad = grads.consume::<B>(&ops.node);
-                if let Some(node) = node_x {
-                    grads.register::<B>(node.id, B::max_pool2x2_backward(ops.state, grad));
-                }
-            }
-        }
-
-        match MaxPool2x2
-            .prepare::<C>([x.node()])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => {
-                let x = x.into_primitive();
-                prep.finish(x.clone(), B::max_pool2x2(x))
-            }
-            OpsKind::UnTracked(prep) => prep.finish(B::max_pool2x2(x.into_primitive())),
-        }
+        // The state: the input, whose maxima the gradient finds again.
+        unary_op::<B, C, _>(
+            x,
+            |x| (B::max_pool2x2(x.clone()), x),
+            B::max_pool2x2,
+            B::max_pool2x2_backward,
+        )
     }
 }
 
@@ -104,10 +77,7 @@ impl MaxPool2x2Ops for burn::backend::Flex {
         let x = contiguous(&x).expect("an f32 tensor");
         let mut output = vec![0.0; b * c * (h / 2) * (w / 2)];
         forward(slice(&x), [b * c, h, w], &mut output);
-        burn::backend::flex::FlexTensor::from_data(burn::tensor::TensorData::new(
-            output,
-            [b, c, h / 2, w / 2],
-        ))
+        tensor(output, [b, c, h / 2, w / 2])
     }
 
     fn max_pool2x2_backward(x: FloatTensor<Self>, grad: FloatTensor<Self>) -> FloatTensor<Self> {
@@ -116,7 +86,7 @@ impl MaxPool2x2Ops for burn::backend::Flex {
         let grad = contiguous(&grad).expect("an f32 tensor");
         let mut dx = vec![0.0; b * c * h * w];
         backward(slice(&x), slice(&grad), [b * c, h, w], &mut dx);
-        burn::backend::flex::FlexTensor::from_data(burn::tensor::TensorData::new(dx, [b, c, h, w]))
+        tensor(dx, [b, c, h, w])
     }
 }
 

@@ -6,11 +6,11 @@
 //! Burn flex's own convolution builds its im2col in tiles of 512 positions from an NHWC copy
 //! and runs at 70–90 GFLOP/s on the CNN's layers; these run the `gemm` crate on whole images.
 
-use crate::flex_values::{contiguous, slice};
+use crate::flex_values::{contiguous, slice, tensor};
 use burn::backend::TensorMetadata;
 use burn::backend::flex::FlexTensor;
 use burn::backend::ops::ConvOptions;
-use burn::tensor::{Shape, TensorData};
+use burn::tensor::Shape;
 
 /// The sizes of a stride-1, one-group convolution.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -320,11 +320,6 @@ pub(crate) fn weight_gradient(g: &Geometry, x: &[f32], grad: &[f32]) -> Vec<f32>
         }
     }
     sum
-}
-
-/// A contiguous flex tensor of `shape` holding `values`.
-fn tensor(values: Vec<f32>, shape: [usize; 4]) -> FlexTensor {
-    FlexTensor::from_data(TensorData::new(values, shape))
 }
 
 /// [`forward`] on flex tensors; `None` unless the convolution has stride 1, one group and

@@ -1,7 +1,8 @@
 use super::*;
+use crate::test_support::assert_close;
 use burn::tensor::{Device, Distribution, TensorData};
 
-/// `(batch, c_in, c_out, h, w, kernel, stride, padding, dilation)`.
+/// `(batch, c_in, c_out, h, w, kernel, stride, [(top, bottom), (left, right)], dilation)`.
 type Case = (
     usize,
     usize,
@@ -10,24 +11,24 @@ type Case = (
     usize,
     [usize; 2],
     [usize; 2],
-    [usize; 2],
+    [(usize, usize); 2],
     [usize; 2],
 );
 
 const CASES: [Case; 11] = [
-    (2, 3, 2, 9, 8, [3, 3], [1, 1], [2, 1], [2, 2]),
-    (2, 3, 4, 7, 6, [3, 3], [1, 1], [1, 1], [1, 1]),
-    (3, 2, 5, 9, 8, [3, 2], [2, 1], [0, 1], [1, 1]),
-    (1, 4, 3, 10, 9, [3, 3], [2, 3], [2, 1], [2, 1]),
-    (2, 5, 2, 6, 6, [1, 1], [1, 1], [0, 0], [1, 1]),
-    (4, 1, 6, 8, 8, [5, 5], [1, 1], [2, 2], [1, 1]),
+    (2, 3, 2, 9, 8, [3, 3], [1, 1], [(2, 2), (1, 1)], [2, 2]),
+    (2, 3, 4, 7, 6, [3, 3], [1, 1], [(1, 1), (1, 1)], [1, 1]),
+    (3, 2, 5, 9, 8, [3, 2], [2, 1], [(0, 0), (1, 1)], [1, 1]),
+    (1, 4, 3, 10, 9, [3, 3], [2, 3], [(2, 2), (1, 1)], [2, 1]),
+    (2, 5, 2, 6, 6, [1, 1], [1, 1], [(0, 0), (0, 0)], [1, 1]),
+    (4, 1, 6, 8, 8, [5, 5], [1, 1], [(2, 2), (2, 2)], [1, 1]),
     // Stride 1 on flex's GEMM path: odd sizes, padding 0, 1 and 2, channels not multiples of 8.
-    (3, 9, 13, 11, 7, [3, 3], [1, 1], [0, 0], [1, 1]),
-    (2, 7, 5, 5, 9, [3, 3], [1, 1], [2, 2], [1, 1]),
-    (5, 13, 11, 7, 7, [3, 3], [1, 1], [1, 1], [1, 1]),
-    (2, 6, 3, 6, 5, [2, 3], [1, 1], [1, 0], [1, 1]),
+    (3, 9, 13, 11, 7, [3, 3], [1, 1], [(0, 0), (0, 0)], [1, 1]),
+    (2, 7, 5, 5, 9, [3, 3], [1, 1], [(2, 2), (2, 2)], [1, 1]),
+    (5, 13, 11, 7, 7, [3, 3], [1, 1], [(1, 1), (1, 1)], [1, 1]),
+    (2, 6, 3, 6, 5, [2, 3], [1, 1], [(1, 1), (0, 0)], [1, 1]),
     // Padding beyond the kernel's reach: the input gradient falls back to Burn's.
-    (2, 3, 4, 5, 5, [1, 1], [1, 1], [1, 1], [1, 1]),
+    (2, 3, 4, 5, 5, [1, 1], [1, 1], [(1, 1), (1, 1)], [1, 1]),
 ];
 
 fn inputs(case: Case, device: &Device) -> (Tensor<4>, Tensor<4>, Tensor<1>, ConvOptions<2>) {
@@ -43,7 +44,7 @@ fn inputs(case: Case, device: &Device) -> (Tensor<4>, Tensor<4>, Tensor<1>, Conv
         x,
         weight,
         bias,
-        ConvOptions::new(stride, padding, dilation, 1),
+        ConvOptions::new_with_padding(stride, padding, dilation, 1),
     )
 }
 
@@ -87,17 +88,9 @@ fn output_and_gradients_match_burns_convolution() {
         let burns = run(burn::tensor::module::conv2d, inputs, &probe);
         for (name, (a, b)) in ["output", "x grad", "weight grad", "bias grad"]
             .iter()
-            .zip(ours.iter().zip(&burns))
+            .zip(ours.into_iter().zip(burns))
         {
-            assert_eq!(a.shape(), b.shape(), "{name} of {case:?}");
-            let (a, b) = (
-                a.try_to_vec::<f32>().unwrap(),
-                b.try_to_vec::<f32>().unwrap(),
-            );
-            for (u, v) in a.iter().zip(&b) {
-                let close = (u - v).abs() <= 1e-4 * (1.0 + v.abs());
-                assert!(close, "{name} of {case:?}: {u} against Burn's {v}");
-            }
+            assert_close(&format!("{name} of {case:?}"), a, b);
         }
     }
 }
@@ -108,11 +101,11 @@ fn the_weight_gradient_is_the_naive_sum_over_positions() {
     let device = Device::flex().autodiff();
     // Both paths: a strided convolution and a dilated one with stride 1.
     let cases: [Case; 2] = [
-        (2, 3, 2, 7, 5, [3, 2], [2, 1], [1, 2], [2, 1]),
-        (2, 2, 3, 6, 7, [3, 3], [1, 1], [1, 1], [2, 1]),
+        (2, 3, 2, 7, 5, [3, 2], [2, 1], [(1, 1), (2, 2)], [2, 1]),
+        (2, 2, 3, 6, 7, [3, 3], [1, 1], [(1, 1), (1, 1)], [2, 1]),
     ];
     for case in cases {
-        let (b, c_in, c_out, h, w, [kh, kw], [sh, sw], [ph, pw], [dh, dw]) = case;
+        let (b, c_in, c_out, h, w, [kh, kw], [sh, sw], [(ph, _), (pw, _)], [dh, dw]) = case;
         let (x, weight, _, options) = inputs(case, &device);
         let weight = weight.require_grad();
         let output = conv2d(x.clone(), weight.clone(), None, options);
@@ -177,23 +170,11 @@ fn grouped_convolutions_and_inference_take_burns_path() {
     ours.assert_eq(&burns, true);
 }
 
-/// Stride-1 convolutions with per-side padding: `(batch, c_in, c_out, h, w, kernel,
-/// [(top, bottom), (left, right)], dilation)`.
-type PaddedCase = (
-    usize,
-    usize,
-    usize,
-    usize,
-    usize,
-    [usize; 2],
-    [(usize, usize); 2],
-    [usize; 2],
-);
-
-/// The output and the gradients for `x` and `weight` of `sum(conv(x, weight) · g)`, summed
-/// naively in `f64` over every (example, output channel, position, input channel, tap).
+/// The output and the gradients for `x` and `weight` of `sum(conv(x, weight) · g)` for a
+/// stride-1 case, summed naively in `f64` over every (example, output channel, position,
+/// input channel, tap).
 fn naive(
-    (b, c_in, c_out, h, w, [kh, kw], [(top, _), (left, _)], [dh, dw]): PaddedCase,
+    (b, c_in, c_out, h, w, [kh, kw], _, [(top, _), (left, _)], [dh, dw]): Case,
     [h_out, w_out]: [usize; 2],
     xs: &[f32],
     ws: &[f32],
@@ -237,23 +218,20 @@ fn to_vec(t: Tensor<4>) -> Vec<f32> {
 #[test]
 fn stride_1_output_and_gradients_are_the_naive_sums() {
     let device = Device::flex().autodiff();
-    let cases: [PaddedCase; 6] = [
-        (2, 3, 5, 7, 9, [3, 3], [(1, 1), (1, 1)], [1, 1]),
-        (3, 5, 2, 6, 5, [3, 3], [(2, 0), (0, 2)], [1, 1]),
-        (2, 2, 3, 9, 8, [3, 2], [(2, 1), (0, 1)], [2, 3]),
-        (1, 9, 7, 4, 4, [3, 3], [(2, 2), (2, 2)], [1, 1]),
-        (2, 4, 3, 5, 6, [1, 1], [(0, 0), (0, 0)], [1, 1]),
-        (3, 1, 4, 8, 7, [5, 3], [(0, 3), (1, 1)], [1, 2]),
+    let cases: [Case; 6] = [
+        (2, 3, 5, 7, 9, [3, 3], [1, 1], [(1, 1), (1, 1)], [1, 1]),
+        (3, 5, 2, 6, 5, [3, 3], [1, 1], [(2, 0), (0, 2)], [1, 1]),
+        (2, 2, 3, 9, 8, [3, 2], [1, 1], [(2, 1), (0, 1)], [2, 3]),
+        (1, 9, 7, 4, 4, [3, 3], [1, 1], [(2, 2), (2, 2)], [1, 1]),
+        (2, 4, 3, 5, 6, [1, 1], [1, 1], [(0, 0), (0, 0)], [1, 1]),
+        (3, 1, 4, 8, 7, [5, 3], [1, 1], [(0, 3), (1, 1)], [1, 2]),
     ];
     for case in cases {
-        let (b, c_in, c_out, h, w, [kh, kw], padding, dilation) = case;
-        let normal = Distribution::Normal(0.0, 1.0);
-        let x = Tensor::<4>::random([b, c_in, h, w], normal, &device).require_grad();
-        let weight = Tensor::<4>::random([c_out, c_in, kh, kw], normal, &device).require_grad();
-        let options = ConvOptions::new_with_padding([1, 1], padding, dilation, 1);
+        let (x, weight, _, options) = inputs(case, &device);
+        let (x, weight) = (x.require_grad(), weight.require_grad());
         let output = conv2d(x.clone(), weight.clone(), None, options);
         let [_, _, h_out, w_out] = output.dims();
-        let probe = Tensor::<4>::random(output.dims(), normal, &device);
+        let probe = Tensor::<4>::random(output.dims(), Distribution::Normal(0.0, 1.0), &device);
         let grads = (output.clone() * probe.clone()).sum().backward();
         let expected = naive(
             case,

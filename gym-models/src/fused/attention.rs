@@ -5,14 +5,12 @@
 //! one of the fused GELU, so that the loops vectorise.
 
 use super::{FusedOps, reference_matmul, softmax};
+use crate::unary_op::unary_op;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Backend, TensorMetadata};
 use burn::tensor::{Tensor, TensorData};
 use burn_autodiff::Autodiff;
-use burn_autodiff::checkpoint::base::Checkpointer;
 use burn_autodiff::checkpoint::strategy::CheckpointStrategy;
-use burn_autodiff::grads::Gradients;
-use burn_autodiff::ops::{Backward, Ops, OpsKind};
 
 /// Causal attention weights `softmax(scores / scale)` along the last dimension of
 /// `scores` `[..., t, t]`, row `i` giving weight 0 to every column `j > i`: on flex
@@ -81,50 +79,24 @@ pub(super) fn causal_softmax_autodiff<B: FusedOps, C: CheckpointStrategy>(
     scores: FloatTensor<Autodiff<B, C>>,
     scale: f64,
 ) -> FloatTensor<Autodiff<B, C>> {
-    #[derive(Debug)]
-    struct CausalSoftmaxOp;
-
-    impl<B: FusedOps> Backward<B, 1> for CausalSoftmaxOp {
-        /// The weights and the scale.
-        type State = (B::FloatTensorPrimitive, f64);
-
-        fn backward(
-            self,
-            ops: Ops<Self::State, 1>,
-            grads: &mut Gradients,
-            _checkpointer: &mut Checkpointer,
-        ) {
-            let [node] = ops.parents;
-            let dy = grads.consume::<B>(&ops.node);
-            let (weights, scale) = ops.state;
-            if let Some(node) = node {
-                let grad = B::causal_softmax_backward(weights, dy, scale);
-                grads.register::<B>(node.id, grad);
-            }
-        }
-    }
-
-    match CausalSoftmaxOp
-        .prepare::<C>([scores.node()])
-        .compute_bound()
-        .stateful()
-    {
-        OpsKind::Tracked(prep) => {
-            let weights = B::fused_causal_softmax(scores.into_primitive(), scale);
-            prep.finish((weights.clone(), scale), weights)
-        }
-        OpsKind::UnTracked(prep) => {
-            prep.finish(B::fused_causal_softmax(scores.into_primitive(), scale))
-        }
-    }
+    unary_op::<B, C, _>(
+        scores,
+        |scores| {
+            let weights = B::fused_causal_softmax(scores, scale);
+            (weights.clone(), (weights, scale))
+        },
+        |scores| B::fused_causal_softmax(scores, scale),
+        |(weights, scale), dy| B::causal_softmax_backward(weights, dy, scale),
+    )
 }
 
 /// The flex kernels, over contiguous f32 matrices.
 #[cfg(feature = "flex")]
 pub(super) mod flex {
     use super::super::gelu::exp_nonpositive;
+    use crate::flex_values::tensor;
     use burn::backend::flex::FlexTensor;
-    use burn::tensor::{DType, TensorData};
+    use burn::tensor::DType;
 
     /// Lanes of the reductions: each keeps this many partial results, so that the loops
     /// vectorise (16 f32s: one AVX-512 register, two AVX2 ones).
@@ -279,8 +251,7 @@ pub(super) mod flex {
         let (x, side) = square_f32(scores)?;
         let mut output = x.as_slice::<f32>()?.to_vec();
         softmax_rows(&mut output, side, scale as f32);
-        let shape = x.layout().shape().clone();
-        Some(FlexTensor::from_data(TensorData::new(output, shape)))
+        Some(tensor(output, x.layout().shape().clone()))
     }
 
     /// The gradient of [`forward`] whose output is `weights`, given `dy`; `None` where
@@ -297,8 +268,7 @@ pub(super) mod flex {
         }
         let mut output = dy.as_slice::<f32>()?.to_vec();
         softmax_backward_rows(y.as_slice::<f32>()?, &mut output, side, scale as f32);
-        let shape = y.layout().shape().clone();
-        Some(FlexTensor::from_data(TensorData::new(output, shape)))
+        Some(tensor(output, y.layout().shape().clone()))
     }
 
     #[cfg(test)]

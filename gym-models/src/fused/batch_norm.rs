@@ -4,11 +4,8 @@
 //! example's positions) is summed in 32 `f32` lanes, so the loops vectorise, and the runs'
 //! sums are added in order in `f64`.
 
-use super::flex::flex_f32;
-use crate::flex_values::{contiguous, slice};
 use burn::backend::TensorMetadata;
 use burn::backend::flex::FlexTensor;
-use burn::tensor::Shape;
 
 /// Lanes of the sums within one run: four AVX-512 registers of `f32`, so that the adds of
 /// one lane do not wait for each other.
@@ -141,55 +138,9 @@ pub(crate) fn backward(
     (dx, dgamma, dbeta)
 }
 
-/// [`forward`] on flex tensors: `(y, mean, rstd)`, the statistics `[channels]`; `None`
-/// (Burn's operations instead) for another dtype or an empty tensor.
-pub(super) fn train_with_stats(
-    x: &FlexTensor,
-    gamma: &FlexTensor,
-    beta: &FlexTensor,
-    epsilon: f64,
-) -> Option<(FlexTensor, FlexTensor, FlexTensor)> {
-    let dims = dims(x)?;
-    let [xs, g, b] = [x, gamma, beta].map(contiguous);
-    let (y, mean, rstd) = forward(slice(&xs?), slice(&g?), slice(&b?), dims, epsilon);
-    let channels = Shape::new([dims[1]]);
-    Some((
-        flex_f32(y, x.shape()),
-        flex_f32(mean, channels.clone()),
-        flex_f32(rstd, channels),
-    ))
-}
-
-/// [`backward`] on flex tensors (`mean` and `rstd` of any shape holding `[channels]`
-/// values): `(dx, dγ, dβ)`; `None` where [`train_with_stats`] would decline.
-pub(super) fn gradients(
-    x: &FlexTensor,
-    gamma: &FlexTensor,
-    mean: &FlexTensor,
-    rstd: &FlexTensor,
-    dy: &FlexTensor,
-) -> Option<(FlexTensor, FlexTensor, FlexTensor)> {
-    let dims = dims(x).filter(|_| dy.shape() == x.shape())?;
-    let [xs, g, m, r, d] = [x, gamma, mean, rstd, dy].map(contiguous);
-    let (dx, dgamma, dbeta) = backward(
-        slice(&xs?),
-        slice(&g?),
-        slice(&m?),
-        slice(&r?),
-        slice(&d?),
-        dims,
-    );
-    let channels = Shape::new([dims[1]]);
-    Some((
-        flex_f32(dx, x.shape()),
-        flex_f32(dgamma, channels.clone()),
-        flex_f32(dbeta, channels),
-    ))
-}
-
 /// `[batch, channels, positions]` of a batch-normalised flex tensor of rank ≥ 2, or `None`
 /// where a size is 0 (Burn's operations handle those).
-fn dims(x: &FlexTensor) -> Option<Dims> {
+pub(crate) fn dims(x: &FlexTensor) -> Option<Dims> {
     let shape = x.shape();
     if shape.num_dims() < 2 || shape.num_elements() == 0 {
         return None;

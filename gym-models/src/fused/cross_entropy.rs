@@ -9,14 +9,12 @@
 //! backward pass is `(softmax − one_hot(target)) · dloss / n`.
 
 use super::FusedOps;
+use crate::unary_op::unary_op;
 use burn::backend::TensorMetadata;
 use burn::backend::tensor::{FloatTensor, IntTensor};
 use burn::tensor::{IndexingUpdateOp, Int, Shape, Tensor};
 use burn_autodiff::Autodiff;
-use burn_autodiff::checkpoint::base::Checkpointer;
 use burn_autodiff::checkpoint::strategy::CheckpointStrategy;
-use burn_autodiff::grads::Gradients;
-use burn_autodiff::ops::{Backward, Ops, OpsKind};
 
 /// The mean softmax cross-entropy of `logits` `[n, classes]` against the class indices
 /// `targets` `[n]`: `mean_i(log Σ_j e^(x_ij) − x_i,targets_i)`, a `[1]` tensor, as Burn's
@@ -80,50 +78,24 @@ pub(super) fn cross_entropy_autodiff<B: FusedOps, C: CheckpointStrategy>(
     logits: FloatTensor<Autodiff<B, C>>,
     targets: IntTensor<Autodiff<B, C>>,
 ) -> FloatTensor<Autodiff<B, C>> {
-    #[derive(Debug)]
-    struct CrossEntropyOp;
-
-    impl<B: FusedOps> Backward<B, 1> for CrossEntropyOp {
-        /// The softmax of each row and the targets.
-        type State = (B::FloatTensorPrimitive, B::IntTensorPrimitive);
-
-        fn backward(
-            self,
-            ops: Ops<Self::State, 1>,
-            grads: &mut Gradients,
-            _checkpointer: &mut Checkpointer,
-        ) {
-            let [node] = ops.parents;
-            let dloss = grads.consume::<B>(&ops.node);
-            let (softmax, targets) = ops.state;
-            if let Some(node) = node {
-                grads.register::<B>(node.id, B::cross_entropy_backward(softmax, targets, dloss));
-            }
-        }
-    }
-
-    match CrossEntropyOp
-        .prepare::<C>([logits.node()])
-        .compute_bound()
-        .stateful()
-    {
-        OpsKind::Tracked(prep) => {
-            let (loss, softmax) =
-                B::cross_entropy_with_softmax(logits.into_primitive(), targets.clone());
-            prep.finish((softmax, targets), loss)
-        }
-        OpsKind::UnTracked(prep) => {
-            prep.finish(B::fused_cross_entropy(logits.into_primitive(), targets))
-        }
-    }
+    unary_op::<B, C, _>(
+        logits,
+        |logits| {
+            let (loss, softmax) = B::cross_entropy_with_softmax(logits, targets.clone());
+            (loss, (softmax, targets.clone()))
+        },
+        |logits| B::fused_cross_entropy(logits, targets.clone()),
+        |(softmax, targets), dloss| B::cross_entropy_backward(softmax, targets, dloss),
+    )
 }
 
 /// The flex kernels, over contiguous f32 logits and i64 or i32 targets.
 #[cfg(feature = "flex")]
 pub(super) mod flex {
     use super::super::attention::flex::forward_row;
+    use crate::flex_values::tensor;
     use burn::backend::flex::FlexTensor;
-    use burn::tensor::{DType, Shape, TensorData};
+    use burn::tensor::DType;
 
     /// The targets as indices, if every one is a class of `classes`.
     fn class_indices(targets: &FlexTensor, classes: usize) -> Option<Vec<usize>> {
@@ -168,10 +140,7 @@ pub(super) mod flex {
         }
         // No rows: 0/0, NaN, as Burn's mean of nothing.
         let loss = (total / n as f64) as f32;
-        Some((
-            FlexTensor::from_data(TensorData::new(vec![loss], Shape::new([1]))),
-            FlexTensor::from_data(TensorData::new(softmax, Shape::new([n, classes]))),
-        ))
+        Some((tensor(vec![loss], [1]), tensor(softmax, [n, classes])))
     }
 
     /// `(softmax − one_hot(targets)) · dloss / n`; `None` where [`forward`] would be.
@@ -193,10 +162,7 @@ pub(super) mod flex {
         for ((grad, p), &target) in rows.zip(&targets) {
             grad[target] = (p[target] - 1.0) * scale;
         }
-        Some(FlexTensor::from_data(TensorData::new(
-            grad,
-            Shape::new([n, classes]),
-        )))
+        Some(tensor(grad, [n, classes]))
     }
 }
 

@@ -2,56 +2,37 @@
 //! over the rows, `gemm` on the operands' strides) instead of Burn's compositions.
 
 use super::*;
+use crate::flex_values::tensor;
 
 impl FusedOps for burn::backend::Flex {
-    fn batch_norm_train_with_stats(
+    fn fused_normalization(
+        axis: Axis,
         x: FloatTensor<Self>,
         gamma: FloatTensor<Self>,
         beta: FloatTensor<Self>,
         epsilon: f64,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        batch_norm::train_with_stats(&x, &gamma, &beta, epsilon)
-            .unwrap_or_else(|| norm::batch_norm_default::<Self>(x, gamma, beta, epsilon))
+        norm::flex::forward(axis, &x, &gamma, &beta, epsilon)
+            .unwrap_or_else(|| axis.normalize::<Self>(x, gamma, beta, epsilon))
     }
 
-    fn batch_norm_backward(
+    fn normalization_backward(
+        axis: Axis,
         x: FloatTensor<Self>,
         gamma: FloatTensor<Self>,
         mean: FloatTensor<Self>,
         rstd: FloatTensor<Self>,
         dy: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        batch_norm::gradients(&x, &gamma, &mean, &rstd, &dy).unwrap_or_else(|| {
-            norm::backward_default::<Self>(Axis::Channels, x, gamma, mean, rstd, dy)
-        })
-    }
-
-    fn layer_norm_with_stats(
-        x: FloatTensor<Self>,
-        gamma: FloatTensor<Self>,
-        beta: FloatTensor<Self>,
-        epsilon: f64,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        layer_norm_rows::forward(&x, &gamma, &beta, epsilon)
-            .unwrap_or_else(|| Axis::Last.normalize::<Self>(x, gamma, beta, epsilon))
-    }
-
-    fn layer_norm_backward(
-        x: FloatTensor<Self>,
-        gamma: FloatTensor<Self>,
-        mean: FloatTensor<Self>,
-        rstd: FloatTensor<Self>,
-        dy: FloatTensor<Self>,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        layer_norm_rows::backward(&x, &gamma, &mean, &rstd, &dy)
-            .unwrap_or_else(|| norm::backward_default::<Self>(Axis::Last, x, gamma, mean, rstd, dy))
+        norm::flex::backward(axis, &x, &gamma, &mean, &rstd, &dy)
+            .unwrap_or_else(|| norm::backward_default::<Self>(axis, x, gamma, mean, rstd, dy))
     }
 
     fn fused_gelu(x: FloatTensor<Self>) -> FloatTensor<Self> {
         let Some(input) = x.as_slice::<f32>() else {
             return <Self as ActivationOps<Self>>::gelu(x);
         };
-        flex_f32(gelu::forward(input), x.shape())
+        tensor(gelu::forward(input), x.shape())
     }
 
     fn fused_gelu_backward(x: FloatTensor<Self>, dy: FloatTensor<Self>) -> FloatTensor<Self> {
@@ -61,7 +42,7 @@ impl FusedOps for burn::backend::Flex {
         if input.len() != grad.len() {
             return <Self as ActivationOps<Self>>::gelu_backward(x, dy);
         }
-        flex_f32(gelu::backward(input, grad), x.shape())
+        tensor(gelu::backward(input, grad), x.shape())
     }
 
     fn gelu_with_slope(x: FloatTensor<Self>) -> (FloatTensor<Self>, FloatTensor<Self>) {
@@ -72,7 +53,7 @@ impl FusedOps for burn::backend::Flex {
             return (<Self as ActivationOps<Self>>::gelu(x), slope);
         };
         let (output, slope) = gelu::forward_with_slope(input);
-        (flex_f32(output, x.shape()), flex_f32(slope, x.shape()))
+        (tensor(output, x.shape()), tensor(slope, x.shape()))
     }
 
     fn fused_linear(
@@ -143,8 +124,4 @@ impl FusedOps for burn::backend::Flex {
         cross_entropy::flex::backward(&softmax, &targets, &dloss)
             .unwrap_or_else(|| cross_entropy::backward_default::<Self>(softmax, targets, dloss))
     }
-}
-
-pub(super) fn flex_f32(values: Vec<f32>, shape: Shape) -> burn::backend::flex::FlexTensor {
-    burn::backend::flex::FlexTensor::from_data(burn::tensor::TensorData::new(values, shape))
 }

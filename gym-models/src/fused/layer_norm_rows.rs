@@ -3,10 +3,6 @@
 //! of the two dozen whole-tensor passes of the backend's operations. Sums run in
 //! [`LANES`] partial sums so that the loops vectorise.
 
-use crate::flex_values::{contiguous, slice};
-use burn::backend::flex::FlexTensor;
-use burn::tensor::{Shape, TensorData};
-
 /// Partial sums per reduction: one AVX-512 register of f32s.
 const LANES: usize = 16;
 
@@ -126,76 +122,49 @@ gym_core::widest_simd! {
     );
 }
 
-/// The shape of `x` with its last dimension 1: the statistics'.
-fn stats_shape(x: &FlexTensor) -> Shape {
-    let mut dims = x.layout().shape().to_vec();
-    let last = dims.len() - 1;
-    dims[last] = 1;
-    Shape::from(dims)
-}
-
-/// LayerNorm's output and the mean and reciprocal standard deviation `[..., 1]` of each
-/// row; `None` for another type than f32 or a gain or bias of another width.
+/// LayerNorm of the rows of `x`, each `width` values: the output and each row's mean and
+/// reciprocal standard deviation; `None` for an empty row or a gain or bias of another width.
 pub(crate) fn forward(
-    x: &FlexTensor,
-    gamma: &FlexTensor,
-    beta: &FlexTensor,
+    x: &[f32],
+    (gamma, beta): (&[f32], &[f32]),
+    width: usize,
     epsilon: f64,
-) -> Option<(FlexTensor, FlexTensor, FlexTensor)> {
-    let (x, gamma, beta) = (contiguous(x)?, contiguous(gamma)?, contiguous(beta)?);
-    let (input, g, b) = (slice(&x), slice(&gamma), slice(&beta));
-    let d = *x.layout().shape().to_vec().last()?;
-    if d == 0 || g.len() != d || b.len() != d {
+) -> Option<(Vec<f32>, Vec<f32>, Vec<f32>)> {
+    if width == 0 || gamma.len() != width || beta.len() != width {
         return None;
     }
-    let rows = input.len() / d;
-    let (mut y, mut mean, mut rstd) = (vec![0.0; input.len()], vec![0.0; rows], vec![0.0; rows]);
+    let rows = x.len() / width;
+    let (mut y, mut mean, mut rstd) = (vec![0.0; x.len()], vec![0.0; rows], vec![0.0; rows]);
     let stats = (mean.as_mut_slice(), rstd.as_mut_slice());
-    forward_simd(input, (g, b), &mut y, stats, epsilon as f32);
-    let flex = |v: Vec<f32>, shape: Shape| FlexTensor::from_data(TensorData::new(v, shape));
-    Some((
-        flex(y, x.layout().shape().clone()),
-        flex(mean, stats_shape(&x)),
-        flex(rstd, stats_shape(&x)),
-    ))
+    forward_simd(x, (gamma, beta), &mut y, stats, epsilon as f32);
+    Some((y, mean, rstd))
 }
 
-/// The gradients `(dx, dγ, dβ)` of [`forward`] given `dy`; `None` for other types or
-/// shapes than [`forward`]'s.
+/// The gradients `(dx, dγ, dβ)` of [`forward`] given `dy`; `None` for sizes that do not
+/// fit together as [`forward`]'s.
 pub(crate) fn backward(
-    x: &FlexTensor,
-    gamma: &FlexTensor,
-    mean: &FlexTensor,
-    rstd: &FlexTensor,
-    dy: &FlexTensor,
-) -> Option<(FlexTensor, FlexTensor, FlexTensor)> {
-    let [x, gamma, mean, rstd, dy] = [x, gamma, mean, rstd, dy].map(contiguous);
-    let (x, gamma, mean, rstd, dy) = (x?, gamma?, mean?, rstd?, dy?);
-    let (input, g, m, r, grad) = (
-        slice(&x),
-        slice(&gamma),
-        slice(&mean),
-        slice(&rstd),
-        slice(&dy),
-    );
-    let d = g.len();
-    let rows = input.len().checked_div(d)?;
+    (x, dy, gamma): (&[f32], &[f32], &[f32]),
+    (mean, rstd): (&[f32], &[f32]),
+) -> Option<(Vec<f32>, Vec<f32>, Vec<f32>)> {
+    let d = gamma.len();
+    let rows = x.len().checked_div(d)?;
     if d == 0
-        || input.len() != grad.len()
-        || m.len() != rows
-        || r.len() != rows
-        || rows * d != input.len()
+        || x.len() != dy.len()
+        || mean.len() != rows
+        || rstd.len() != rows
+        || rows * d != x.len()
     {
         return None;
     }
-    let (mut dx, mut d_gamma, mut d_beta) = (vec![0.0; input.len()], vec![0.0; d], vec![0.0; d]);
-    backward_simd((input, grad, g), (m, r), &mut dx, &mut d_gamma, &mut d_beta);
-    let flex = |v: Vec<f32>, shape: Shape| FlexTensor::from_data(TensorData::new(v, shape));
-    Some((
-        flex(dx, x.layout().shape().clone()),
-        flex(d_gamma, Shape::new([d])),
-        flex(d_beta, Shape::new([d])),
-    ))
+    let (mut dx, mut d_gamma, mut d_beta) = (vec![0.0; x.len()], vec![0.0; d], vec![0.0; d]);
+    backward_simd(
+        (x, dy, gamma),
+        (mean, rstd),
+        &mut dx,
+        &mut d_gamma,
+        &mut d_beta,
+    );
+    Some((dx, d_gamma, d_beta))
 }
 
 #[cfg(test)]

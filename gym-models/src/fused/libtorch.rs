@@ -1,7 +1,7 @@
 //! [`FusedOps`] on LibTorch: its own fused LayerNorm, batch normalisation and softmax
 //! gradient kernels.
 
-use super::FusedOps;
+use super::{Axis, FusedOps};
 use burn::backend::TensorMetadata;
 use burn::backend::tensor::FloatTensor;
 
@@ -21,37 +21,30 @@ fn tch_triple(
 }
 
 impl FusedOps for burn::backend::LibTorch {
-    fn layer_norm_with_stats(
+    fn fused_normalization(
+        axis: Axis,
         x: FloatTensor<Self>,
         gamma: FloatTensor<Self>,
         beta: FloatTensor<Self>,
         epsilon: f64,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let d = x.shape()[x.shape().num_dims() - 1] as i64;
-        tch_triple(x.tensor.native_layer_norm(
-            [d],
-            Some(&gamma.tensor),
-            Some(&beta.tensor),
-            epsilon,
-        ))
-    }
-
-    fn batch_norm_train_with_stats(
-        x: FloatTensor<Self>,
-        gamma: FloatTensor<Self>,
-        beta: FloatTensor<Self>,
-        epsilon: f64,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        // Without running statistics: the module updates its own.
-        tch_triple(x.tensor.native_batch_norm(
-            Some(&gamma.tensor),
-            Some(&beta.tensor),
-            None::<&tch::Tensor>,
-            None::<&tch::Tensor>,
-            true,
-            0.0,
-            epsilon,
-        ))
+        let (gamma, beta) = (Some(&gamma.tensor), Some(&beta.tensor));
+        tch_triple(match axis {
+            Axis::Last => {
+                let d = x.shape()[x.shape().num_dims() - 1] as i64;
+                x.tensor.native_layer_norm([d], gamma, beta, epsilon)
+            }
+            // Without running statistics: the module updates its own.
+            Axis::Channels => x.tensor.native_batch_norm(
+                gamma,
+                beta,
+                None::<&tch::Tensor>,
+                None::<&tch::Tensor>,
+                true,
+                0.0,
+                epsilon,
+            ),
+        })
     }
 
     fn softmax_backward(

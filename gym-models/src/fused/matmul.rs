@@ -219,11 +219,12 @@ pub(super) fn matmul_autodiff<B: FusedOps, C: CheckpointStrategy>(
 /// The flex kernels: `gemm` on the operands' strides.
 #[cfg(feature = "flex")]
 pub(super) mod flex {
+    use crate::flex_values::tensor;
     use burn::backend::Flex;
     use burn::backend::TensorMetadata;
     use burn::backend::flex::FlexTensor;
     use burn::backend::ops::ModuleOps;
-    use burn::tensor::{DType, Shape, TensorData};
+    use burn::tensor::{DType, Shape};
 
     /// [`FusedOps::fused_linear`](super::FusedOps::fused_linear) on flex: [`matmul`] of
     /// `x`'s rows, the bias folded in; Burn's `linear` where that does not apply.
@@ -375,10 +376,7 @@ pub(super) mod flex {
         unsafe { output.set_len(len) };
         let mut dims = a.batch.clone();
         dims.extend([m, n]);
-        Some(FlexTensor::from_data(TensorData::new(
-            output,
-            Shape::from(dims),
-        )))
+        Some(tensor(output, dims))
     }
 
     /// The sum over every row of `t` `[..., n]`: `[n]`. `None` for another type than f32.
@@ -396,6 +394,6 @@ pub(super) mod flex {
                 }
             }
         }
-        Some(FlexTensor::from_data(TensorData::new(sum, Shape::new([n]))))
+        Some(tensor(sum, [n]))
     }
 }

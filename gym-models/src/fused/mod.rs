@@ -23,27 +23,23 @@
 // Burn deprecates its LibTorch and ndarray backends; the extension still serves them.
 #![cfg_attr(any(feature = "tch", feature = "ndarray"), allow(deprecated))]
 
+use crate::unary_op::unary_op;
 #[cfg(feature = "flex")]
 use burn::backend::ops::{ActivationOps, FloatTensorOps};
 use burn::backend::tensor::{FloatTensor, IntTensor};
-use burn::backend::{AutodiffBackend, Backend, TensorMetadata, backend_extension};
+use burn::backend::{Backend, TensorMetadata, backend_extension};
 use burn::nn::{BatchNorm, LayerNorm};
-#[cfg(feature = "flex")]
-use burn::tensor::Shape;
 use burn::tensor::{Tensor, TensorData};
 use burn_autodiff::Autodiff;
-use burn_autodiff::checkpoint::base::Checkpointer;
 use burn_autodiff::checkpoint::strategy::CheckpointStrategy;
-use burn_autodiff::grads::Gradients;
-use burn_autodiff::ops::{Backward, Ops, OpsKind};
-use norm::{Axis, normalization};
+use norm::normalization;
 
 /// LayerNorm, batch normalisation and softmax as single operations, as a backend extension.
 ///
 /// The default bodies are written in the backend's own operations, so a backend implements
 /// the trait with an empty `impl` (LibTorch overrides them with its fused kernels);
-/// `Autodiff<B>` gives [`FusedOps::fused_layer_norm`], [`FusedOps::fused_batch_norm_train`]
-/// and [`FusedOps::fused_softmax`] their closed-form backward passes.
+/// `Autodiff<B>` gives [`FusedOps::fused_normalization`], [`FusedOps::fused_softmax`] and
+/// the other `fused_` operations their closed-form backward passes.
 #[backend_extension(
     Flex: cfg(feature = "flex"),
     NdArray: cfg(feature = "ndarray"),
@@ -51,77 +47,36 @@ use norm::{Axis, normalization};
     Autodiff,
 )]
 pub trait FusedOps: Backend {
-    /// LayerNorm of `x` `[..., d]` over its last dimension with gain `gamma` `[d]` and bias
-    /// `beta` `[d]`, with the mean and the reciprocal standard deviation `[..., 1]` of each
-    /// row, which the backward pass needs.
-    fn layer_norm_with_stats(
+    /// The normalisation over `axis` of `x` with gain `gamma` and bias `beta`: LayerNorm over
+    /// the last dimension (gain and bias `[d]`), or batch normalisation in training mode of
+    /// `x` `[batch, channels, ...]` over every dimension but the channels (gain and bias
+    /// `[channels]`). Returns the output and each group's mean and reciprocal standard
+    /// deviation (biased variance, as Burn's), which the backward pass needs: LayerNorm's
+    /// `[..., 1]`, batch norm's `[channels]`. `Autodiff<B>` makes it one operation of the
+    /// graph, the statistics outside it.
+    fn fused_normalization(
+        axis: Axis,
         x: FloatTensor<Self>,
         gamma: FloatTensor<Self>,
         beta: FloatTensor<Self>,
         epsilon: f64,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        Axis::Last.normalize::<Self>(x, gamma, beta, epsilon)
+        axis.normalize::<Self>(x, gamma, beta, epsilon)
     }
 
-    /// The gradients `(dx, dγ, dβ)` of [`FusedOps::layer_norm_with_stats`] given `dy`, from
-    /// its input, gain and statistics: the closed form in the backend's operations (flex:
-    /// one loop over the rows).
-    fn layer_norm_backward(
+    /// The gradients `(dx, dγ, dβ)` of [`FusedOps::fused_normalization`] given `dy`, from its
+    /// input, gain and statistics shaped to broadcast against `x` (batch norm's
+    /// `[1, channels, 1, …]`): the closed form in the backend's operations (flex: one loop
+    /// over the rows, or over each channel's runs).
+    fn normalization_backward(
+        axis: Axis,
         x: FloatTensor<Self>,
         gamma: FloatTensor<Self>,
         mean: FloatTensor<Self>,
         rstd: FloatTensor<Self>,
         dy: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        norm::backward_default::<Self>(Axis::Last, x, gamma, mean, rstd, dy)
-    }
-
-    /// LayerNorm as one operation of the autodiff graph: the output of
-    /// [`FusedOps::layer_norm_with_stats`].
-    fn fused_layer_norm(
-        x: FloatTensor<Self>,
-        gamma: FloatTensor<Self>,
-        beta: FloatTensor<Self>,
-        epsilon: f64,
-    ) -> FloatTensor<Self> {
-        Self::layer_norm_with_stats(x, gamma, beta, epsilon).0
-    }
-
-    /// Batch normalisation in training mode of `x` `[batch, channels, ...]` with the
-    /// statistics of each channel over every other dimension: the output, and each channel's
-    /// mean and reciprocal standard deviation `[channels]` (the variance is biased, as Burn's).
-    fn batch_norm_train_with_stats(
-        x: FloatTensor<Self>,
-        gamma: FloatTensor<Self>,
-        beta: FloatTensor<Self>,
-        epsilon: f64,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        norm::batch_norm_default::<Self>(x, gamma, beta, epsilon)
-    }
-
-    /// The gradients `(dx, dγ, dβ)` of batch normalisation in training mode given `dy`, from
-    /// its input, gain and statistics shaped `[1, channels, 1, …]`: the closed form in the
-    /// backend's operations (flex: per-channel loops).
-    fn batch_norm_backward(
-        x: FloatTensor<Self>,
-        gamma: FloatTensor<Self>,
-        mean: FloatTensor<Self>,
-        rstd: FloatTensor<Self>,
-        dy: FloatTensor<Self>,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        norm::backward_default::<Self>(Axis::Channels, x, gamma, mean, rstd, dy)
-    }
-
-    /// Batch normalisation in training mode as one operation of the autodiff graph: the
-    /// output, mean and reciprocal standard deviation of
-    /// [`FusedOps::batch_norm_train_with_stats`], the statistics outside the graph.
-    fn fused_batch_norm_train(
-        x: FloatTensor<Self>,
-        gamma: FloatTensor<Self>,
-        beta: FloatTensor<Self>,
-        epsilon: f64,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        Self::batch_norm_train_with_stats(x, gamma, beta, epsilon)
+        norm::backward_default::<Self>(axis, x, gamma, mean, rstd, dy)
     }
 
     /// Softmax of `x` along `dim`: the backend's own.
@@ -266,94 +221,33 @@ pub trait FusedOps: Backend {
 impl FusedOps for burn::backend::NdArray {}
 
 impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
-    fn fused_layer_norm(
-        x: FloatTensor<Self>,
-        gamma: FloatTensor<Self>,
-        beta: FloatTensor<Self>,
-        epsilon: f64,
-    ) -> FloatTensor<Self> {
-        normalization::<B, C>(x, gamma, beta, epsilon, Axis::Last).0
-    }
-
-    fn fused_batch_norm_train(
+    fn fused_normalization(
+        axis: Axis,
         x: FloatTensor<Self>,
         gamma: FloatTensor<Self>,
         beta: FloatTensor<Self>,
         epsilon: f64,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let (output, mean, rstd) = normalization::<B, C>(x, gamma, beta, epsilon, Axis::Channels);
-        (
-            output,
-            <Self as AutodiffBackend>::from_inner(mean),
-            <Self as AutodiffBackend>::from_inner(rstd),
-        )
+        normalization::<B, C>(axis, x, gamma, beta, epsilon)
     }
 
     fn fused_softmax(x: FloatTensor<Self>, dim: usize) -> FloatTensor<Self> {
-        #[derive(Debug)]
-        struct SoftmaxOp;
-
-        impl<B: FusedOps> Backward<B, 1> for SoftmaxOp {
-            /// The output and the dimension.
-            type State = (B::FloatTensorPrimitive, usize);
-
-            fn backward(
-                self,
-                ops: Ops<Self::State, 1>,
-                grads: &mut Gradients,
-                _checkpointer: &mut Checkpointer,
-            ) {
-                let [node_x] = ops.parents;
-                let dy = grads.consume::<B>(&ops.node);
-                let (y, dim) = ops.state;
-                if let Some(node) = node_x {
-                    grads.register::<B>(node.id, B::softmax_backward(y, dy, dim));
-                }
-            }
-        }
-
-        match SoftmaxOp
-            .prepare::<C>([x.node()])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => {
-                let y = B::fused_softmax(x.into_primitive(), dim);
-                prep.finish((y.clone(), dim), y)
-            }
-            OpsKind::UnTracked(prep) => prep.finish(B::fused_softmax(x.into_primitive(), dim)),
-        }
+        unary_op::<B, C, _>(
+            x,
+            |x| {
+                let y = B::fused_softmax(x, dim);
+                (y.clone(), (y, dim))
+            },
+            |x| B::fused_softmax(x, dim),
+            |(y, dim), dy| B::softmax_backward(y, dy, dim),
+        )
     }
 
     fn fused_gelu(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        #[derive(Debug)]
-        struct GeluOp;
-
-        impl<B: FusedOps> Backward<B, 1> for GeluOp {
-            /// The slope `GELU′(x)`.
-            type State = B::FloatTensorPrimitive;
-
-            fn backward(
-                self,
-                ops: Ops<Self::State, 1>,
-                grads: &mut Gradients,
-                _checkpointer: &mut Checkpointer,
-            ) {
-                let [node_x] = ops.parents;
-                let dy = grads.consume::<B>(&ops.node);
-                if let Some(node) = node_x {
-                    grads.register::<B>(node.id, B::float_mul(dy, ops.state));
-                }
-            }
-        }
-
-        match GeluOp.prepare::<C>([x.node()]).compute_bound().stateful() {
-            OpsKind::Tracked(prep) => {
-                let (y, slope) = B::gelu_with_slope(x.into_primitive());
-                prep.finish(slope, y)
-            }
-            OpsKind::UnTracked(prep) => prep.finish(B::fused_gelu(x.into_primitive())),
-        }
+        // Kept for the backward pass: the slope `GELU′(x)`, computed with the output.
+        unary_op::<B, C, _>(x, B::gelu_with_slope, B::fused_gelu, |slope, dy| {
+            B::float_mul(dy, slope)
+        })
     }
 
     fn fused_linear(
@@ -385,7 +279,7 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
 }
 
 /// LayerNorm over the last dimension of `x` with gain `gamma` and bias `beta` (none: zero):
-/// [`FusedOps::fused_layer_norm`] where this build implements [`FusedOps`] for `x`'s backend,
+/// [`FusedOps::fused_normalization`] where this build implements [`FusedOps`] for `x`'s backend,
 /// Burn's [`layer_norm`](burn::tensor::module::layer_norm) otherwise.
 pub fn layer_norm<const D: usize>(
     x: Tensor<D>,
@@ -397,12 +291,14 @@ pub fn layer_norm<const D: usize>(
         return burn::tensor::module::layer_norm(x, gamma, beta, epsilon);
     }
     let beta = beta.unwrap_or_else(|| gamma.zeros_like());
-    Tensor::from_dispatch(<burn::backend::Dispatch as FusedOps>::fused_layer_norm(
+    let (output, _, _) = <burn::backend::Dispatch as FusedOps>::fused_normalization(
+        Axis::Last,
         x.into_dispatch(),
         gamma.into_dispatch(),
         beta.into_dispatch(),
         epsilon,
-    ))
+    );
+    Tensor::from_dispatch(output)
 }
 
 /// [`LayerNorm::forward`] through [`layer_norm`]: the module's gain and bias, and `epsilon`,
@@ -420,7 +316,7 @@ pub fn layer_norm_forward<const D: usize>(ln: &LayerNorm, x: Tensor<D>, epsilon:
     )
 }
 
-/// [`BatchNorm::forward`] with [`FusedOps::fused_batch_norm_train`] in training (an
+/// [`BatchNorm::forward`] with [`FusedOps::fused_normalization`] in training (an
 /// autodiff device and the module's training flag on), where this build implements
 /// [`FusedOps`] for `x`'s backend; the module's own forward otherwise. Updates the running
 /// statistics as the module does (biased variance, its momentum).
@@ -436,7 +332,8 @@ pub fn batch_norm_forward<const D: usize>(bn: &BatchNorm, x: Tensor<D>) -> Tenso
     if !fused {
         return bn.forward(x);
     }
-    let (output, mean, rstd) = <burn::backend::Dispatch as FusedOps>::fused_batch_norm_train(
+    let (output, mean, rstd) = <burn::backend::Dispatch as FusedOps>::fused_normalization(
+        Axis::Channels,
         x.into_dispatch(),
         bn.gamma.val().into_dispatch(),
         bn.beta.val().into_dispatch(),
@@ -520,6 +417,7 @@ mod self_attention;
 pub use attention::causal_softmax;
 pub use cross_entropy::cross_entropy;
 pub use matmul::{linear, linear_forward, matmul};
+pub use norm::Axis;
 pub use self_attention::causal_self_attention;
 
 #[cfg(test)]

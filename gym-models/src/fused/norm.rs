@@ -1,9 +1,10 @@
 //! The normalisations' shared parts: which axis the statistics run over, the forward pass
-//! in the backend's operations, and the autodiff operation with the closed-form backward.
+//! in the backend's operations, the autodiff operation with the closed-form backward, and
+//! on flex the tensors in and out of either kernel.
 
 use super::FusedOps;
 use burn::backend::tensor::FloatTensor;
-use burn::backend::{Backend, TensorMetadata};
+use burn::backend::{AutodiffBackend, Backend, TensorMetadata};
 use burn::tensor::Shape;
 use burn_autodiff::Autodiff;
 use burn_autodiff::checkpoint::base::Checkpointer;
@@ -11,9 +12,10 @@ use burn_autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn_autodiff::grads::Gradients;
 use burn_autodiff::ops::{Backward, Ops, OpsKind};
 
-/// Which elements a normalisation takes its statistics over.
+/// Which elements a normalisation takes its statistics over: LayerNorm's or batch
+/// normalisation's, which share every other part.
 #[derive(Debug, Clone, Copy)]
-pub(super) enum Axis {
+pub enum Axis {
     /// LayerNorm: the last dimension of each row; gain and bias along it.
     Last,
     /// Batch norm: every dimension but the channels (1); gain and bias per channel.
@@ -21,20 +23,6 @@ pub(super) enum Axis {
 }
 
 impl Axis {
-    /// The forward pass: output, and the statistics as the backend returns them.
-    pub(super) fn forward<B: FusedOps>(
-        self,
-        x: FloatTensor<B>,
-        gamma: FloatTensor<B>,
-        beta: FloatTensor<B>,
-        epsilon: f64,
-    ) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
-        match self {
-            Axis::Last => B::layer_norm_with_stats(x, gamma, beta, epsilon),
-            Axis::Channels => B::batch_norm_train_with_stats(x, gamma, beta, epsilon),
-        }
-    }
-
     /// A `[features]` gain or bias, shaped to broadcast against an input of rank `rank`.
     fn parameter<B: Backend>(self, t: FloatTensor<B>, rank: usize) -> FloatTensor<B> {
         match self {
@@ -52,8 +40,21 @@ impl Axis {
         }
     }
 
-    /// The normalisation in the backend's operations: the output, and each group's mean and
-    /// reciprocal standard deviation (biased variance), broadcastable against `x`.
+    /// A statistic broadcastable against the input as the backend returns it: LayerNorm's
+    /// `[..., 1]` as it is, batch norm's `[1, channels, 1, …]` as `[channels]`.
+    fn returned<B: Backend>(self, t: FloatTensor<B>) -> FloatTensor<B> {
+        match self {
+            Axis::Last => t,
+            Axis::Channels => {
+                let channels = Shape::new([t.shape().num_elements()]);
+                B::float_reshape(t, channels)
+            }
+        }
+    }
+
+    /// The normalisation in the backend's operations, the default body of
+    /// [`FusedOps::fused_normalization`]: the output, and each group's mean and reciprocal
+    /// standard deviation (biased variance) as the backend returns them.
     pub(super) fn normalize<B: Backend>(
         self,
         x: FloatTensor<B>,
@@ -71,7 +72,7 @@ impl Axis {
             B::float_mul(centered, scale),
             self.parameter::<B>(beta, rank),
         );
-        (output, mean, rstd)
+        (output, self.returned::<B>(mean), self.returned::<B>(rstd))
     }
 
     /// The mean of each group, broadcastable against `t`.
@@ -130,30 +131,29 @@ fn channel_mean<B: Backend>(t: FloatTensor<B>) -> FloatTensor<B> {
     B::float_div_scalar(channel_sum::<B>(t), (per_channel as f64).into())
 }
 
+/// A normalisation's output, mean and reciprocal standard deviation.
+type WithStats<B> = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>);
+
 /// A normalisation `γ ⊙ x̂ + β`, `x̂ = (x − mean) · rstd`, as one operation of the autodiff
 /// graph with its closed-form backward pass, the statistics returned outside the graph.
 pub(super) fn normalization<B: FusedOps, C: CheckpointStrategy>(
+    axis: Axis,
     x: FloatTensor<Autodiff<B, C>>,
     gamma: FloatTensor<Autodiff<B, C>>,
     beta: FloatTensor<Autodiff<B, C>>,
     epsilon: f64,
-    axis: Axis,
-) -> (
-    FloatTensor<Autodiff<B, C>>,
-    B::FloatTensorPrimitive,
-    B::FloatTensorPrimitive,
-) {
+) -> WithStats<Autodiff<B, C>> {
     #[derive(Debug)]
     struct NormalizationOp;
 
     impl<B: FusedOps> Backward<B, 3> for NormalizationOp {
-        /// The input, the gain, the statistics (broadcastable) and the axis.
+        /// The axis, the input, the gain and the statistics (broadcastable).
         type State = (
-            B::FloatTensorPrimitive,
-            B::FloatTensorPrimitive,
-            B::FloatTensorPrimitive,
-            B::FloatTensorPrimitive,
             Axis,
+            B::FloatTensorPrimitive,
+            B::FloatTensorPrimitive,
+            B::FloatTensorPrimitive,
+            B::FloatTensorPrimitive,
         );
 
         fn backward(
@@ -164,11 +164,8 @@ pub(super) fn normalization<B: FusedOps, C: CheckpointStrategy>(
         ) {
             let [node_x, node_gamma, node_beta] = ops.parents;
             let dy = grads.consume::<B>(&ops.node);
-            let (x, gamma, mean, rstd, axis) = ops.state;
-            let (dx, d_gamma, d_beta) = match axis {
-                Axis::Last => B::layer_norm_backward(x, gamma, mean, rstd, dy),
-                Axis::Channels => B::batch_norm_backward(x, gamma, mean, rstd, dy),
-            };
+            let (axis, x, gamma, mean, rstd) = ops.state;
+            let (dx, d_gamma, d_beta) = B::normalization_backward(axis, x, gamma, mean, rstd, dy);
             for (node, grad) in [(node_x, dx), (node_gamma, d_gamma), (node_beta, d_beta)] {
                 if let Some(node) = node {
                     grads.register::<B>(node.id, grad);
@@ -177,28 +174,33 @@ pub(super) fn normalization<B: FusedOps, C: CheckpointStrategy>(
         }
     }
 
-    match NormalizationOp
+    let (output, mean, rstd) = match NormalizationOp
         .prepare::<C>([x.node(), gamma.node(), beta.node()])
         .compute_bound()
         .stateful()
     {
         OpsKind::Tracked(prep) => {
-            let x = x.into_primitive();
-            let gamma = gamma.into_primitive();
-            let (output, mean, rstd) =
-                axis.forward::<B>(x.clone(), gamma.clone(), beta.into_primitive(), epsilon);
+            let (x, gamma) = (x.into_primitive(), gamma.into_primitive());
+            let (output, mean, rstd) = B::fused_normalization(
+                axis,
+                x.clone(),
+                gamma.clone(),
+                beta.into_primitive(),
+                epsilon,
+            );
             let rank = x.shape().num_dims();
             let state = (
+                axis,
                 x,
                 gamma,
                 axis.statistic::<B>(mean.clone(), rank),
                 axis.statistic::<B>(rstd.clone(), rank),
-                axis,
             );
             (prep.finish(state, output), mean, rstd)
         }
         OpsKind::UnTracked(prep) => {
-            let (output, mean, rstd) = axis.forward::<B>(
+            let (output, mean, rstd) = B::fused_normalization(
+                axis,
                 x.into_primitive(),
                 gamma.into_primitive(),
                 beta.into_primitive(),
@@ -206,23 +208,11 @@ pub(super) fn normalization<B: FusedOps, C: CheckpointStrategy>(
             );
             (prep.finish(output), mean, rstd)
         }
-    }
-}
-
-/// [`FusedOps::batch_norm_train_with_stats`] in the backend's operations: the output, and
-/// the mean and reciprocal standard deviation `[channels]`.
-pub(super) fn batch_norm_default<B: Backend>(
-    x: FloatTensor<B>,
-    gamma: FloatTensor<B>,
-    beta: FloatTensor<B>,
-    epsilon: f64,
-) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
-    let (output, mean, rstd) = Axis::Channels.normalize::<B>(x, gamma, beta, epsilon);
-    let channels = Shape::new([rstd.shape().num_elements()]);
+    };
     (
         output,
-        B::float_reshape(mean, channels.clone()),
-        B::float_reshape(rstd, channels),
+        <Autodiff<B, C> as AutodiffBackend>::from_inner(mean),
+        <Autodiff<B, C> as AutodiffBackend>::from_inner(rstd),
     )
 }
 
@@ -250,4 +240,85 @@ pub(super) fn backward_default<B: Backend>(
         rstd,
     );
     (dx, d_gamma, d_beta)
+}
+
+/// The flex kernels' tensors: contiguous f32 values in, LayerNorm's loops over the rows or
+/// batch norm's over each channel's runs, flex tensors out.
+#[cfg(feature = "flex")]
+pub(super) mod flex {
+    use super::super::{batch_norm, layer_norm_rows};
+    use super::Axis;
+    use crate::flex_values::{contiguous, slice, tensor};
+    use burn::backend::TensorMetadata;
+    use burn::backend::flex::FlexTensor;
+    use burn::tensor::Shape;
+
+    /// A full-size result and two smaller ones: `(y, mean, rstd)` forward, `(dx, dγ, dβ)`
+    /// backward.
+    type Triple = (FlexTensor, FlexTensor, FlexTensor);
+
+    /// [`FusedOps::fused_normalization`](super::super::FusedOps::fused_normalization) on
+    /// flex; `None` (Burn's operations instead) for another dtype than f32 or sizes the
+    /// kernel does not take (an empty tensor, a gain or bias of another width).
+    pub(in super::super) fn forward(
+        axis: Axis,
+        x: &FlexTensor,
+        gamma: &FlexTensor,
+        beta: &FlexTensor,
+        epsilon: f64,
+    ) -> Option<Triple> {
+        let [xs, g, b] = [x, gamma, beta].map(contiguous);
+        let (xs, g, b) = (xs?, g?, b?);
+        let [values, g, b] = [&xs, &g, &b].map(slice);
+        let shape = x.shape();
+        let (stats, (y, mean, rstd)) = match axis {
+            Axis::Last => {
+                let width = *shape.last()?;
+                let outputs = layer_norm_rows::forward(values, (g, b), width, epsilon)?;
+                // The input's shape with its last dimension 1.
+                let mut stats = shape.clone();
+                stats[shape.num_dims() - 1] = 1;
+                (stats, outputs)
+            }
+            Axis::Channels => {
+                let dims = batch_norm::dims(x)?;
+                let outputs = batch_norm::forward(values, g, b, dims, epsilon);
+                (Shape::new([dims[1]]), outputs)
+            }
+        };
+        Some((
+            tensor(y, shape),
+            tensor(mean, stats.clone()),
+            tensor(rstd, stats),
+        ))
+    }
+
+    /// [`FusedOps::normalization_backward`](super::super::FusedOps::normalization_backward)
+    /// on flex (the statistics of any shape holding one value per group): `(dx, dγ, dβ)`;
+    /// `None` where [`forward`] would decline, or for a gradient of another shape than `x`.
+    pub(in super::super) fn backward(
+        axis: Axis,
+        x: &FlexTensor,
+        gamma: &FlexTensor,
+        mean: &FlexTensor,
+        rstd: &FlexTensor,
+        dy: &FlexTensor,
+    ) -> Option<Triple> {
+        if dy.shape() != x.shape() {
+            return None;
+        }
+        let [xs, g, m, r, d] = [x, gamma, mean, rstd, dy].map(contiguous);
+        let (xs, g, m, r, d) = (xs?, g?, m?, r?, d?);
+        let [values, g, m, r, d] = [&xs, &g, &m, &r, &d].map(slice);
+        let (dx, d_gamma, d_beta) = match axis {
+            Axis::Last => layer_norm_rows::backward((values, d, g), (m, r))?,
+            Axis::Channels => batch_norm::backward(values, g, m, r, d, batch_norm::dims(x)?),
+        };
+        let features = Shape::new([d_gamma.len()]);
+        Some((
+            tensor(dx, x.shape()),
+            tensor(d_gamma, features.clone()),
+            tensor(d_beta, features),
+        ))
+    }
 }

@@ -14,15 +14,13 @@
 //! Burn's full products spread it to every position.)
 
 use super::{FusedOps, reference_matmul};
+use crate::unary_op::unary_op;
 use burn::backend::Backend;
 use burn::backend::TensorMetadata;
 use burn::backend::tensor::FloatTensor;
 use burn::tensor::{Shape, Slice, Tensor};
 use burn_autodiff::Autodiff;
-use burn_autodiff::checkpoint::base::Checkpointer;
 use burn_autodiff::checkpoint::strategy::CheckpointStrategy;
-use burn_autodiff::grads::Gradients;
-use burn_autodiff::ops::{Backward, Ops, OpsKind};
 
 /// Causal self-attention of the `n_head` heads packed in `qkv` `[b, t, 3c]` (queries, keys
 /// and values side by side, as a GPT's `c_attn` gives them): `softmax(q·kᵀ/√hs)·v` for each
@@ -145,51 +143,24 @@ pub(super) fn attention_autodiff<B: FusedOps, C: CheckpointStrategy>(
     qkv: FloatTensor<Autodiff<B, C>>,
     n_head: usize,
 ) -> FloatTensor<Autodiff<B, C>> {
-    #[derive(Debug)]
-    struct CausalAttentionOp;
-
-    impl<B: FusedOps> Backward<B, 1> for CausalAttentionOp {
-        /// The projection, the attention weights and the number of heads.
-        type State = (B::FloatTensorPrimitive, B::FloatTensorPrimitive, usize);
-
-        fn backward(
-            self,
-            ops: Ops<Self::State, 1>,
-            grads: &mut Gradients,
-            _checkpointer: &mut Checkpointer,
-        ) {
-            let [node] = ops.parents;
-            let dy = grads.consume::<B>(&ops.node);
-            let (qkv, weights, n_head) = ops.state;
-            if let Some(node) = node {
-                let grad = B::causal_attention_backward(qkv, weights, dy, n_head);
-                grads.register::<B>(node.id, grad);
-            }
-        }
-    }
-
-    match CausalAttentionOp
-        .prepare::<C>([qkv.node()])
-        .compute_bound()
-        .stateful()
-    {
-        OpsKind::Tracked(prep) => {
-            let qkv = qkv.into_primitive();
+    unary_op::<B, C, _>(
+        qkv,
+        |qkv| {
             let (y, weights) = B::causal_attention_with_weights(qkv.clone(), n_head);
-            prep.finish((qkv, weights, n_head), y)
-        }
-        OpsKind::UnTracked(prep) => {
-            prep.finish(B::fused_causal_attention(qkv.into_primitive(), n_head))
-        }
-    }
+            (y, (qkv, weights, n_head))
+        },
+        |qkv| B::fused_causal_attention(qkv, n_head),
+        |(qkv, weights, n_head), dy| B::causal_attention_backward(qkv, weights, dy, n_head),
+    )
 }
 
 /// The flex kernels: `gemm` on strided views of the projection, block by block.
 #[cfg(feature = "flex")]
 pub(super) mod flex {
     use super::super::attention::flex::{softmax_backward_rows, softmax_rows};
+    use crate::flex_values::tensor;
     use burn::backend::flex::FlexTensor;
-    use burn::tensor::{DType, Shape, TensorData};
+    use burn::tensor::DType;
 
     /// Rows per block of the causal products: a block's scores run to its last column.
     pub(crate) const BLOCK: usize = 64;
@@ -318,10 +289,7 @@ pub(super) mod flex {
             y.set_len(b * t * c);
             weights.set_len(b * n_head * t * t);
         }
-        Some((
-            FlexTensor::from_data(TensorData::new(y, Shape::new([b, t, c]))),
-            FlexTensor::from_data(TensorData::new(weights, Shape::new([b, n_head, t, t]))),
-        ))
+        Some((tensor(y, [b, t, c]), tensor(weights, [b, n_head, t, t])))
     }
 
     /// The gradient `[b, t, 3c]` of [`forward`] given the output gradient `dy` `[b, t, c]`
@@ -411,9 +379,6 @@ pub(super) mod flex {
         // SAFETY: every head wrote its hs columns of the queries', keys' and values' parts
         // of every row.
         unsafe { grad.set_len(b * t * 3 * c) };
-        Some(FlexTensor::from_data(TensorData::new(
-            grad,
-            Shape::new([b, t, 3 * c]),
-        )))
+        Some(tensor(grad, [b, t, 3 * c]))
     }
 }

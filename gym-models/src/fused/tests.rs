@@ -1,4 +1,5 @@
 use super::*;
+use crate::test_support::assert_close;
 use burn::tensor::{Device, Distribution, TensorData};
 
 /// The backends this build implements [`FusedOps`] for (LibTorch overrides the defaults).
@@ -12,18 +13,6 @@ fn devices() -> Vec<Device> {
 
 fn random<const D: usize>(shape: [usize; D], device: &Device) -> Tensor<D> {
     Tensor::random(shape, Distribution::Normal(0.0, 1.0), device)
-}
-
-fn assert_close(name: &str, ours: TensorData, burns: TensorData) {
-    assert_eq!(ours.shape(), burns.shape(), "{name}");
-    let (a, b) = (
-        ours.try_to_vec::<f32>().unwrap(),
-        burns.try_to_vec::<f32>().unwrap(),
-    );
-    for (u, v) in a.iter().zip(&b) {
-        let close = (u - v).abs() <= 1e-4 * (1.0 + v.abs());
-        assert!(close, "{name}: {u} against Burn's {v}");
-    }
 }
 
 type LayerNormFn = fn(Tensor<3>, Tensor<1>, Option<Tensor<1>>, f64) -> Tensor<3>;
@@ -522,9 +511,9 @@ fn the_default_bodies_match_the_flex_kernels() {
     let dy = prim(random([3, 4, 37], &device));
     let vector = |t: Tensor<1>| burn::backend::flex::FlexTensor::from_data(t.into_data());
     let (gamma, beta) = (vector(random([37], &device)), vector(random([37], &device)));
-    let (_, mean, rstd) = layer_norm_rows::forward(&x, &gamma, &beta, 1e-5).unwrap();
-    let ours = layer_norm_rows::backward(&x, &gamma, &mean, &rstd, &dy).unwrap();
-    let default = norm::backward_default::<Flex>(norm::Axis::Last, x, gamma, mean, rstd, dy);
+    let (_, mean, rstd) = norm::flex::forward(Axis::Last, &x, &gamma, &beta, 1e-5).unwrap();
+    let ours = norm::flex::backward(Axis::Last, &x, &gamma, &mean, &rstd, &dy).unwrap();
+    let default = norm::backward_default::<Flex>(Axis::Last, x, gamma, mean, rstd, dy);
     for (name, (a, b)) in ["dx", "dgamma", "dbeta"].iter().zip([
         (ours.0, default.0),
         (ours.1, default.1),
