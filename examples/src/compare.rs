@@ -186,10 +186,6 @@ pub fn run_with(
         return Err("--strategies names a strategy twice (label variants `LABEL=STRATEGY`)".into());
     }
     let series = SeriesDir::open(&mut args.out_dir, &args.common)?;
-    // The series' folder (its runs go in it) and --tensorboard are refused before any data
-    // is read if they cannot be written.
-    cli::check_creatable("--out-dir", &args.out_dir)?;
-    args.common.check_output_folders()?;
     // Every strategy as a value, with its overrides and the fixed places of its logs,
     // before anything is loaded or trained.
     let plan = args
@@ -220,10 +216,7 @@ pub fn run_with(
         .collect::<Result<Vec<_>, BoxError>>()?;
 
     series.start(plan.iter().map(|p| &p.args.common))?;
-    let runner = match interrupt {
-        Some(flag) => Runner::new(process_start).with_interrupt(flag),
-        None => Runner::new(process_start),
-    };
+    let runner = Runner::new(process_start).with_interrupt(interrupt);
     let task = args.task.build(args.common.data_dir.as_deref())?;
     let mut outcomes = Vec::new();
     let mut stopped = None;
@@ -490,11 +483,7 @@ pub fn results_table(
             Some(_) => "∞".into(),
             None => "-".into(),
         };
-        // An interrupted run's figures are those of the steps it took.
-        let status = match o.status {
-            Status::Finished => String::new(),
-            interrupted => format!(" ({interrupted})"),
-        };
+        let status = o.status.table_suffix();
         let _ = write!(
             t,
             "| **{}**{status} | {} | {} | {} | {} | {:.2} | {:.6} | {} | {} | {} | {} |",

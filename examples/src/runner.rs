@@ -7,7 +7,7 @@
 //! [`CommonArgs::strategy_config`]).
 
 use crate::backend;
-use crate::cli::{self, CollectiveKind, CommonArgs, MinibatchSize};
+use crate::cli::{self, CollectiveKind, CommonArgs, MinibatchSize, TaskCli};
 use crate::plot::{Chart, Series, XAxis};
 use crate::report::{Report, ReportRun};
 use crate::summary::{RunLabels, RunSummary, print_summary};
@@ -18,7 +18,7 @@ use gym_core::{
     GymError, MinibatchChoice, MinibatchProbeConfig, NodeData, RunReport, StrategyConfig,
     TrainModel, Trainer,
 };
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -130,9 +130,9 @@ impl Runner {
     }
 
     /// Stops runs at a step boundary, with a checkpoint, when `flag` turns true
-    /// ([`Trainer::with_interrupt`]).
-    pub fn with_interrupt(mut self, flag: Arc<AtomicBool>) -> Self {
-        self.interrupt = Some(flag);
+    /// ([`Trainer::with_interrupt`]); never, without one.
+    pub fn with_interrupt(mut self, flag: Option<Arc<AtomicBool>>) -> Self {
+        self.interrupt = flag;
         self
     }
 
@@ -418,21 +418,25 @@ pub fn fit_allocator_to_nodes(nodes: usize, kernel_threads: usize) {
     }
 }
 
-/// The whole of a binary that trains one task: builds the task with `task`, trains it with
-/// the strategy `common` names, and returns the exit status (printing the error, if any).
-/// `cli` is every flag of the binary, saved as the run's `run_config.toml`.
+/// The whole of a binary that trains one task: parses its command line ([`TaskCli`] of the
+/// task's flags `T`, its help headed by `about`), builds the task with `task` (from
+/// `--data-dir` and `T`), trains it with the strategy the flags name, and returns the exit
+/// status (printing the error, if any). Every flag is saved as the run's `run_config.toml`.
 ///
 /// Ctrl-C (SIGINT, or SIGTERM) stops the run at the next step boundary of every node, writes a
 /// checkpoint, the logs and `summary.json` (with `interrupted_at_step`), prints the command
 /// that resumes it, and exits with status 130; a second Ctrl-C exits at once. Flags the
 /// strategy does not take (a quorum without DiLoCo) exit with status 2, as clap's errors.
 /// A run of many nodes starts the program again first ([`fit_allocator_to_nodes`]).
-pub fn train_main<A: serde::Serialize>(
-    process_start: Instant,
-    cli: &A,
-    common: &CommonArgs,
-    task: impl FnOnce() -> Result<Box<dyn TrainTask>, BoxError>,
+pub fn train_main<T: clap::Args + serde::Serialize>(
+    about: &'static str,
+    task: impl FnOnce(Option<&Path>, &T) -> Result<Box<dyn TrainTask>, BoxError>,
 ) -> ExitCode {
+    // Node threads free and allocate the same large buffers every step: keep them mapped.
+    gym_core::allocator::retain_freed_memory();
+    let process_start = Instant::now();
+    let (cli, _) = cli::parse_command::<TaskCli<T>>(&TaskCli::<T>::command_about(about));
+    let common = &cli.common;
     fit_allocator_to_nodes(common.num_nodes, common.kernel_threads_per_node);
     // A flag the strategy does not take is a bad command line, refused before any data
     // is loaded.
@@ -441,14 +445,14 @@ pub fn train_main<A: serde::Serialize>(
     let run = || -> Result<RunResult, BoxError> {
         // An output folder that cannot be written is refused before any data is read.
         common.check_run_folders()?;
-        let runner = Runner::new(process_start).with_interrupt(interrupt.clone());
-        let task = task()?;
+        let runner = Runner::new(process_start).with_interrupt(Some(interrupt.clone()));
+        let task = task(common.data_dir.as_deref(), &cli.task)?;
         let strategy = common.strategy_config()?;
         task.train(
             &runner,
             common,
             strategy.as_ref(),
-            &serde_json::to_value(cli)?,
+            &serde_json::to_value(&cli)?,
         )
     };
     match run() {

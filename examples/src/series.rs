@@ -55,6 +55,15 @@ impl Status {
             None => Status::Finished,
         }
     }
+
+    /// What a results table writes after a run's name: nothing if it finished, else
+    /// ` (interrupted at step N)` (its figures are those of the steps it took).
+    pub fn table_suffix(self) -> String {
+        match self {
+            Status::Finished => String::new(),
+            interrupted => format!(" ({interrupted})"),
+        }
+    }
 }
 
 impl std::fmt::Display for Status {
@@ -104,7 +113,9 @@ pub struct SeriesDir {
 
 impl SeriesDir {
     /// The series in `out_dir`, or, under `--resume DIR` (`common.resume`), the one in
-    /// `DIR`, which becomes `out_dir`. Resuming a folder without runs is an error naming it.
+    /// `DIR`, which becomes `out_dir`. Resuming a folder without runs is an error naming it;
+    /// so are a series' folder (its runs go in it) and a `--tensorboard` folder that cannot
+    /// be written, refused before any data is read.
     pub fn open(out_dir: &mut PathBuf, common: &CommonArgs) -> Result<Self, BoxError> {
         if let Some(dir) = &common.resume {
             if !dir.join("runs").is_dir() {
@@ -118,6 +129,8 @@ impl SeriesDir {
             }
             *out_dir = dir.clone();
         }
+        cli::check_creatable("--out-dir", out_dir)?;
+        common.check_output_folders()?;
         Ok(SeriesDir {
             dir: out_dir.clone(),
             resume: common.resume.is_some(),

@@ -180,10 +180,6 @@ pub fn run_with(argv: &[OsString], interrupt: Option<Arc<AtomicBool>>) -> Result
         return Err(format!("--global-batch {b} does not split over {k} nodes").into());
     }
     let series = SeriesDir::open(&mut args.out_dir, &args.common)?;
-    // The series' folder (its runs go in it) and --tensorboard are refused before any data
-    // is read if they cannot be written.
-    cli::check_creatable("--out-dir", &args.out_dir)?;
-    args.common.check_output_folders()?;
     // Every cell's flags, checked before anything is trained.
     let mut plan = Vec::new();
     for &strategy in &args.strategies {
@@ -242,10 +238,7 @@ pub fn run_with(argv: &[OsString], interrupt: Option<Arc<AtomicBool>>) -> Result
     }
 
     series.start(plan.iter().map(|(.., cell_args)| &cell_args.common))?;
-    let runner = match interrupt {
-        Some(flag) => Runner::new(process_start).with_interrupt(flag),
-        None => Runner::new(process_start),
-    };
+    let runner = Runner::new(process_start).with_interrupt(interrupt);
     let task = args.task.build(args.common.data_dir.as_deref())?;
     let mut cells = Vec::new();
     let mut stopped = None;
@@ -314,11 +307,7 @@ fn write_outputs(args: &SweepArgs, label: &str, cells: Vec<Cell>) -> Result<Swee
     let opt = |x: Option<f64>| x.map_or(String::new(), |v| v.to_string());
     for c in &cells {
         let s = &c.summary;
-        // An interrupted cell's figures are those of the steps it took.
-        let status = match c.status {
-            Status::Finished => String::new(),
-            interrupted => format!(" ({interrupted})"),
-        };
+        let status = c.status.table_suffix();
         let _ = write!(
             table,
             "| {}{status} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",

@@ -30,16 +30,26 @@ fn data(name: &str) -> String {
     tests::shared_data(name).to_string_lossy().into_owned()
 }
 
+/// The summaries of `binary`'s run `name` with `flags` under DiLoCo (H = 20) on 4 nodes, in
+/// f32 and under `--autocast bf16`.
+fn f32_and_bf16(
+    binary: &str,
+    name: &str,
+    flags: &[&str],
+) -> (serde_json::Value, serde_json::Value) {
+    let diloco = ["--strategy", "diloco", "-H", "20", "--num-nodes", "4"];
+    let f32_flags = [&diloco[..], flags].concat();
+    let bf16_flags = [&f32_flags[..], &["--autocast", "bf16"]].concat();
+    (
+        summary(binary, &format!("{name}-f32"), &f32_flags),
+        summary(binary, &format!("{name}-bf16"), &bf16_flags),
+    )
+}
+
 #[test]
 fn bf16_mnist_mlp_is_within_half_a_point_of_f32() {
     let mnist = data("mnist");
     let flags = [
-        "--strategy",
-        "diloco",
-        "-H",
-        "20",
-        "--num-nodes",
-        "4",
         "--max-steps",
         "200",
         "--val-size",
@@ -47,13 +57,7 @@ fn bf16_mnist_mlp_is_within_half_a_point_of_f32() {
         "--data-dir",
         &mnist,
     ];
-    let binary = env!("CARGO_BIN_EXE_mnist");
-    let f32_run = summary(binary, "mlp-f32", &flags);
-    let bf16_run = summary(
-        binary,
-        "mlp-bf16",
-        &[&flags[..], &["--autocast", "bf16"]].concat(),
-    );
+    let (f32_run, bf16_run) = f32_and_bf16(env!("CARGO_BIN_EXE_mnist"), "mlp", &flags);
     let accuracy = |s: &serde_json::Value| s["val_accuracy"].as_f64().unwrap() * 100.0;
     let (a, b) = (accuracy(&f32_run), accuracy(&bf16_run));
     assert!(a > 88.0, "f32 learns: {a}");
@@ -66,12 +70,6 @@ fn bf16_mnist_mlp_is_within_half_a_point_of_f32() {
 fn bf16_nanogpt_is_within_two_percent_of_f32() {
     let shakespeare = data("shakespeare");
     let flags = [
-        "--strategy",
-        "diloco",
-        "-H",
-        "20",
-        "--num-nodes",
-        "4",
         "--max-steps",
         "100",
         "--n-layer",
@@ -93,13 +91,7 @@ fn bf16_nanogpt_is_within_two_percent_of_f32() {
         "--data-dir",
         &shakespeare,
     ];
-    let binary = env!("CARGO_BIN_EXE_nanogpt");
-    let f32_run = summary(binary, "gpt-f32", &flags);
-    let bf16_run = summary(
-        binary,
-        "gpt-bf16",
-        &[&flags[..], &["--autocast", "bf16"]].concat(),
-    );
+    let (f32_run, bf16_run) = f32_and_bf16(env!("CARGO_BIN_EXE_nanogpt"), "gpt", &flags);
     let loss = |s: &serde_json::Value| s["final_val_loss"].as_f64().unwrap();
     let (a, b) = (loss(&f32_run), loss(&bf16_run));
     assert!(a < 3.0, "f32 learns: {a}");

@@ -8,7 +8,7 @@ use std::process::Command;
 mod mnist_binary;
 use mnist_binary::{mnist, mnist_dir, temp_dir};
 
-// The Ctrl-C helper of the series tests; the rest of the module is theirs.
+// The Ctrl-C helpers of the series tests; the rest of the module is theirs.
 #[allow(dead_code)]
 mod series;
 
@@ -232,8 +232,6 @@ fn resume_after_ctrl_c_with_the_printed_command_ends_as_the_run_left_alone() {
         &logs.join("stopped").join("train.csv"),
         3,
     );
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(130), "{stderr}");
     let summary = |run: &str| -> serde_json::Value {
         serde_json::from_str(&std::fs::read_to_string(logs.join(run).join("summary.json")).unwrap())
             .unwrap()
@@ -253,19 +251,7 @@ fn resume_after_ctrl_c_with_the_printed_command_ends_as_the_run_left_alone() {
         - 1;
     assert_eq!(rows as u64, at, "a train.csv row per step done");
     // The printed command, run as printed.
-    let command = stderr
-        .lines()
-        .find_map(|l| l.strip_prefix("resume with"))
-        .expect("a resume command")
-        .trim()
-        .to_string();
-    let words: Vec<&str> = command.split_whitespace().collect();
-    let resumed = Command::new(words[0]).args(&words[1..]).output().unwrap();
-    assert!(
-        resumed.status.success(),
-        "{}",
-        String::from_utf8_lossy(&resumed.stderr)
-    );
+    tests::assert_succeeded(&series::resume(&out));
     let alone = Command::new(env!("CARGO_BIN_EXE_mnist"))
         .args(flags("alone"))
         .output()

@@ -4,21 +4,13 @@
 use examples::cli::StrategyName;
 use examples::compare;
 use gym_strategies::registry::{OptimizerArgs, QuorumArgs};
-use std::ffi::OsString;
-use std::path::PathBuf;
+use std::ffi::{OsStr, OsString};
 use std::process::Command;
 
 mod series;
 
-fn mnist_dir() -> PathBuf {
-    tests::shared_data("mnist")
-}
-
-fn argv(words: &[&str]) -> Vec<OsString> {
-    std::iter::once("compare")
-        .chain(words.iter().copied())
-        .map(OsString::from)
-        .collect()
+fn argv(words: &[impl AsRef<OsStr>]) -> Vec<OsString> {
+    series::argv("compare", words)
 }
 
 /// The contents of an SVG's `<text>` elements.
@@ -34,31 +26,17 @@ fn svg_texts(svg: &str) -> Vec<String> {
 
 #[test]
 fn one_command_compares_five_strategies_under_identical_conditions() {
-    let out = std::env::temp_dir().join(format!("gym-compare-{}", std::process::id()));
-    std::fs::create_dir_all(&out).unwrap();
     // A run configuration: the command line overrides its max_steps; DeMo gets its own lr.
-    let config = out.join("run.toml");
-    std::fs::write(
-        &config,
+    let (out, config) = series::with_config(
+        "compare-five",
         "num_nodes = 4\nmax_steps = 50\nbatch_size = 16\nval_size = 64\nval_interval = 3\n\
          correlation_interval = 3\nsync_interval = 3\nno_progress = true\n\
          strategies = [\"allreduce\", \"diloco\", \"sparta\", \"fedavg\", \"demo\"]\n\
          [overrides.demo]\nlr = 1e-3\n",
-    )
-    .unwrap();
-    let data = mnist_dir();
+    );
     let out_dir = out.join("result");
-    let args = argv(&[
-        "--config",
-        config.to_str().unwrap(),
-        "--max-steps",
-        "6",
-        "--data-dir",
-        data.to_str().unwrap(),
-        "--out-dir",
-        out_dir.to_str().unwrap(),
-    ]);
-    let result = compare::run(&args).unwrap();
+    let flags = ["--config", config.to_str().unwrap(), "--max-steps", "6"];
+    let result = compare::run(&argv(&series::on_mnist(&flags, &out_dir))).unwrap();
 
     // Five runs, the configuration resolved per strategy.
     let names: Vec<StrategyName> = result.outcomes.iter().map(|o| o.strategy).collect();
@@ -226,9 +204,8 @@ fn bad_configurations_are_clear_errors() {
 /// simulated time than AllReduce's per-step all-reduces over the internet.
 #[test]
 fn a_comparison_on_a_network_reports_simulated_time() {
-    let out = std::env::temp_dir().join(format!("gym-compare-sim-{}", std::process::id()));
-    let data = mnist_dir();
-    let args = argv(&[
+    let out = series::temp_dir("compare-sim");
+    let flags = [
         "--strategies",
         "allreduce,diloco",
         "-H",
@@ -248,12 +225,8 @@ fn a_comparison_on_a_network_reports_simulated_time() {
         "--target-loss",
         "9",
         "--no-progress",
-        "--data-dir",
-        data.to_str().unwrap(),
-        "--out-dir",
-        out.to_str().unwrap(),
-    ]);
-    let result = compare::run(&args).unwrap();
+    ];
+    let result = compare::run(&argv(&series::on_mnist(&flags, &out))).unwrap();
     let time = |i: usize| result.outcomes[i].summary.simulated_time_s.unwrap();
     assert!(
         time(1) < time(0) / 2.0,
@@ -280,9 +253,8 @@ fn a_comparison_on_a_network_reports_simulated_time() {
 /// 4 nodes, the MLP, 200 steps of 64 examples, lr 3e-4, H = 20.
 #[test]
 fn zoo_the_2026_algorithms_reach_88_percent_on_mnist_and_send_what_they_promise() {
-    let out = std::env::temp_dir().join(format!("gym-compare-zoo-{}", std::process::id()));
-    let data = mnist_dir();
-    let args = argv(&[
+    let out = series::temp_dir("compare-zoo");
+    let flags = [
         "--task",
         "mnist",
         "--strategies",
@@ -294,12 +266,8 @@ fn zoo_the_2026_algorithms_reach_88_percent_on_mnist_and_send_what_they_promise(
         "--val-size",
         "0",
         "--no-progress",
-        "--data-dir",
-        data.to_str().unwrap(),
-        "--out-dir",
-        out.to_str().unwrap(),
-    ]);
-    let result = compare::run(&args).unwrap();
+    ];
+    let result = compare::run(&argv(&series::on_mnist(&flags, &out))).unwrap();
     let bytes = |name: StrategyName| {
         result
             .outcomes
@@ -335,17 +303,12 @@ fn zoo_the_2026_algorithms_reach_88_percent_on_mnist_and_send_what_they_promise(
 /// simulated time; both met the same faults.
 #[test]
 fn elastic_compare_runs_labelled_variants_under_the_same_faults() {
-    let out = std::env::temp_dir().join(format!("gym-compare-elastic-{}", std::process::id()));
-    std::fs::create_dir_all(&out).unwrap();
-    let config = out.join("run.toml");
-    std::fs::write(
-        &config,
+    let (out, config) = series::with_config(
+        "compare-elastic",
         "strategies = [\"diloco\", \"diloco-quorum=diloco\"]\n\
          [overrides.diloco-quorum]\nmin_quorum = 3\ngrace = 0.0\n",
-    )
-    .unwrap();
-    let data = mnist_dir();
-    let args = argv(&[
+    );
+    let flags = [
         "--config",
         config.to_str().unwrap(),
         "-H",
@@ -365,12 +328,8 @@ fn elastic_compare_runs_labelled_variants_under_the_same_faults() {
         "--faults",
         "leave:1@1+2",
         "--no-progress",
-        "--data-dir",
-        data.to_str().unwrap(),
-        "--out-dir",
-        out.join("result").to_str().unwrap(),
-    ]);
-    let result = compare::run(&args).unwrap();
+    ];
+    let result = compare::run(&argv(&series::on_mnist(&flags, &out.join("result")))).unwrap();
     let labels: Vec<&str> = result.outcomes.iter().map(|o| o.label.as_str()).collect();
     assert_eq!(labels, ["diloco", "diloco-quorum"]);
     assert!(
@@ -414,30 +373,21 @@ fn named(name: &str) -> StrategyName {
 /// line replaces is never read (here a faults file that does not exist).
 #[test]
 fn the_command_line_replaces_lists_and_unread_values_of_the_file() {
-    let out = std::env::temp_dir().join(format!("gym-compare-replace-{}", std::process::id()));
-    std::fs::create_dir_all(&out).unwrap();
-    let config = out.join("run.toml");
-    std::fs::write(
-        &config,
+    let (out, config) = series::with_config(
+        "compare-replace",
         "num_nodes = 2\nmax_steps = 3\nbatch_size = 8\nval_size = 16\nno_progress = true\n\
          strategies = [\"allreduce\", \"diloco\", \"sparta\"]\n\
          faults = \"no-such-faults-file.toml\"\n",
-    )
-    .unwrap();
-    let data = mnist_dir();
-    let args = argv(&[
+    );
+    let flags = [
         "--config",
         config.to_str().unwrap(),
         "--strategies",
         "diloco",
         "--faults",
         "leave:1@1+1",
-        "--data-dir",
-        data.to_str().unwrap(),
-        "--out-dir",
-        out.join("result").to_str().unwrap(),
-    ]);
-    let result = compare::run(&args).unwrap();
+    ];
+    let result = compare::run(&argv(&series::on_mnist(&flags, &out.join("result")))).unwrap();
     let names: Vec<StrategyName> = result.outcomes.iter().map(|o| o.strategy).collect();
     assert_eq!(names, [named("diloco")]);
     // The command line's schedule ran: node 1 was away for a step (and its work since the
@@ -454,9 +404,8 @@ fn the_command_line_replaces_lists_and_unread_values_of_the_file() {
 #[test]
 fn ctrl_c_stops_a_comparison_and_resume_ends_it_as_the_comparison_left_alone() {
     let root = series::temp_dir("compare");
-    let data = mnist_dir();
     let flags = |out: &str| -> Vec<String> {
-        [
+        let flags = [
             "--strategies",
             "allreduce,diloco,fedavg",
             "--num-nodes",
@@ -472,24 +421,13 @@ fn ctrl_c_stops_a_comparison_and_resume_ends_it_as_the_comparison_left_alone() {
             "--val-interval",
             "100",
             "--no-progress",
-            "--data-dir",
-            data.to_str().unwrap(),
-            "--out-dir",
-            root.join(out).to_str().unwrap(),
-        ]
-        .map(String::from)
-        .to_vec()
+        ];
+        series::on_mnist(&flags, &root.join(out))
     };
     let bin = env!("CARGO_BIN_EXE_compare");
     let stopped_dir = root.join("stopped");
     let runs = stopped_dir.join("runs");
     let stopped = series::interrupted(bin, &flags("stopped"), &runs.join("diloco/train.csv"), 5);
-    assert_eq!(
-        stopped.status.code(),
-        Some(130),
-        "{}",
-        series::stderr(&stopped)
-    );
     // The stopped run drew fewer samples, and is no sign of unequal conditions.
     assert!(!series::stderr(&stopped).contains("did not start from the same"));
 
@@ -526,14 +464,7 @@ fn ctrl_c_stops_a_comparison_and_resume_ends_it_as_the_comparison_left_alone() {
         std::fs::read_to_string(&first_log).unwrap(),
         std::fs::metadata(&first_log).unwrap().modified().unwrap(),
     );
-    let resumed = series::resume(&stopped);
-    let said = series::stderr(&resumed);
-    assert!(resumed.status.success(), "{said}");
-    assert!(
-        said.contains("allreduce: finished in an earlier call, skipped"),
-        "{said}"
-    );
-    assert!(said.contains("diloco: resumed from"), "{said}");
+    series::resume_series(&stopped, "allreduce", "diloco");
     assert_eq!(std::fs::read_to_string(&first_log).unwrap(), log_before);
     assert_eq!(
         std::fs::metadata(&first_log).unwrap().modified().unwrap(),
@@ -541,8 +472,7 @@ fn ctrl_c_stops_a_comparison_and_resume_ends_it_as_the_comparison_left_alone() {
         "the first run was not rerun"
     );
 
-    let alone = Command::new(bin).args(flags("alone")).output().unwrap();
-    assert!(alone.status.success(), "{}", series::stderr(&alone));
+    tests::assert_succeeded(&Command::new(bin).args(flags("alone")).output().unwrap());
     let summary = |dir: &str| series::csv_rows(&root.join(dir).join("summary.csv"));
     let (resumed_rows, alone_rows) = (summary("stopped"), summary("alone"));
     assert_eq!(resumed_rows.len(), 3);

@@ -122,7 +122,8 @@ fn tokens_give_the_steps() {
 fn a_sweep_prints_a_table_and_draws_utilisation_against_bandwidth() {
     let out_dir = std::env::temp_dir().join(format!("gym-plan-sweep-{}", std::process::id()));
     std::fs::remove_dir_all(&out_dir).ok();
-    let out = plan(&[
+    // The plan the sweep varies, and the single plans below check it against.
+    let setup = [
         "--params",
         "1B",
         "--num-nodes",
@@ -133,13 +134,16 @@ fn a_sweep_prints_a_table_and_draws_utilisation_against_bandwidth() {
         "1",
         "-H",
         "50",
+    ];
+    let sweep = [
         "--sweep",
         "strategy=allreduce,diloco",
         "--sweep",
         "network=100mbit:50ms,1gbit:50ms,10gbit:50ms",
         "--out-dir",
         out_dir.to_str().unwrap(),
-    ]);
+    ];
+    let out = plan(&[&setup[..], &sweep].concat());
     let text = String::from_utf8_lossy(&out.stdout);
     tests::assert_succeeded(&out);
     let rows: Vec<&str> = text
@@ -151,25 +155,8 @@ fn a_sweep_prints_a_table_and_draws_utilisation_against_bandwidth() {
     assert!(svg.contains("diloco") && svg.contains("allreduce"));
     assert!(out_dir.join("results.md").exists());
     let cu = |strategy: &str, network: &str| {
-        f(
-            &json(&[
-                "--params",
-                "1B",
-                "--num-nodes",
-                "16",
-                "--steps",
-                "200",
-                "--step-seconds",
-                "1",
-                "-H",
-                "50",
-                "--strategy",
-                strategy,
-                "--network",
-                network,
-            ]),
-            "compute_utilisation",
-        )
+        let single = [&setup[..], &["--strategy", strategy, "--network", network]].concat();
+        f(&json(&single), "compute_utilisation")
     };
     let d: Vec<f64> = ["100mbit:50ms", "1gbit:50ms", "10gbit:50ms"]
         .iter()
@@ -191,38 +178,24 @@ fn bad_input_is_refused_naming_the_flag_before_any_work() {
     for bad in ["0", "-7B", "nan", "inf", "seven"] {
         refused(&[&["--params", bad][..], &ok].concat(), "--params");
     }
-    let base = ["--params", "1B"];
-    refused(
-        &[
-            &base[..],
+    // Each case: flags after `--params 1B`, one of them bad or missing, and the flag (or
+    // words) the refusal names.
+    let alone: &[(&[&str], &str)] = &[
+        (
             &["--num-nodes", "0", "--steps", "10", "--step-seconds", "1"],
-        ]
-        .concat(),
-        "--num-nodes",
-    );
-    refused(
-        &[&base[..], &["--steps", "0", "--step-seconds", "1"]].concat(),
-        "--steps",
-    );
-    refused(
-        &[&base[..], &["--steps", "10", "--step-seconds", "0"]].concat(),
-        "--step-seconds",
-    );
-    refused(
-        &[&base[..], &["--steps", "10", "--step-seconds", "nan"]].concat(),
-        "--step-seconds",
-    );
-    refused(
-        &[
-            &base[..],
+            "--num-nodes",
+        ),
+        (&["--steps", "0", "--step-seconds", "1"], "--steps"),
+        (&["--steps", "10", "--step-seconds", "0"], "--step-seconds"),
+        (
+            &["--steps", "10", "--step-seconds", "nan"],
+            "--step-seconds",
+        ),
+        (
             &["--steps", "10", "--tokens-per-step", "1M", "--mfu", "1.5"],
-        ]
-        .concat(),
-        "--mfu",
-    );
-    refused(
-        &[
-            &base[..],
+            "--mfu",
+        ),
+        (
             &[
                 "--steps",
                 "10",
@@ -231,71 +204,61 @@ fn bad_input_is_refused_naming_the_flag_before_any_work() {
                 "--node-tflops",
                 "fast",
             ],
-        ]
-        .concat(),
-        "--node-tflops",
-    );
-    refused(
-        &[&base[..], &["--tokens", "1B", "--step-seconds", "1"]].concat(),
-        "--tokens-per-step",
-    );
-    refused(
-        &[&base[..], &ok, &["--network", "1parsec:1ms"]].concat(),
-        "--network",
-    );
-    refused(
-        &[&base[..], &ok, &["--faults", "crash:9@5"]].concat(),
-        "--faults",
-    );
-    refused(
-        &[&base[..], &ok, &["--faults", "bogus"]].concat(),
-        "--faults",
-    );
-    refused(
-        &[&base[..], &ok, &["--sweep", "network="]].concat(),
-        "no values",
-    );
-    refused(
-        &[&base[..], &ok, &["--sweep", "network"]].concat(),
-        "KEY=V1,V2",
-    );
-    refused(
-        &[
-            &base[..],
-            &ok,
+            "--node-tflops",
+        ),
+        (
+            &["--tokens", "1B", "--step-seconds", "1"],
+            "--tokens-per-step",
+        ),
+    ];
+    // The same, the bad flags after `--params 1B` and a plan that is otherwise whole (`ok`).
+    let after_ok: &[(&[&str], &str)] = &[
+        (&["--network", "1parsec:1ms"], "--network"),
+        (&["--faults", "crash:9@5"], "--faults"),
+        (&["--faults", "bogus"], "--faults"),
+        (&["--sweep", "network="], "no values"),
+        (&["--sweep", "network"], "KEY=V1,V2"),
+        (
             &["--strategy", "diloco", "--compression", "powersgd:2"],
-        ]
-        .concat(),
-        "PowerSGD",
-    );
-    // A network file's node count must be the plan's.
-    refused(
-        &[&base[..], &ok, &["--network", "halos"]].concat(),
-        "--network",
-    );
+            "PowerSGD",
+        ),
+        // A network file's node count must be the plan's.
+        (&["--network", "halos"], "--network"),
+    ];
+    let base = ["--params", "1B"];
+    for &(flags, needle) in alone {
+        refused(&[&base[..], flags].concat(), needle);
+    }
+    for &(flags, needle) in after_ok {
+        refused(&[&base[..], &ok, flags].concat(), needle);
+    }
 }
+
+/// The plan the fault and quorum tests vary: DiLoCo (H = 10) on 8 nodes of a 100M model, 50
+/// steps of a second each, on a 1 Gbit/s, 50 ms network.
+const DILOCO_100M: [&str; 14] = [
+    "--params",
+    "100M",
+    "--num-nodes",
+    "8",
+    "--strategy",
+    "diloco",
+    "-H",
+    "10",
+    "--steps",
+    "50",
+    "--step-seconds",
+    "1",
+    "--network",
+    "1gbit:50ms",
+];
 
 /// A plan under faults: a node that leaves and rejoins costs goodput (its time away, the
 /// state it receives, the work it drops), printed and in the JSON; strategies that keep
 /// transfers in flight across steps plan under faults too.
 #[test]
 fn a_plan_runs_faults_and_prints_goodput() {
-    let base = [
-        "--params",
-        "100M",
-        "--num-nodes",
-        "8",
-        "--strategy",
-        "diloco",
-        "-H",
-        "10",
-        "--steps",
-        "50",
-        "--step-seconds",
-        "1",
-        "--network",
-        "1gbit:50ms",
-    ];
+    let base = DILOCO_100M;
     let clean = json(&base);
     let faulty = json(&[&base[..], &["--faults", "leave:3@12+10;slow:5@0+50x0.5"]].concat());
     assert!(f(&faulty, "goodput") < f(&clean, "goodput"), "{faulty}");
@@ -345,24 +308,7 @@ fn a_plan_runs_faults_and_prints_goodput() {
 /// below the compute utilisation; a bad quorum is refused naming its flag.
 #[test]
 fn a_plan_takes_diloco_s_quorum() {
-    let base = [
-        "--params",
-        "100M",
-        "--num-nodes",
-        "8",
-        "--strategy",
-        "diloco",
-        "-H",
-        "10",
-        "--steps",
-        "50",
-        "--step-seconds",
-        "1",
-        "--network",
-        "1gbit:50ms",
-        "--node-speed",
-        "1,1,1,1,1,1,1,0.5",
-    ];
+    let base = [&DILOCO_100M[..], &["--node-speed", "1,1,1,1,1,1,1,0.5"]].concat();
     let all = json(&base);
     for quorum in [
         &["--min-quorum", "7", "--grace", "0.5"][..],

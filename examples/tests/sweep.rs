@@ -2,17 +2,19 @@
 //! networks, its table, CSV and plots.
 
 use examples::cli::StrategyName;
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::process::Command;
 
 mod series;
 
+fn argv(words: &[impl AsRef<OsStr>]) -> Vec<OsString> {
+    series::argv("sweep", words)
+}
+
 #[test]
 fn a_sweep_times_every_cell_of_its_grid() {
-    let out = std::env::temp_dir().join(format!("gym-sweep-{}", std::process::id()));
-    let data = tests::shared_data("mnist");
-    let argv: Vec<OsString> = [
-        "sweep",
+    let out = series::temp_dir("sweep-grid");
+    let flags = [
         "--strategies",
         "allreduce,diloco",
         "--nodes",
@@ -32,15 +34,8 @@ fn a_sweep_times_every_cell_of_its_grid() {
         "--target-loss",
         "5",
         "--no-progress",
-        "--data-dir",
-        data.to_str().unwrap(),
-        "--out-dir",
-        out.to_str().unwrap(),
-    ]
-    .iter()
-    .map(OsString::from)
-    .collect();
-    let sweep = examples::sweep::run(&argv).unwrap();
+    ];
+    let sweep = examples::sweep::run(&argv(&series::on_mnist(&flags, &out))).unwrap();
     // 2 strategies × 1 interval × 2 networks × 3 node counts.
     assert_eq!(sweep.cells.len(), 12);
     for c in &sweep.cells {
@@ -115,11 +110,8 @@ fn named(name: &str) -> StrategyName {
 /// the command line replacing the file's list; `--x-axis examples` plots against examples.
 #[test]
 fn per_node_count_rules_and_lists_from_the_command_line() {
-    let out = std::env::temp_dir().join(format!("gym-sweep-rules-{}", std::process::id()));
-    std::fs::create_dir_all(&out).unwrap();
-    let config = out.join("rules.toml");
-    std::fs::write(
-        &config,
+    let (out, config) = series::with_config(
+        "sweep-rules",
         r#"
 strategies = ["allreduce", "diloco", "sparta"]
 nodes = [1, 2, 4]
@@ -137,11 +129,8 @@ nodes = [1]
 lr = 5e-4
 warmup_steps = 4
 "#,
-    )
-    .unwrap();
-    let data = tests::shared_data("mnist");
-    let argv: Vec<OsString> = [
-        "sweep",
+    );
+    let flags = [
         "--config",
         config.to_str().unwrap(),
         "--strategies",
@@ -149,15 +138,8 @@ warmup_steps = 4
         "--nodes",
         "1,2",
         "--no-progress",
-        "--data-dir",
-        data.to_str().unwrap(),
-        "--out-dir",
-        out.to_str().unwrap(),
-    ]
-    .iter()
-    .map(OsString::from)
-    .collect();
-    let sweep = examples::sweep::run(&argv).unwrap();
+    ];
+    let sweep = examples::sweep::run(&argv(&series::on_mnist(&flags, &out))).unwrap();
     let cells: Vec<(String, usize)> = sweep
         .cells
         .iter()
@@ -186,9 +168,8 @@ warmup_steps = 4
 #[test]
 fn ctrl_c_stops_a_sweep_and_resume_ends_it_as_the_sweep_left_alone() {
     let root = series::temp_dir("sweep");
-    let data = tests::shared_data("mnist");
     let flags = |out: &str| -> Vec<String> {
-        [
+        let flags = [
             "--strategies",
             "allreduce,diloco",
             "--nodes",
@@ -206,13 +187,8 @@ fn ctrl_c_stops_a_sweep_and_resume_ends_it_as_the_sweep_left_alone() {
             "--val-size",
             "64",
             "--no-progress",
-            "--data-dir",
-            data.to_str().unwrap(),
-            "--out-dir",
-            root.join(out).to_str().unwrap(),
-        ]
-        .map(String::from)
-        .to_vec()
+        ];
+        series::on_mnist(&flags, &root.join(out))
     };
     let bin = env!("CARGO_BIN_EXE_sweep");
     let (first, second) = ("allreduce-k2-datacenter", "diloco-H10-k2-datacenter");
@@ -222,12 +198,6 @@ fn ctrl_c_stops_a_sweep_and_resume_ends_it_as_the_sweep_left_alone() {
         &flags("stopped"),
         &runs.join(second).join("train.csv"),
         5,
-    );
-    assert_eq!(
-        stopped.status.code(),
-        Some(130),
-        "{}",
-        series::stderr(&stopped)
     );
     let rows = series::csv_rows(&root.join("stopped/results.csv"));
     assert_eq!(rows.len(), 2);
@@ -241,21 +211,13 @@ fn ctrl_c_stops_a_sweep_and_resume_ends_it_as_the_sweep_left_alone() {
     assert!(table.contains("| diloco (interrupted at step "), "{table}");
 
     let first_log = std::fs::read_to_string(runs.join(first).join("train.csv")).unwrap();
-    let resumed = series::resume(&stopped);
-    let said = series::stderr(&resumed);
-    assert!(resumed.status.success(), "{said}");
-    assert!(
-        said.contains(&format!("{first}: finished in an earlier call, skipped")),
-        "{said}"
-    );
-    assert!(said.contains(&format!("{second}: resumed from")), "{said}");
+    series::resume_series(&stopped, first, second);
     assert_eq!(
         std::fs::read_to_string(runs.join(first).join("train.csv")).unwrap(),
         first_log
     );
 
-    let alone = Command::new(bin).args(flags("alone")).output().unwrap();
-    assert!(alone.status.success(), "{}", series::stderr(&alone));
+    tests::assert_succeeded(&Command::new(bin).args(flags("alone")).output().unwrap());
     let resumed_rows = series::csv_rows(&root.join("stopped/results.csv"));
     assert_eq!(
         resumed_rows,

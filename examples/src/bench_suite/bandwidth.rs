@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
-use super::{MB, SuiteCollective, SuiteConfig, SuiteResult, SuiteTable, caption, median};
+use super::{MB, SuiteCollective, SuiteConfig, SuiteResult, median};
 use crate::runner::BoxError;
 
 /// Median seconds of copying `bytes` bytes into a buffer that is already faulted in: the
@@ -218,10 +218,7 @@ pub(super) fn bandwidth(config: &SuiteConfig, out: &mut SuiteResult) -> Result<(
             " (not measured in this run)"
         }
     );
-    out.tables.push(SuiteTable {
-        caption: caption("Collective bandwidth", config, &out.machine, &note),
-        rows,
-    });
+    out.push_table("Collective bandwidth", &config.command, &note, rows);
     Ok(())
 }
 

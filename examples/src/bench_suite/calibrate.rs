@@ -28,7 +28,7 @@ pub use fit::{
 #[cfg(feature = "mpi")]
 pub use worker::worker;
 
-use super::{MachineInfo, SuiteCollective, SuiteResult, SuiteTable, caption_for};
+use super::{MachineInfo, SuiteCollective, SuiteResult};
 use crate::runner::BoxError;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -327,10 +327,7 @@ pub fn run_calibration(config: &CalibrateConfig) -> Result<SuiteResult, BoxError
         fit.bytes_per_s * 8e-9,
         a.out.display()
     );
-    out.tables.push(SuiteTable {
-        caption: caption_for("Calibration: the fit", &config.command, &machine, &note),
-        rows,
-    });
+    out.push_table("Calibration: the fit", &config.command, &note, rows);
 
     eprintln!("calibrate: check over {p_check} MPI processes …");
     let check = worker::run_workers(config, p_check, &check_ops)?;
@@ -407,10 +404,7 @@ pub fn run_calibration(config: &CalibrateConfig) -> Result<SuiteResult, BoxError
          at the end: {}.",
         MachineInfo::now().load_average
     );
-    out.tables.push(SuiteTable {
-        caption: caption_for("Calibration: the check", &config.command, &machine, &note),
-        rows,
-    });
+    out.push_table("Calibration: the check", &config.command, &note, rows);
     println!("calibrated link: --network {link}{flags}");
     println!("network file: {}", a.out.display());
     Ok(out)

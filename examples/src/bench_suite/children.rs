@@ -4,7 +4,7 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{MB, SuiteConfig, SuiteResult, SuiteTable, caption};
+use super::{MB, SuiteConfig, SuiteResult};
 use crate::summary::RunSummary;
 
 /// How long a child may run before it is killed (a hang must not stall the suite).
@@ -140,10 +140,7 @@ pub(super) fn children(config: &SuiteConfig, out: &mut SuiteResult) {
              copy shared by all nodes): `{}` with K varied.",
             child_cmd(1).replace("--num-nodes 1", "--num-nodes K")
         );
-        out.tables.push(SuiteTable {
-            caption: caption("Peak memory", config, &out.machine, &note),
-            rows,
-        });
+        out.push_table("Peak memory", &config.command, &note, rows);
     }
     if let Some(k) = config.startup_k {
         eprintln!("start-up: mnist with {k} nodes …");
@@ -168,9 +165,6 @@ pub(super) fn children(config: &SuiteConfig, out: &mut SuiteResult) {
              of `{}`.",
             child_cmd(k)
         );
-        out.tables.push(SuiteTable {
-            caption: caption("Start-up", config, &out.machine, &note),
-            rows,
-        });
+        out.push_table("Start-up", &config.command, &note, rows);
     }
 }

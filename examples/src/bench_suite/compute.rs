@@ -39,12 +39,11 @@
 
 use burn::tensor::{Device, Distribution, Tensor};
 use gym_core::TrainModel;
-use gym_data::TokenBatcher;
 use gym_models::{GptConfig, MlpConfig, MnistCnnConfig};
 use std::time::Instant;
 
 use super::overhead::{self, GPT_BATCH, MNIST_BATCH};
-use super::{SuiteConfig, SuiteModel, SuiteResult, SuiteTable, backend_tag, caption};
+use super::{SuiteConfig, SuiteModel, SuiteResult, backend_tag};
 use crate::runner::BoxError;
 
 /// Timed calls per matrix-product rate (the best counts), after one warm-up call.
@@ -351,10 +350,7 @@ pub(super) fn compute(config: &SuiteConfig, out: &mut SuiteResult) -> Result<(),
         config.gpt_6l384_steps,
         config.warmup_steps.max(1),
     );
-    out.tables.push(SuiteTable {
-        caption: caption("Compute limit", config, &out.machine, &note),
-        rows,
-    });
+    out.push_table("Compute limit", &config.command, &note, rows);
     Ok(())
 }
 
@@ -395,17 +391,17 @@ fn fraction_rows(config: &SuiteConfig, out: &SuiteResult) -> Result<Vec<Fraction
             config.gpt_6l384_steps
         );
         let (data, gpt) = overhead::gpt_data(config, dims, block)?;
-        let step_s = overhead::time_steps(
-            &Device::default(),
+        let step_s = overhead::StepTiming {
+            device: &Device::default(),
             k,
-            batch,
-            config.warmup_steps.max(1),
-            config.gpt_6l384_steps,
-            None,
-            |d| gpt.init(d).expect("validated configuration"),
-            &data,
-            &TokenBatcher,
-        )?;
+            batch_size: batch,
+            warmup: config.warmup_steps.max(1),
+            steps: config.gpt_6l384_steps,
+            sync_interval: None,
+            autocast: None,
+        }
+        .gpt_runs(&gpt, &data)?
+        .seconds_per_step()?;
         rows.push(FractionRow {
             key: "gpt_6l384",
             setup: format!(

@@ -13,7 +13,7 @@
 //! (LibTorch otherwise gives the node a thread per core, where flex has one). Elsewhere the
 //! table says why in its one row, and the keys are absent.
 
-use super::{SuiteConfig, SuiteResult, SuiteTable, caption};
+use super::{SuiteConfig, SuiteResult};
 use crate::runner::BoxError;
 
 /// Why this process cannot compare with LibTorch, if it cannot.
@@ -58,10 +58,7 @@ pub(super) fn libtorch(config: &SuiteConfig, out: &mut SuiteResult) -> Result<()
         config.warmup_steps,
         config.repeats.max(1)
     );
-    out.tables.push(SuiteTable {
-        caption: caption("Against LibTorch", config, &out.machine, &note),
-        rows,
-    });
+    out.push_table("Against LibTorch", &config.command, &note, rows);
     Ok(())
 }
 
@@ -72,7 +69,7 @@ fn measure(
     rows: &mut Vec<String>,
 ) -> Result<(), BoxError> {
     use super::median;
-    use super::overhead::{MNIST_BATCH, mnist_data, time_steps};
+    use super::overhead::{MNIST_BATCH, StepTiming, mnist_data};
     use burn::tensor::Device;
     use gym_core::NodeData;
     use gym_data::{CifarBatcher, MnistBatcher};
@@ -89,30 +86,22 @@ fn measure(
         for _ in 0..config.repeats.max(1) {
             for (device, t) in devices.iter().zip(&mut times) {
                 eprintln!("libtorch: {key} on {device:?} …");
-                t.push(match key {
-                    "cnn" => time_steps(
-                        device,
-                        1,
-                        MNIST_BATCH,
-                        config.warmup_steps,
-                        steps,
-                        None,
-                        |d| MnistCnnConfig::new().init(d),
-                        &mnist,
-                        &MnistBatcher,
-                    )?,
-                    _ => time_steps(
-                        device,
-                        1,
-                        MNIST_BATCH,
-                        config.warmup_steps,
-                        steps,
-                        None,
-                        |d| CifarCnnConfig::new().init(d),
-                        &cifar,
-                        &CifarBatcher,
-                    )?,
-                });
+                let timing = StepTiming {
+                    device,
+                    k: 1,
+                    batch_size: MNIST_BATCH,
+                    warmup: config.warmup_steps,
+                    steps,
+                    sync_interval: None,
+                    autocast: None,
+                };
+                let runs = match key {
+                    "cnn" => {
+                        timing.runs(|d| MnistCnnConfig::new().init(d), &mnist, &MnistBatcher)?
+                    }
+                    _ => timing.runs(|d| CifarCnnConfig::new().init(d), &cifar, &CifarBatcher)?,
+                };
+                t.push(runs.seconds_per_step()?);
             }
         }
         let [flex, tch] = times.map(median);

@@ -334,6 +334,17 @@ pub struct SuiteResult {
 }
 
 impl SuiteResult {
+    /// Adds the table of `rows` under its caption: `title`, this machine, the `command` that
+    /// measured it (the suite's or the soak's) and `note` (definitions).
+    fn push_table(&mut self, title: &str, command: &str, note: &str, rows: Vec<String>) {
+        let m = &self.machine;
+        let caption = format!(
+            "**{title}.** Machine: {}; date: {}; load average at the start: {}; command: `{command}`. {note}",
+            m.machine, m.date, m.load_average
+        );
+        self.tables.push(SuiteTable { caption, rows });
+    }
+
     /// The flat JSON object `bench --json` writes: every figure, plus `machine`, `date` and
     /// `load_average` as strings.
     pub fn to_json(&self) -> Value {
@@ -417,19 +428,6 @@ pub fn run_suite(config: &SuiteConfig) -> Result<SuiteResult, BoxError> {
         node_cost::node_cost(config, &mut out)?;
     }
     Ok(out)
-}
-
-/// The caption every table starts with.
-fn caption(title: &str, config: &SuiteConfig, m: &MachineInfo, note: &str) -> String {
-    caption_for(title, &config.command, m, note)
-}
-
-/// The caption of a table of `command` (the suite's or the soak's).
-fn caption_for(title: &str, command: &str, m: &MachineInfo, note: &str) -> String {
-    format!(
-        "**{title}.** Machine: {}; date: {}; load average at the start: {}; command: `{command}`. {note}",
-        m.machine, m.date, m.load_average
-    )
 }
 
 fn cores() -> usize {

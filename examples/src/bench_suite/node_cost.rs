@@ -17,15 +17,12 @@
 //! both runs and cancel. N is chosen so that every K times about the same number of
 //! node-steps.
 
-use burn::data::dataloader::batcher::Batcher;
 use burn::tensor::Device;
-use gym_core::{NodeData, TrainModel, Trainer, TrainerConfig};
-use gym_data::{MnistBatcher, TokenBatcher};
+use gym_data::MnistBatcher;
 use gym_models::MlpConfig;
-use gym_strategies::{DiLoCoCommunicatorConfig, DiLoCoConfig};
 
-use super::overhead::{GPT_BATCH, gpt_data, mnist_data};
-use super::{SuiteConfig, SuiteResult, SuiteTable, backend_tag, caption, median};
+use super::overhead::{GPT_BATCH, StepTiming, gpt_data, mnist_data};
+use super::{SuiteConfig, SuiteResult, backend_tag, median};
 use crate::runner::BoxError;
 
 /// DiLoCo's H in these runs: the set-up, a synchronisation every ten steps.
@@ -95,61 +92,6 @@ pub fn timed_steps(node_steps: usize, k: usize) -> usize {
     steps.div_ceil(SYNC_INTERVAL) * SYNC_INTERVAL
 }
 
-/// The CPU time of this process so far (user and system, every thread), in seconds.
-fn process_cpu_s() -> f64 {
-    // SAFETY: getrusage writes the struct it is given and reads nothing else.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
-        return f64::NAN;
-    }
-    let s = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
-    s(usage.ru_utime) + s(usage.ru_stime)
-}
-
-/// One figure: CPU and wall seconds per node-step.
-#[derive(Debug, Clone, Copy)]
-struct PerNodeStep {
-    cpu_s: f64,
-    wall_s: f64,
-}
-
-/// CPU and wall seconds per node-step of `k` nodes over `steps` timed steps after one
-/// warm-up round (see the module documentation).
-fn time_node_steps<M, I, B>(
-    k: usize,
-    batch_size: usize,
-    steps: usize,
-    init: impl Fn(&Device) -> M + Sync,
-    data: &NodeData<I>,
-    batcher: &B,
-) -> Result<PerNodeStep, BoxError>
-where
-    M: TrainModel,
-    I: Send + 'static,
-    B: Batcher<I, M::Batch>,
-{
-    let run = |max_steps: usize| -> Result<(f64, f64), BoxError> {
-        let strategy = DiLoCoConfig::new()
-            .with_communicator(DiLoCoCommunicatorConfig::new().with_sync_interval(SYNC_INTERVAL));
-        let trainer_config = TrainerConfig::new(k)
-            .with_max_steps(Some(max_steps))
-            .with_batch_size(batch_size)
-            .with_val_size(Some(0));
-        let cpu = process_cpu_s();
-        let fit = Trainer::new(trainer_config)
-            .with_devices(vec![Device::default()])
-            .fit(&init, &strategy, data, batcher)?;
-        Ok((process_cpu_s() - cpu, fit.report.loop_s))
-    };
-    let (warm_cpu, warm_wall) = run(SYNC_INTERVAL)?;
-    let (cpu, wall) = run(SYNC_INTERVAL + steps)?;
-    let node_steps = (k * steps) as f64;
-    Ok(PerNodeStep {
-        cpu_s: (cpu - warm_cpu) / node_steps,
-        wall_s: (wall - warm_wall) / node_steps,
-    })
-}
-
 /// Runs the part's rows and adds its table and figures to `out`.
 pub(super) fn node_cost(config: &SuiteConfig, out: &mut SuiteResult) -> Result<(), BoxError> {
     let part = &config.node_cost;
@@ -168,6 +110,7 @@ pub(super) fn node_cost(config: &SuiteConfig, out: &mut SuiteResult) -> Result<(
         true => Some(gpt_data(config, (2, 2, 64), 64)?),
         false => None,
     };
+    let device = Device::default();
     let models = [
         ("mlp", &part.mlp_ks, part.mlp_node_steps),
         ("gpt", &part.gpt_ks, part.gpt_node_steps),
@@ -179,25 +122,24 @@ pub(super) fn node_cost(config: &SuiteConfig, out: &mut SuiteResult) -> Result<(
             eprintln!("node cost: {name} on {k} nodes, {steps} timed steps …");
             let mut timings = Vec::new();
             for _ in 0..part.repeats.max(1) {
-                timings.push(match (name, &mnist, &gpt) {
-                    ("mlp", Some(mnist), _) => time_node_steps(
-                        k,
-                        MLP_BATCH,
-                        steps,
-                        |d| MlpConfig::new().init(d),
-                        mnist,
-                        &MnistBatcher,
-                    )?,
-                    (_, _, Some((tokens, gpt))) => time_node_steps(
-                        k,
-                        GPT_BATCH,
-                        steps,
-                        |d| gpt.init(d).expect("validated configuration"),
-                        tokens,
-                        &TokenBatcher,
-                    )?,
+                // One warm-up round, then the timed steps (see the module documentation).
+                let timing = StepTiming {
+                    device: &device,
+                    k,
+                    batch_size: if name == "mlp" { MLP_BATCH } else { GPT_BATCH },
+                    warmup: SYNC_INTERVAL,
+                    steps,
+                    sync_interval: Some(SYNC_INTERVAL),
+                    autocast: None,
+                };
+                let runs = match (name, &mnist, &gpt) {
+                    ("mlp", Some(mnist), _) => {
+                        timing.runs(|d| MlpConfig::new().init(d), mnist, &MnistBatcher)?
+                    }
+                    (_, _, Some((tokens, gpt))) => timing.gpt_runs(gpt, tokens)?,
                     _ => unreachable!("the data of every row's model is loaded"),
-                });
+                };
+                timings.push(runs.per_node_step());
             }
             let cpu_ms = median(timings.iter().map(|t| t.cpu_s).collect()) * 1e3;
             let wall_ms = median(timings.iter().map(|t| t.wall_s).collect()) * 1e3;
@@ -230,10 +172,7 @@ pub(super) fn node_cost(config: &SuiteConfig, out: &mut SuiteResult) -> Result<(
         part.gpt_node_steps,
         part.repeats.max(1)
     );
-    out.tables.push(SuiteTable {
-        caption: caption("Cost of a node-step", config, &out.machine, &note),
-        rows,
-    });
+    out.push_table("Cost of a node-step", &config.command, &note, rows);
     Ok(())
 }
 

@@ -4,14 +4,14 @@
 use burn::data::dataset::Dataset;
 use burn::data::dataset::transform::PartialDataset;
 use burn::tensor::Device;
-use gym_core::{Autocast, NodeData, TrainModel, Trainer, TrainerConfig};
+use gym_core::{Autocast, NodeData, RunReport, TrainModel, Trainer, TrainerConfig};
 use gym_data::{
     CharCorpus, MnistBatcher, MnistDataset, MnistItem, MnistSplit, TokenBatcher, TokenWindow,
 };
 use gym_models::{GptConfig, MlpConfig, MnistCnnConfig};
 use gym_strategies::{DiLoCoCommunicatorConfig, DiLoCoConfig};
 
-use super::{SuiteConfig, SuiteModel, SuiteResult, SuiteTable, backend_tag, caption, median};
+use super::{SuiteConfig, SuiteModel, SuiteResult, backend_tag, median};
 use crate::runner::BoxError;
 use crate::tasks::{GptArgs, TextDataset};
 
@@ -91,68 +91,159 @@ pub(super) fn gpt_data(
     Ok((NodeData::shared(train, val), gpt_config))
 }
 
-/// Seconds per step of a K-node run in steady state: (loop seconds of a run of
-/// `warmup + steps` steps − loop seconds of a run of `warmup` steps) ÷ `steps`.
-///
-/// Why two runs rather than the per-step records of one: without synchronisation the node
-/// threads drift apart, and a step's record is emitted when its slowest node finishes it,
-/// so at the end of the warm-up the faster nodes are already steps ahead and the last
-/// records miss their work (16 GPT nodes timed over 5 steps came out at 0.97 of the
-/// compute limit, over 20 steps at 1.86). Each run's loop starts every node together and
-/// ends when the last one finishes, so the difference holds exactly `steps` steps of every
-/// node. Should noise make it non-positive (steps of a few milliseconds), the mean of the
-/// last `steps` records stands in.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn time_steps<M, I, B>(
-    device: &Device,
-    k: usize,
-    batch_size: usize,
-    warmup: usize,
-    steps: usize,
-    autocast: Option<Autocast>,
-    init: impl Fn(&Device) -> M + Sync,
-    data: &NodeData<I>,
-    batcher: &B,
-) -> Result<f64, BoxError>
-where
-    M: TrainModel,
-    I: Send + 'static,
-    B: burn::data::dataloader::batcher::Batcher<I, M::Batch>,
-{
-    let total = warmup + steps;
-    let run = |max_steps: usize| {
-        // H beyond the last step: no synchronisation in the run, so every timed step is
-        // local compute and the inner optimizer, and nodes never wait for each other.
-        let strategy = DiLoCoConfig::new()
-            .with_communicator(DiLoCoCommunicatorConfig::new().with_sync_interval(total + 1));
-        let trainer_config = TrainerConfig::new(k)
-            .with_max_steps(Some(max_steps))
-            .with_batch_size(batch_size)
-            .with_val_size(Some(0))
-            .with_autocast(autocast);
-        Trainer::new(trainer_config)
-            .with_devices(vec![device.clone()])
-            .fit(&init, &strategy, data, batcher)
-    };
-    let warm_s = if warmup > 0 {
-        run(warmup)?.report.loop_s
-    } else {
-        0.0
-    };
-    let report = run(total)?.report;
-    let timed = &report.train[report.train.len().saturating_sub(steps)..];
-    if timed.is_empty() {
-        return Err(format!("a {k}-node run recorded no steps").into());
-    }
-    let difference = (report.loop_s - warm_s) / steps as f64;
-    Ok(if difference > 0.0 {
-        difference
-    } else {
-        timed.iter().map(|r| r.step_time_s).sum::<f64>() / timed.len() as f64
-    })
+/// How the suite times training steps: `k` nodes on `device`, `batch_size` examples per
+/// node and step, DiLoCo synchronising every `sync_interval` steps, in f32 or under
+/// `autocast`, and two runs, of `warmup` steps (none at 0) and of `warmup + steps`: what
+/// start-up, model initialisation and the first steps cost is in both and cancels.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct StepTiming<'a> {
+    pub(super) device: &'a Device,
+    pub(super) k: usize,
+    pub(super) batch_size: usize,
+    pub(super) warmup: usize,
+    pub(super) steps: usize,
+    /// `None`: beyond the last step, so that every timed step is local compute and the
+    /// inner optimizer, and nodes never wait for each other.
+    pub(super) sync_interval: Option<usize>,
+    pub(super) autocast: Option<Autocast>,
 }
 
-/// Seconds per step of `model` on `k` nodes ([`time_steps`]), in f32 or under `autocast`.
+/// One run of a [`StepTiming`]: the process's CPU seconds over it and what it measured.
+struct TimedRun {
+    cpu_s: f64,
+    report: RunReport,
+}
+
+/// CPU and wall seconds per node-step ([`TimedRuns::per_node_step`]).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct PerNodeStep {
+    pub(super) cpu_s: f64,
+    pub(super) wall_s: f64,
+}
+
+/// The two runs of a [`StepTiming`] (the warm-up's `None` without warm-up steps).
+pub(super) struct TimedRuns {
+    warm: Option<TimedRun>,
+    whole: TimedRun,
+    k: usize,
+    steps: usize,
+}
+
+impl StepTiming<'_> {
+    /// The two runs of the model `init` builds, on `data`.
+    pub(super) fn runs<M, I, B>(
+        &self,
+        init: impl Fn(&Device) -> M + Sync,
+        data: &NodeData<I>,
+        batcher: &B,
+    ) -> Result<TimedRuns, BoxError>
+    where
+        M: TrainModel,
+        I: Send + 'static,
+        B: burn::data::dataloader::batcher::Batcher<I, M::Batch>,
+    {
+        let total = self.warmup + self.steps;
+        let strategy = DiLoCoConfig::new().with_communicator(
+            DiLoCoCommunicatorConfig::new()
+                .with_sync_interval(self.sync_interval.unwrap_or(total + 1)),
+        );
+        let run = |max_steps: usize| -> Result<TimedRun, BoxError> {
+            let trainer_config = TrainerConfig::new(self.k)
+                .with_max_steps(Some(max_steps))
+                .with_batch_size(self.batch_size)
+                .with_val_size(Some(0))
+                .with_autocast(self.autocast);
+            let cpu = process_cpu_s();
+            let report = Trainer::new(trainer_config)
+                .with_devices(vec![self.device.clone()])
+                .fit(&init, &strategy, data, batcher)?
+                .report;
+            Ok(TimedRun {
+                cpu_s: process_cpu_s() - cpu,
+                report,
+            })
+        };
+        let warm = match self.warmup {
+            0 => None,
+            w => Some(run(w)?),
+        };
+        Ok(TimedRuns {
+            warm,
+            whole: run(total)?,
+            k: self.k,
+            steps: self.steps,
+        })
+    }
+
+    /// [`runs`](Self::runs) of the GPT `gpt` on the text `tokens`.
+    pub(super) fn gpt_runs(
+        &self,
+        gpt: &GptConfig,
+        tokens: &NodeData<TokenWindow>,
+    ) -> Result<TimedRuns, BoxError> {
+        self.runs(
+            |d| gpt.init(d).expect("validated configuration"),
+            tokens,
+            &TokenBatcher,
+        )
+    }
+}
+
+impl TimedRuns {
+    /// Seconds per step of the K-node run in steady state: (loop seconds of the run of
+    /// `warmup + steps` steps − loop seconds of the run of `warmup` steps) ÷ `steps`.
+    ///
+    /// Why two runs rather than the per-step records of one: without synchronisation the
+    /// node threads drift apart, and a step's record is emitted when its slowest node
+    /// finishes it, so at the end of the warm-up the faster nodes are already steps ahead and
+    /// the last records miss their work (16 GPT nodes timed over 5 steps came out at 0.97 of
+    /// the compute limit, over 20 steps at 1.86). Each run's loop starts every node together
+    /// and ends when the last one finishes, so the difference holds exactly `steps` steps of
+    /// every node. Should noise make it non-positive (steps of a few milliseconds), the mean
+    /// of the last `steps` records stands in.
+    pub(super) fn seconds_per_step(&self) -> Result<f64, BoxError> {
+        let (k, steps) = (self.k, self.steps);
+        let warm_s = self.warm.as_ref().map_or(0.0, |w| w.report.loop_s);
+        let report = &self.whole.report;
+        let timed = &report.train[report.train.len().saturating_sub(steps)..];
+        if timed.is_empty() {
+            return Err(format!("a {k}-node run recorded no steps").into());
+        }
+        let difference = (report.loop_s - warm_s) / steps as f64;
+        Ok(if difference > 0.0 {
+            difference
+        } else {
+            timed.iter().map(|r| r.step_time_s).sum::<f64>() / timed.len() as f64
+        })
+    }
+
+    /// The process's CPU seconds and the loop's wall seconds of the `steps` timed steps
+    /// (the difference of the runs), each ÷ K × `steps` node-steps.
+    pub(super) fn per_node_step(&self) -> PerNodeStep {
+        let (warm_cpu, warm_wall) = self
+            .warm
+            .as_ref()
+            .map_or((0.0, 0.0), |w| (w.cpu_s, w.report.loop_s));
+        let node_steps = (self.k * self.steps) as f64;
+        PerNodeStep {
+            cpu_s: (self.whole.cpu_s - warm_cpu) / node_steps,
+            wall_s: (self.whole.report.loop_s - warm_wall) / node_steps,
+        }
+    }
+}
+
+/// The CPU time of this process so far (user and system, every thread), in seconds.
+fn process_cpu_s() -> f64 {
+    // SAFETY: getrusage writes the struct it is given and reads nothing else.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return f64::NAN;
+    }
+    let s = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    s(usage.ru_utime) + s(usage.ru_stime)
+}
+
+/// Seconds per step of `model` on `k` nodes ([`StepTiming`]), in f32 or under `autocast`.
 fn time_model(
     model: SuiteModel,
     k: usize,
@@ -160,59 +251,42 @@ fn time_model(
     data: &OverheadData,
     autocast: Option<Autocast>,
 ) -> Result<f64, BoxError> {
-    let (w, steps) = (config.warmup_steps, config.steps_for(model));
-    Ok(match (model, data) {
+    let device = Device::default();
+    let timing = StepTiming {
+        device: &device,
+        k,
+        batch_size: match model {
+            SuiteModel::Gpt => GPT_BATCH,
+            SuiteModel::Mlp | SuiteModel::Cnn => MNIST_BATCH,
+        },
+        warmup: config.warmup_steps,
+        steps: config.steps_for(model),
+        sync_interval: None,
+        autocast,
+    };
+    let runs = match (model, data) {
         (
             SuiteModel::Mlp,
             OverheadData {
                 mnist: Some(mnist), ..
             },
-        ) => time_steps(
-            &Device::default(),
-            k,
-            MNIST_BATCH,
-            w,
-            steps,
-            autocast,
-            |d| MlpConfig::new().init(d),
-            mnist,
-            &MnistBatcher,
-        )?,
+        ) => timing.runs(|d| MlpConfig::new().init(d), mnist, &MnistBatcher)?,
         (
             SuiteModel::Cnn,
             OverheadData {
                 mnist: Some(mnist), ..
             },
-        ) => time_steps(
-            &Device::default(),
-            k,
-            MNIST_BATCH,
-            w,
-            steps,
-            autocast,
-            |d| MnistCnnConfig::new().init(d),
-            mnist,
-            &MnistBatcher,
-        )?,
+        ) => timing.runs(|d| MnistCnnConfig::new().init(d), mnist, &MnistBatcher)?,
         (
             SuiteModel::Gpt,
             OverheadData {
                 gpt: Some((tokens, gpt)),
                 ..
             },
-        ) => time_steps(
-            &Device::default(),
-            k,
-            GPT_BATCH,
-            w,
-            steps,
-            autocast,
-            |d| gpt.init(d).expect("validated configuration"),
-            tokens,
-            &TokenBatcher,
-        )?,
+        ) => timing.gpt_runs(gpt, tokens)?,
         _ => unreachable!("the data of every configured model is loaded"),
-    })
+    };
+    runs.seconds_per_step()
 }
 
 /// Part 1b: one node's seconds per step in f32 and under `--autocast bf16`, timed in
@@ -264,10 +338,7 @@ pub(super) fn precision(config: &SuiteConfig, out: &mut SuiteResult) -> Result<(
          the median of {} each; backend {tag}.",
         config.repeats.max(1)
     );
-    out.tables.push(SuiteTable {
-        caption: caption("Precision", config, &out.machine, &note),
-        rows,
-    });
+    out.push_table("Precision", &config.command, &note, rows);
     Ok(())
 }
 
@@ -363,10 +434,7 @@ pub(super) fn overhead(config: &SuiteConfig, out: &mut SuiteResult) -> Result<()
         config.repeats.max(1),
         config.max_k.min(config.cnn_max_k)
     );
-    out.tables.push(SuiteTable {
-        caption: caption("Overhead ratio", config, &out.machine, &note),
-        rows,
-    });
+    out.push_table("Overhead ratio", &config.command, &note, rows);
     Ok(())
 }
 

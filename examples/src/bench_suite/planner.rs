@@ -4,7 +4,7 @@
 //! a ChaCha stream seeded per (rank, step), as training does, about 130 ns a draw, so the
 //! same plan takes about two minutes here.
 
-use super::{SuiteConfig, SuiteResult, SuiteTable, caption};
+use super::{SuiteConfig, SuiteResult};
 use crate::runner::BoxError;
 use std::fmt::Write as _;
 use std::path::Path;
@@ -74,18 +74,15 @@ pub(super) fn planner(
         v["simulated_time_s"].as_f64().unwrap_or(f64::NAN),
         100.0 * v["compute_utilisation"].as_f64().unwrap_or(f64::NAN),
     );
-    out.tables.push(SuiteTable {
-        caption: caption(
-            "Planner at scale",
-            config,
-            &out.machine,
-            "The `plan` binary in a child process (its own peak memory, VmHWM).",
-        ),
-        rows: vec![
+    out.push_table(
+        "Planner at scale",
+        &config.command,
+        "The `plan` binary in a child process (its own peak memory, VmHWM).",
+        vec![
             "| plan | node-steps | wall time | peak memory | target | simulated time | compute utilisation |".into(),
             "|---|---|---|---|---|---|---|".into(),
             row,
         ],
-    });
+    );
     Ok(())
 }

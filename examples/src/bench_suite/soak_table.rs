@@ -3,7 +3,7 @@
 use super::soak::{
     CLASSES, FEATURES, HIDDEN, RSS_GROWTH_LIMIT_PCT, SoakConfig, SoakReport, rss_growth_pct,
 };
-use super::{MB, MachineInfo, SuiteResult, SuiteTable, caption_for};
+use super::{MB, MachineInfo, SuiteResult, SuiteTable};
 
 /// The soak's table and figures, in the suite's shape (`bench --soak --json` writes its
 /// figures as `bench --suite --json` does). `load_at_end`: `/proc/loadavg` at the end.
@@ -128,10 +128,7 @@ pub fn soak_result(
             format!("`GLIBC_TUNABLES={tunables}`")
         },
     );
-    out.tables.push(SuiteTable {
-        caption: caption_for("Soak", &config.command, &out.machine, &note),
-        rows,
-    });
+    out.push_table("Soak", &config.command, &note, rows);
     // The trajectory, so that a reader can tell a warm-up still settling from a steady leak.
     let mut rows = vec![
         "| step | RSS (MiB) | vs after warm-up | live heap (MiB) |".to_string(),

@@ -9,9 +9,9 @@
 //! cargo run --release -p examples --bin nanogpt -- --sample-from logs/RUN --prompt "ROMEO:"
 //! ```
 
-use clap::{CommandFactory, Parser};
+use clap::Args;
 use examples::backend;
-use examples::cli::{self, CommonArgs};
+use examples::cli::{self, TaskCli};
 use examples::runner::{self, BoxError, Runner};
 use examples::tasks::{self, GptArgs, TextCodec};
 use gym_models::{Gpt, SamplingConfig};
@@ -22,15 +22,9 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
-/// Train a character-level GPT (nanoGPT) on K simulated nodes and report loss, speed and
-/// bytes communicated; save the model and print a sample. With --sample-from, sample from
-/// a saved model instead.
-#[derive(Debug, Parser, Serialize)]
-#[command(version, allow_negative_numbers = true)]
-struct Cli {
-    #[command(flatten)]
-    #[serde(flatten)]
-    common: CommonArgs,
+/// nanoGPT's own flags: the text and the model, and the sample.
+#[derive(Debug, Args, Serialize)]
+struct NanoGptArgs {
     #[command(flatten)]
     #[serde(flatten)]
     gpt: GptArgs,
@@ -51,26 +45,33 @@ struct Cli {
     top_k: usize,
 }
 
-impl Cli {
-    /// Parses the command line, with this example's defaults for the shared flags (the
-    /// original nanoGPT trainer's, except a shorter warmup).
-    fn parse_with_defaults() -> Self {
-        let defaults = [
-            ("batch_size", "16"),
-            ("lr", "1e-3"),
-            ("max_steps", "5000"),
-            ("warmup_steps", "100"),
-            ("max_norm", "1.0"),
-            ("val_size", "256"),
-            ("val_interval", "100"),
-        ];
-        let mut command = Cli::command();
-        for (id, value) in defaults {
-            command = command.mut_arg(id, |a| a.default_value(value));
-        }
-        cli::parse_command(&command).0
-    }
+/// The command line, a [`TaskCli`] of nanoGPT's flags.
+type Cli = TaskCli<NanoGptArgs>;
 
+/// Parses the command line, with this example's defaults for the shared flags (the original
+/// nanoGPT trainer's, except a shorter warmup).
+fn parse_with_defaults() -> Cli {
+    let defaults = [
+        ("batch_size", "16"),
+        ("lr", "1e-3"),
+        ("max_steps", "5000"),
+        ("warmup_steps", "100"),
+        ("max_norm", "1.0"),
+        ("val_size", "256"),
+        ("val_interval", "100"),
+    ];
+    let mut command = Cli::command_about(
+        "Train a character-level GPT (nanoGPT) on K simulated nodes and report loss, speed and \
+         bytes communicated; save the model and print a sample. With --sample-from, sample \
+         from a saved model instead",
+    );
+    for (id, value) in defaults {
+        command = command.mut_arg(id, |a| a.default_value(value));
+    }
+    cli::parse_command(&command).0
+}
+
+impl NanoGptArgs {
     fn sampling(&self) -> SamplingConfig {
         SamplingConfig::new(self.num_tokens)
             .with_temperature(self.temperature)
@@ -82,8 +83,8 @@ fn main() -> ExitCode {
     // Node threads free and allocate the same large buffers every step: keep them mapped.
     gym_core::allocator::retain_freed_memory();
     let process_start = Instant::now();
-    let cli = Cli::parse_with_defaults();
-    runner::exit_code(match &cli.sample_from {
+    let cli = parse_with_defaults();
+    runner::exit_code(match &cli.task.sample_from {
         Some(dir) => sample_saved(&cli, dir),
         None => {
             cli::exit_on_strategy_flag_error(&cli.common);
@@ -95,9 +96,9 @@ fn main() -> ExitCode {
 /// OpenWebText with this binary's small model and 5,000 steps: what the original trains
 /// instead (GPT-2 base, 30,000 steps), and how to ask for it.
 fn openwebtext_note(cli: &Cli) -> Option<String> {
-    let small = cli.gpt.model_size == "small" && cli.gpt.n_layer.is_none();
+    let small = cli.task.gpt.model_size == "small" && cli.task.gpt.n_layer.is_none();
     let short = cli.common.max_steps == Some(5000);
-    (cli.gpt.dataset == tasks::TextDataset::OpenWebText && (small || short)).then(|| {
+    (cli.task.gpt.dataset == tasks::TextDataset::OpenWebText && (small || short)).then(|| {
         "note: OpenWebText with this binary's defaults (the small GPT, 5,000 steps); the \
          original trains GPT-2 base (124M) for 30,000: --model-size base --max-steps 30000, \
          or --config examples/configs/nanogpt-original.toml for all of its settings"
@@ -115,10 +116,14 @@ fn sample_saved(cli: &Cli, dir: &Path) -> Result<(), BoxError> {
 }
 
 fn print_sample(cli: &Cli, model: &Gpt, codec: &TextCodec) -> Result<(), BoxError> {
-    let prompt = codec.encode(&cli.prompt)?;
+    let prompt = codec.encode(&cli.task.prompt)?;
     let mut rng = ChaCha8Rng::seed_from_u64(cli.common.seed);
-    let tokens = model.generate(&prompt, &cli.sampling(), &mut rng)?;
-    println!("── sample ──\n{}{}", cli.prompt, codec.decode(&tokens)?);
+    let tokens = model.generate(&prompt, &cli.task.sampling(), &mut rng)?;
+    println!(
+        "── sample ──\n{}{}",
+        cli.task.prompt,
+        codec.decode(&tokens)?
+    );
     Ok(())
 }
 
@@ -129,10 +134,10 @@ fn train(cli: &Cli, process_start: Instant) -> Result<(), BoxError> {
     if let Some(note) = openwebtext_note(cli) {
         eprintln!("{note}");
     }
-    let gpt = tasks::gpt(cli.common.data_dir.as_deref(), &cli.gpt)?;
+    let gpt = tasks::gpt(cli.common.data_dir.as_deref(), &cli.task.gpt)?;
     // Checked before training, so a bad prompt or size fails in a second, not after the run.
-    cli.sampling().validate()?;
-    gpt.codec.encode(&cli.prompt)?;
+    cli.task.sampling().validate()?;
+    gpt.codec.encode(&cli.task.prompt)?;
     eprintln!(
         "text: {} train and {} validation tokens, vocabulary {}; model: {} layers, {} heads, \
          {} dims, {:.2}M parameters",
@@ -151,7 +156,7 @@ fn train(cli: &Cli, process_start: Instant) -> Result<(), BoxError> {
     done.model.save(dir)?;
     gpt.codec.save(dir)?;
     let tokens_per_step =
-        (cli.common.batch_size * cli.gpt.block_size * cli.common.num_nodes) as f64;
+        (cli.common.batch_size * cli.task.gpt.block_size * cli.common.num_nodes) as f64;
     println!(
         "tokens/s          {:.0} ({} per step)",
         done.result.summary.loop_its_per_s * tokens_per_step,

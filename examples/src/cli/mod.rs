@@ -6,7 +6,7 @@
 use crate::networks::network_file;
 use crate::plot::XAxis;
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
-use clap::{Args, ValueEnum};
+use clap::{Args, CommandFactory, Parser, ValueEnum};
 use gym_core::faults::{FaultSchedule, FaultTimeline};
 use gym_core::{
     Autocast, ComputeModel, GymError, Network, NonFinitePolicy, ParamCount, SimulationConfig,
@@ -108,6 +108,29 @@ pub enum NonFiniteName {
     Stop,
     /// The step is skipped on every node and counted in summary.json.
     Skip,
+}
+
+/// The command line of a binary that trains one task: the shared flags, then the task's own
+/// (`T`). One struct for every such binary, each heading its help with its own text
+/// ([`TaskCli::command_about`]).
+#[derive(Debug, Parser, Serialize)]
+#[command(version, allow_negative_numbers = true)]
+pub struct TaskCli<T: Args> {
+    /// The flags every example shares.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub common: CommonArgs,
+    /// The task's flags.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub task: T,
+}
+
+impl<T: Args> TaskCli<T> {
+    /// The command of the binary whose `--help` starts with `about`.
+    pub fn command_about(about: &'static str) -> clap::Command {
+        Self::command().about(about)
+    }
 }
 
 /// Flags shared by every example.

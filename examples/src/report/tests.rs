@@ -80,6 +80,21 @@ fn run(name: &str, nodes: usize, steps: usize) -> (RunReport, RunSummary) {
     (report, summary)
 }
 
+/// The report's view of run `label`: its summary, what it measured and its flags.
+fn report_run<'a>(
+    label: &'a str,
+    summary: &'a RunSummary,
+    report: &'a RunReport,
+    config: &'a serde_json::Value,
+) -> ReportRun<'a> {
+    ReportRun {
+        label,
+        summary,
+        report,
+        config,
+    }
+}
+
 fn config(name: &str) -> serde_json::Value {
     serde_json::json!({ "run_name": name, "num_nodes": 4, "network": "wan", "strategy": "diloco" })
 }
@@ -88,13 +103,7 @@ fn config(name: &str) -> serde_json::Value {
 fn a_report_holds_its_sections_and_data() {
     let (report, summary) = run("r", 4, 50);
     let config = config("r");
-    let html = Report::single(ReportRun {
-        label: "r",
-        summary: &summary,
-        report: &report,
-        config: &config,
-    })
-    .html();
+    let html = Report::single(report_run("r", &summary, &report, &config)).html();
     for plot in [
         "loss-step",
         "loss-time",
@@ -127,23 +136,17 @@ fn a_report_has_no_external_references_and_stays_small() {
     let (b, sb) = run("diloco", 64, 1000);
     let (c, sc) = run("long", 2, 200_000);
     let (ca, cb, cc) = (config("a"), config("b"), config("c"));
-    let pair = |label, summary, report, config| ReportRun {
-        label,
-        summary,
-        report,
-        config,
-    };
     let comparison = Report {
         title: "compare".into(),
         runs: vec![
-            pair("allreduce", &sa, &a, &ca),
-            pair("diloco", &sb, &b, &cb),
+            report_run("allreduce", &sa, &a, &ca),
+            report_run("diloco", &sb, &b, &cb),
         ],
         notes: vec![],
     }
     .html();
-    let single = Report::single(pair("allreduce", &sa, &a, &ca)).html();
-    let long = Report::single(pair("long", &sc, &c, &cc)).html();
+    let single = Report::single(report_run("allreduce", &sa, &a, &ca)).html();
+    let long = Report::single(report_run("long", &sc, &c, &cc)).html();
     eprintln!(
         "report.html: {} bytes for one 64-node 1,000-step run, {} for two side by side, {} \
          for a 2-node 200,000-step run",
@@ -179,13 +182,7 @@ fn values_are_escaped() {
     summary.run_name = evil.into();
     summary.strategy = evil.into();
     let config = serde_json::json!({ "run_name": evil, "<b>": "</script><script>alert(2)" });
-    let html = Report::single(ReportRun {
-        label: evil,
-        summary: &summary,
-        report: &report,
-        config: &config,
-    })
-    .html();
+    let html = Report::single(report_run(evil, &summary, &report, &config)).html();
     // The page's own two scripts (its data and its code) and no other.
     assert_eq!(html.matches("<script").count(), 2);
     assert_eq!(html.matches("</script>").count(), 2);
@@ -206,13 +203,7 @@ fn a_run_without_simulated_time_has_no_time_plots() {
     report.simulated.clear();
     report.first_steps.clear();
     let config = config("plain");
-    let html = Report::single(ReportRun {
-        label: "plain",
-        summary: &summary,
-        report: &report,
-        config: &config,
-    })
-    .html();
+    let html = Report::single(report_run("plain", &summary, &report, &config)).html();
     assert!(html.contains("data-plot=\"loss-step\""));
     assert!(html.contains("data-plot=\"loss-bytes\""));
     assert!(!html.contains("data-plot=\"loss-time\""));
@@ -226,20 +217,7 @@ fn flags_that_differ_are_side_by_side() {
     let (ca, cb) = (config("a"), config("b"));
     let html = Report {
         title: "t".into(),
-        runs: vec![
-            ReportRun {
-                label: "a",
-                summary: &sa,
-                report: &a,
-                config: &ca,
-            },
-            ReportRun {
-                label: "b",
-                summary: &sa,
-                report: &a,
-                config: &cb,
-            },
-        ],
+        runs: vec![report_run("a", &sa, &a, &ca), report_run("b", &sa, &a, &cb)],
         notes: vec![],
     }
     .html();
@@ -255,13 +233,7 @@ fn a_run_that_stopped_says_so_at_the_top() {
     summary.interrupted_at_step = Some(5);
     summary.stopped_by = Some("No space left on device".into());
     let config = config("r");
-    let html = Report::single(ReportRun {
-        label: "r",
-        summary: &summary,
-        report: &report,
-        config: &config,
-    })
-    .html();
+    let html = Report::single(report_run("r", &summary, &report, &config)).html();
     let top = html.split("<h2").next().unwrap();
     assert!(
         top.contains("stopped before step 5: No space left on device"),

@@ -24,7 +24,5 @@ pub fn mnist(log_dir: &Path, extra: &[&str]) -> Output {
 
 /// A fresh folder of this name for this test process (nothing in it yet).
 pub fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("gym-cli-{name}-{}", std::process::id()));
-    std::fs::remove_dir_all(&dir).ok();
-    dir
+    tests::scratch_dir("cli", name)
 }

@@ -18,7 +18,7 @@ mod grid;
 
 pub use grid::{Case, Model, ci_grid, full_grid, select};
 
-use super::{MachineInfo, SuiteResult, SuiteTable, caption_for};
+use super::{MachineInfo, SuiteResult};
 use crate::cluster::{EmulatedCluster, run_job};
 use crate::runner::BoxError;
 use std::collections::BTreeMap;
@@ -402,19 +402,13 @@ pub fn table(measured: &[Measured], machine: &MachineInfo, command: &str) -> Sui
             _ => "no transport costs (efficiency 1, no overhead per call)".to_string(),
         }
     );
-    SuiteResult {
+    let mut out = SuiteResult {
         figures,
         machine: machine.clone(),
-        tables: vec![SuiteTable {
-            caption: caption_for(
-                "Real links: real against simulated",
-                command,
-                machine,
-                &note,
-            ),
-            rows,
-        }],
-    }
+        tables: Vec::new(),
+    };
+    out.push_table("Real links: real against simulated", command, &note, rows);
+    out
 }
 
 #[cfg(test)]
