@@ -2,7 +2,7 @@
 //! Modeling", arXiv 2401.09135): workers of different speeds, Delayed Nesterov on the
 //! server, and Dynamic Local Updates.
 
-use crate::communicate::is_sync_step;
+use crate::communicate::{check_sync_interval, is_sync_step};
 use burn::config::Config;
 use burn::tensor::{Tensor, TensorData};
 use gym_core::InnerOptimizerRecord;
@@ -242,9 +242,7 @@ impl AsyncDiLoCoConfig {
     /// Refuses settings out of range, naming them.
     fn check(&self) -> Result<()> {
         let invalid = |msg: &str| Err(GymError::InvalidConfig(format!("async DiLoCo: {msg}")));
-        if self.sync_interval == 0 {
-            return invalid("`sync_interval` must be at least 1");
-        }
+        check_sync_interval("async DiLoCo", self.sync_interval)?;
         if self.momentum_period == Some(0) {
             return invalid("`momentum_period` must be at least 1");
         }

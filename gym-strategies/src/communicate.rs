@@ -15,6 +15,16 @@ use std::sync::Arc;
 /// (defined beside [`StepContext`]: [`StepContext::ends_round`]).
 pub use gym_core::strategy::is_sync_step;
 
+/// Refuses a synchronisation interval H of 0 (a round without steps), naming `strategy`.
+pub(crate) fn check_sync_interval(strategy: &str, sync_interval: usize) -> Result<()> {
+    if sync_interval == 0 {
+        return Err(GymError::InvalidConfig(format!(
+            "{strategy}: `sync_interval` (H) must be at least 1"
+        )));
+    }
+    Ok(())
+}
+
 /// One communication step of a composed strategy, run after every inner optimizer step.
 /// It decides from `ctx.step` whether to act, reads and replaces the replica's parameters,
 /// and talks through `ctx.collective`.

@@ -1,7 +1,8 @@
 //! DiLoCo (Douillard et al., 2023): H local steps, then an outer step on the average.
 
 use crate::communicate::{
-    CommunicationModule, CommunicationModuleConfig, composed_strategy, is_sync_step,
+    CommunicationModule, CommunicationModuleConfig, check_sync_interval, composed_strategy,
+    is_sync_step,
 };
 use crate::compress::{CompressionConfig, Compressor};
 use crate::outer::OuterRecord;
@@ -79,11 +80,7 @@ impl CommunicationModuleConfig for DiLoCoCommunicatorConfig {
     }
 
     fn init(&self, node: &NodeInfo<'_>) -> Result<Box<dyn CommunicationModule>> {
-        if self.sync_interval == 0 {
-            return Err(GymError::InvalidConfig(
-                "DiLoCo: `sync_interval` must be at least 1".into(),
-            ));
-        }
+        check_sync_interval("DiLoCo", self.sync_interval)?;
         self.check_quorum()?;
         Ok(Box::new(DiLoCoCommunicator {
             quorum: self.quorum,
@@ -149,11 +146,7 @@ impl DiLoCoCommunicatorConfig {
             None => None,
         };
         let h = self.sync_interval;
-        if h == 0 {
-            return Err(GymError::InvalidConfig(
-                "DiLoCo: `sync_interval` must be at least 1".into(),
-            ));
-        }
+        check_sync_interval("DiLoCo", self.sync_interval)?;
         Ok(Box::new(
             move |step: usize, events: &mut Vec<PlannedEvent>| {
                 if !is_sync_step(step, h) {

@@ -4,7 +4,8 @@
 //! step does not wait for it.
 
 use crate::communicate::{
-    CommunicationModule, CommunicationModuleConfig, Transfer, composed_strategy, is_sync_step,
+    CommunicationModule, CommunicationModuleConfig, Transfer, check_sync_interval,
+    composed_strategy, is_sync_step,
 };
 use crate::outer::{OuterOptimizer, OuterRecord, default_outer_optimizer};
 use burn::config::Config;
@@ -13,7 +14,7 @@ use gym_core::comm::CollectiveOp;
 use gym_core::planner::{PlanInfo, PlannedCall, PlannedEvent, PlannedGroups, Traffic};
 use gym_core::state::fields::{Record, Values};
 use gym_core::{
-    GymError, Incoming, InnerOptimizerConfig, NodeInfo, OptimizerConfig, ReduceOp, Replica, Result,
+    Incoming, InnerOptimizerConfig, NodeInfo, OptimizerConfig, ReduceOp, Replica, Result,
     StateDict, StepContext, TransferTiming,
 };
 use serde::{Deserialize, Serialize};
@@ -93,11 +94,7 @@ impl CommunicationModuleConfig for EagerDiLoCoCommunicatorConfig {
     }
 
     fn init(&self, node: &NodeInfo<'_>) -> Result<Box<dyn CommunicationModule>> {
-        if self.sync_interval == 0 {
-            return Err(GymError::InvalidConfig(
-                "eager DiLoCo: `sync_interval` must be at least 1".into(),
-            ));
-        }
+        check_sync_interval("eager DiLoCo", self.sync_interval)?;
         Ok(Box::new(EagerDiLoCoCommunicator {
             sync_interval: self.sync_interval,
             form: self.form,
@@ -120,11 +117,7 @@ impl CommunicationModuleConfig for EagerDiLoCoCommunicatorConfig {
     /// when the run ends (its bytes counted, its transfer never waited for), as in training.
     fn traffic(&self, info: &PlanInfo<'_>) -> Result<Box<dyn Traffic>> {
         let h = self.sync_interval;
-        if h == 0 {
-            return Err(GymError::InvalidConfig(
-                "eager DiLoCo: `sync_interval` must be at least 1".into(),
-            ));
-        }
+        check_sync_interval("eager DiLoCo", self.sync_interval)?;
         let payload = 4 * info.params;
         let mut in_flight: Option<u64> = None;
         Ok(Box::new(

@@ -1,7 +1,8 @@
 //! Federated averaging (McMahan et al., 2017), with random islands.
 
 use crate::communicate::{
-    CommunicationModule, CommunicationModuleConfig, composed_strategy, is_sync_step,
+    CommunicationModule, CommunicationModuleConfig, check_sync_interval, composed_strategy,
+    is_sync_step,
 };
 use crate::compress::{CompressionConfig, Compressor};
 use burn::config::Config;
@@ -89,11 +90,7 @@ impl CommunicationModuleConfig for AveragingCommunicatorConfig {
     }
 
     fn init(&self, node: &NodeInfo<'_>) -> Result<Box<dyn CommunicationModule>> {
-        if self.sync_interval == 0 {
-            return Err(GymError::InvalidConfig(
-                "FedAvg: `sync_interval` must be at least 1".into(),
-            ));
-        }
+        check_sync_interval("FedAvg", self.sync_interval)?;
         if self.island_size == Some(0) {
             return Err(GymError::InvalidConfig(
                 "FedAvg: `island_size` must be at least 1".into(),

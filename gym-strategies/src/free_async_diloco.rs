@@ -3,6 +3,7 @@
 //! twice as fast pushes twice as often, and every push meets the staleness it really has.
 
 use crate::async_diloco::{DelayedNesterov, DelayedNesterovRecord};
+use crate::communicate::check_sync_interval;
 use burn::config::Config;
 use burn::tensor::{Tensor, TensorData};
 use gym_core::comm::CollectiveOp;
@@ -159,9 +160,7 @@ impl FreeAsyncDiLoCoConfig {
                 "free-running async DiLoCo: {msg}"
             )))
         };
-        if self.sync_interval == 0 {
-            return invalid("`sync_interval` must be at least 1");
-        }
+        check_sync_interval("free-running async DiLoCo", self.sync_interval)?;
         if self.momentum_period == Some(0) {
             return invalid("`momentum_period` must be at least 1");
         }

@@ -2,7 +2,8 @@
 //! all-reduce: each synchronisation averages within small random groups.
 
 use crate::communicate::{
-    CommunicationModule, CommunicationModuleConfig, composed_strategy, is_sync_step,
+    CommunicationModule, CommunicationModuleConfig, check_sync_interval, composed_strategy,
+    is_sync_step,
 };
 use burn::config::Config;
 use burn::tensor::Tensor;
@@ -89,9 +90,7 @@ impl NoLoCoCommunicatorConfig {
     /// Refuses settings it cannot run with on `world_size` nodes, naming them.
     pub fn validate(&self, world_size: usize) -> Result<()> {
         let invalid = |why: String| Err(GymError::InvalidConfig(format!("NoLoCo: {why}")));
-        if self.sync_interval == 0 {
-            return invalid("`sync_interval` must be at least 1".into());
-        }
+        check_sync_interval("NoLoCo", self.sync_interval)?;
         if self.group_size == 0 || self.group_size > world_size {
             return invalid(format!(
                 "`group_size` must be between 1 and the number of nodes ({world_size}), got {}",

@@ -17,7 +17,8 @@
 //! averaged values only (a ring all-reduce of `m` selected elements per synchronisation).
 
 use crate::communicate::{
-    CommunicationModule, CommunicationModuleConfig, Transfer, composed_strategy, is_sync_step,
+    CommunicationModule, CommunicationModuleConfig, Transfer, check_sync_interval,
+    composed_strategy, is_sync_step,
 };
 use crate::index_selector::{IndexSelector, IndexSelectorKind, IndexSelectorRecord};
 use burn::config::Config;
@@ -135,11 +136,7 @@ impl SparseCommunicatorConfig {
                 self.p
             )));
         }
-        if self.sync_interval == 0 {
-            return Err(GymError::InvalidConfig(
-                "SPARTA: `sync_interval` must be at least 1".into(),
-            ));
-        }
+        check_sync_interval("SPARTA", self.sync_interval)?;
         if self.delay > 0 && self.delay >= max_steps {
             return Err(GymError::InvalidConfig(format!(
                 "SPARTA: a delay of {} synchronisations is not shorter than the run ({} \

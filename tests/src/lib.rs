@@ -14,6 +14,9 @@ use gym_models::{Mlp, MlpConfig};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+pub use same_run::{assert_same_end, assert_same_run, deterministic};
+
+pub mod same_run;
 pub mod trace_file;
 pub mod twin;
 pub mod twin_strategies;
@@ -172,6 +175,12 @@ pub fn small_mlp(device: &Device) -> Mlp {
     model
 }
 
+/// The synthetic task [`small_mlp`] trains on: 1,024 training examples of 16 features in 4
+/// classes, and 64 validation examples drawn apart.
+pub fn small_mlp_data() -> NodeData<Example> {
+    NodeData::shared(Synthetic::new(1024, 16, 4, 1), Synthetic::new(64, 16, 4, 2))
+}
+
 /// Trains [`small_mlp`] with `strategy` on `k` nodes for `steps` steps of `batch` examples
 /// per node (1,024 synthetic training examples, no intermediate evaluation).
 pub fn fit_small_mlp(
@@ -181,7 +190,7 @@ pub fn fit_small_mlp(
     seed: u64,
     strategy: &dyn StrategyConfig,
 ) -> FitOutput<Mlp> {
-    let data = NodeData::shared(Synthetic::new(1024, 16, 4, 1), Synthetic::new(64, 16, 4, 2));
+    let data = small_mlp_data();
     let config = TrainerConfig::new(k)
         .with_max_steps(Some(steps))
         .with_batch_size(batch)

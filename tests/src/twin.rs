@@ -35,6 +35,17 @@ pub fn cluster() -> SimulationConfig {
     .with_jitter(0.2)
 }
 
+/// A twin training run of `steps` steps on `simulation`: [`NODES`] nodes of [`BATCH`]
+/// examples, the twins' seed, no evaluation.
+pub fn twin_config(simulation: SimulationConfig, steps: usize) -> TrainerConfig {
+    TrainerConfig::new(NODES)
+        .with_max_steps(Some(steps))
+        .with_batch_size(BATCH)
+        .with_val_size(Some(0))
+        .with_seed(SEED)
+        .with_simulation(Some(simulation))
+}
+
 /// The plan of [`crate::small_mlp`] on `simulation` for `steps` steps (no faults), and
 /// the model's trainable layout.
 pub fn mlp_plan(simulation: SimulationConfig, steps: usize) -> (PlanConfig, ParamLayout) {

@@ -24,13 +24,37 @@ pub fn sparta(p: f64, delay: usize, selector: IndexSelectorKind) -> SpartaConfig
     )
 }
 
-/// DiLoCo every `h` steps through `codec` whose outer steps wait for a quorum under `rule`.
-pub fn diloco_quorum(h: usize, codec: &str, rule: QuorumRule) -> DiLoCoConfig {
+/// DiLoCo every `h` steps, its pseudo-gradients averaged through `codec` (`none`: exactly).
+pub fn diloco(h: usize, codec: &str) -> DiLoCoConfig {
     DiLoCoConfig::new().with_communicator(
         DiLoCoCommunicatorConfig::new()
             .with_sync_interval(h)
-            .with_compression(codec.parse().unwrap())
-            .with_quorum(Some(rule)),
+            .with_compression(codec.parse().unwrap()),
+    )
+}
+
+/// DiLoCo every `h` steps through `codec` whose outer steps wait for a quorum under `rule`.
+pub fn diloco_quorum(h: usize, codec: &str, rule: QuorumRule) -> DiLoCoConfig {
+    let diloco = diloco(h, codec);
+    let communicator = diloco.communicator.clone().with_quorum(Some(rule));
+    diloco.with_communicator(communicator)
+}
+
+/// Streaming DiLoCo every `h` steps in `fragments` fragments, each averaged over `overlap`
+/// steps of the next round's compute.
+pub fn streaming(h: usize, fragments: usize, overlap: usize) -> StreamingDiLoCoConfig {
+    StreamingDiLoCoConfig::new()
+        .with_sync_interval(h)
+        .with_fragments(fragments)
+        .with_overlap(overlap)
+}
+
+/// FedAvg every `h` steps within islands of `island_size` nodes.
+pub fn fedavg_islands(h: usize, island_size: usize) -> FedAvgConfig {
+    FedAvgConfig::new().with_communicator(
+        AveragingCommunicatorConfig::new()
+            .with_sync_interval(h)
+            .with_island_size(Some(island_size)),
     )
 }
 
@@ -48,30 +72,14 @@ pub const FASTEST: QuorumRule = QuorumRule::Fastest { count: 3 };
 /// Streaming DiLoCo's fragments): the cases the twins are trained and planned with.
 pub fn strategies() -> Vec<(&'static str, Box<dyn StrategyConfig>)> {
     let int8: CompressionConfig = "int8".parse().unwrap();
-    let topk: CompressionConfig = "topk:8/64+int8,ef".parse().unwrap();
     vec![
         ("allreduce", Box::new(AllReduceConfig::new())),
         (
             "allreduce int8",
             Box::new(AllReduceConfig::new().with_compression(int8)),
         ),
-        (
-            "diloco H=3",
-            Box::new(
-                DiLoCoConfig::new()
-                    .with_communicator(DiLoCoCommunicatorConfig::new().with_sync_interval(3)),
-            ),
-        ),
-        (
-            "diloco H=4 top-k",
-            Box::new(
-                DiLoCoConfig::new().with_communicator(
-                    DiLoCoCommunicatorConfig::new()
-                        .with_sync_interval(4)
-                        .with_compression(topk),
-                ),
-            ),
-        ),
+        ("diloco H=3", Box::new(diloco(3, "none"))),
+        ("diloco H=4 top-k", Box::new(diloco(4, "topk:8/64+int8,ef"))),
         (
             "sparta random",
             Box::new(sparta(0.1, 0, IndexSelectorKind::Random)),
@@ -80,45 +88,17 @@ pub fn strategies() -> Vec<(&'static str, Box<dyn StrategyConfig>)> {
             "sparta delayed 2, partitioned",
             Box::new(sparta(0.25, 2, IndexSelectorKind::Partitioned)),
         ),
-        (
-            "diloco H=3 bf16 ring",
-            Box::new(
-                DiLoCoConfig::new().with_communicator(
-                    DiLoCoCommunicatorConfig::new()
-                        .with_sync_interval(3)
-                        .with_compression("bf16".parse().unwrap()),
-                ),
-            ),
-        ),
+        ("diloco H=3 bf16 ring", Box::new(diloco(3, "bf16"))),
         ("sparta-diloco", Box::new(SpartaDiLoCoConfig::new())),
         (
             "streaming diloco F=2 H=4 overlap 1",
-            Box::new(
-                StreamingDiLoCoConfig::new()
-                    .with_sync_interval(4)
-                    .with_fragments(2)
-                    .with_overlap(1),
-            ),
+            Box::new(streaming(4, 2, 1)),
         ),
         (
-            "streaming diloco F=3 H=6 int8 no overlap",
-            Box::new(
-                StreamingDiLoCoConfig::new()
-                    .with_sync_interval(6)
-                    .with_fragments(3)
-                    .with_compression(int8),
-            ),
+            "streaming diloco F=3 H=6 int8 overlap 1",
+            Box::new(streaming(6, 3, 1).with_compression(int8)),
         ),
-        (
-            "fedavg islands of 2",
-            Box::new(
-                FedAvgConfig::new().with_communicator(
-                    AveragingCommunicatorConfig::new()
-                        .with_sync_interval(2)
-                        .with_island_size(Some(2)),
-                ),
-            ),
-        ),
+        ("fedavg islands of 2", Box::new(fedavg_islands(2, 2))),
         (
             "diloco H=3 quorum 2, grace",
             Box::new(diloco_quorum(3, "none", GRACE)),

@@ -11,7 +11,7 @@ use burn::tensor::Device;
 use gym_core::{NodeData, Trainer, TrainerConfig};
 use gym_strategies::{DiLoCoCommunicatorConfig, DiLoCoConfig};
 use std::sync::Mutex;
-use tests::{Synthetic, SyntheticBatcher, flat_params, max_abs_diff, small_mlp};
+use tests::{Synthetic, SyntheticBatcher, flat_params, max_abs_diff, small_mlp, small_mlp_data};
 
 /// Rank r's tensor on `devices[r % 2]`: the all-reduce moves the contributions between the
 /// backends, adds them in rank order, and hands each rank the result on its own device.
@@ -54,7 +54,7 @@ fn an_all_reduce_across_two_backends_is_the_rank_order_sum_on_each_ranks_device(
 #[test]
 fn allreduce_on_two_backends_trains_as_on_one() {
     use gym_strategies::AllReduceConfig;
-    let data = NodeData::shared(Synthetic::new(1024, 16, 4, 1), Synthetic::new(64, 16, 4, 2));
+    let data = small_mlp_data();
     let fit = |devices: Vec<Device>| {
         let config = TrainerConfig::new(4)
             .with_max_steps(Some(10))
@@ -103,7 +103,7 @@ fn other_backends() -> Vec<Device> {
 /// own: drawn on their devices, their runs would start elsewhere.)
 #[test]
 fn a_seed_gives_the_same_start_and_curve_on_every_backend() {
-    let data = NodeData::shared(Synthetic::new(1024, 16, 4, 1), Synthetic::new(64, 16, 4, 2));
+    let data = small_mlp_data();
     let fit = |device: Device| {
         let built_on = Mutex::new(Vec::new());
         let config = TrainerConfig::new(2)

@@ -10,10 +10,13 @@ use gym_core::{
 use gym_models::Mlp;
 use gym_strategies::{AllReduceConfig, DiLoCoCommunicatorConfig, DiLoCoConfig};
 use std::sync::Arc;
-use tests::{Synthetic, SyntheticBatcher, flat_params, max_abs_diff, small_mlp};
+use tests::{
+    Synthetic, SyntheticBatcher, assert_same_end, flat_params, max_abs_diff, small_mlp,
+    small_mlp_data,
+};
 
 fn data() -> NodeData<tests::Example> {
-    NodeData::shared(Synthetic::new(1024, 16, 4, 1), Synthetic::new(64, 16, 4, 2))
+    small_mlp_data()
 }
 
 /// Node `r` trains on a set of its own, whatever the number of nodes: a run of 4 nodes
@@ -90,18 +93,7 @@ fn elastic_same_seed_same_fault_timeline_and_parameters() {
     let (a, b, other) = (run(5), run(5), run(6));
     let drawn = a.report.elastic.faults.len();
     assert!(drawn > 2, "random faults were drawn: {drawn} events");
-    assert_eq!(
-        a.report.elastic, b.report.elastic,
-        "fault timeline and ledgers"
-    );
-    assert_eq!(flat_params(&a.model), flat_params(&b.model), "model");
-    assert_eq!(
-        a.master.as_ref().map(flat_params),
-        b.master.as_ref().map(flat_params),
-        "master"
-    );
-    assert_eq!(a.report.simulated, b.report.simulated, "simulated clocks");
-    assert_eq!(a.report.comm, b.report.comm, "traffic");
+    assert_same_end("same seed", &a, &b);
     assert_ne!(
         a.report.elastic.faults, other.report.elastic.faults,
         "another seed draws other faults"
@@ -379,16 +371,7 @@ fn elastic_a_run_with_faults_resumes_bit_for_bit() {
             &strategy,
         );
         for (what, run) in [("checkpointing", &saved), ("resumed", &resumed)] {
-            let at = format!("{what} at {next_step}");
-            assert_eq!(flat_params(&run.model), flat_params(&alone.model), "{at}");
-            assert_eq!(
-                run.master.as_ref().map(flat_params),
-                alone.master.as_ref().map(flat_params),
-                "{at}"
-            );
-            assert_eq!(run.report.elastic, alone.report.elastic, "{at}");
-            assert_eq!(run.report.comm, alone.report.comm, "{at}");
-            assert_eq!(run.report.simulated, alone.report.simulated, "{at}");
+            assert_same_end(&format!("{what} at {next_step}"), run, &alone);
         }
     }
     assert!(alone.report.elastic.nodes[1].rejoins == 1 && alone.report.node_steps_lost() > 10);

@@ -61,6 +61,18 @@ fn data() -> NodeData<tests::Example> {
     NodeData::shared(Synthetic::new(256, 8, 3, 1), Synthetic::new(16, 8, 3, 2))
 }
 
+/// The error of a run of `k` nodes training `model` with `strategy`, which must fail.
+fn failure(
+    k: usize,
+    model: impl Fn(&Device) -> Faulty + Sync,
+    strategy: &dyn StrategyConfig,
+) -> GymError {
+    Trainer::new(config(k))
+        .fit(model, strategy, &data(), &SyntheticBatcher)
+        .err()
+        .expect("the run fails")
+}
+
 fn faulty(rank: usize, step: usize, nan: bool) -> impl Fn(&Device) -> Faulty + Sync {
     move |d| Faulty {
         mlp: MlpConfig::new()
@@ -85,15 +97,7 @@ fn faulty_gradient(rank: usize, step: usize) -> impl Fn(&Device) -> Faulty + Syn
 #[test]
 fn fault_panic_on_rank_2_at_step_7_of_8_nodes_names_them_within_seconds() {
     let start = Instant::now();
-    let err = Trainer::new(config(8))
-        .fit(
-            faulty(2, 7, false),
-            &AllReduceConfig::new(),
-            &data(),
-            &SyntheticBatcher,
-        )
-        .err()
-        .expect("the run fails");
+    let err = failure(8, faulty(2, 7, false), &AllReduceConfig::new());
     assert!(
         start.elapsed() < Duration::from_secs(5),
         "took {:?}",
@@ -117,15 +121,7 @@ fn fault_panic_on_rank_2_at_step_7_of_8_nodes_names_them_within_seconds() {
 
 #[test]
 fn fault_nan_loss_is_a_typed_error_naming_rank_and_step() {
-    let err = Trainer::new(config(4))
-        .fit(
-            faulty(1, 3, true),
-            &AllReduceConfig::new(),
-            &data(),
-            &SyntheticBatcher,
-        )
-        .err()
-        .expect("the run fails");
+    let err = failure(4, faulty(1, 3, true), &AllReduceConfig::new());
     match err {
         GymError::NodeFailed {
             rank: 1,
@@ -167,10 +163,7 @@ impl Strategy for FailingNode {
 
 #[test]
 fn fault_strategy_error_names_rank_and_step() {
-    let err = Trainer::new(config(4))
-        .fit(faulty(99, 0, false), &Failing, &data(), &SyntheticBatcher)
-        .err()
-        .expect("the run fails");
+    let err = failure(4, faulty(99, 0, false), &Failing);
     assert!(
         matches!(&err, GymError::NodeFailed { rank: 3, step: 5, source } if matches!(**source, GymError::Strategy(_))),
         "{err}"
@@ -235,15 +228,7 @@ fn fault_a_bad_learning_rate_is_refused_before_any_node_starts() {
 
 #[test]
 fn nonfinite_gradient_with_a_finite_loss_stops_the_run_naming_rank_and_step() {
-    let err = Trainer::new(config(4))
-        .fit(
-            faulty_gradient(2, 5),
-            &AllReduceConfig::new(),
-            &data(),
-            &SyntheticBatcher,
-        )
-        .err()
-        .expect("the run fails");
+    let err = failure(4, faulty_gradient(2, 5), &AllReduceConfig::new());
     match err {
         GymError::NodeFailed {
             rank: 2,

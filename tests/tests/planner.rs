@@ -5,29 +5,21 @@
 
 use burn::tensor::Device;
 use gym_core::planner::{PlanConfig, plan};
-use gym_core::{
-    GymError, NodeData, ParamLayout, RunReport, SimulationConfig, StrategyConfig, Trainer,
-    TrainerConfig,
-};
+use gym_core::{GymError, ParamLayout, RunReport, SimulationConfig, StrategyConfig, Trainer};
 use gym_strategies::compress::PowerSgdCompressionConfig;
 use gym_strategies::{AllReduceConfig, DeMoConfig, IndexSelectorKind, PowerSgdConfig};
-use tests::twin::{BATCH, NODES, SEED, cluster, mlp_plan};
+use tests::twin::{NODES, SEED, cluster, mlp_plan, twin_config};
 use tests::twin_strategies::{
     FASTEST, GRACE, diloco_quorum, more_strategies, overlapped_strategies, shaped_strategies,
     sparta, strategies,
 };
-use tests::{Synthetic, SyntheticBatcher, small_mlp};
+use tests::{SyntheticBatcher, small_mlp, small_mlp_data};
 
 const STEPS: usize = 12;
 
 fn train(strategy: &dyn StrategyConfig, sim: &SimulationConfig) -> RunReport {
-    let data = NodeData::shared(Synthetic::new(1024, 16, 4, 1), Synthetic::new(64, 16, 4, 2));
-    let config = TrainerConfig::new(NODES)
-        .with_max_steps(Some(STEPS))
-        .with_batch_size(BATCH)
-        .with_val_size(Some(0))
-        .with_seed(SEED)
-        .with_simulation(Some(sim.clone()));
+    let data = small_mlp_data();
+    let config = twin_config(sim.clone(), STEPS);
     Trainer::new(config)
         .fit(small_mlp, strategy, &data, &SyntheticBatcher)
         .expect("trains")

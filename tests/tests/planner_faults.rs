@@ -6,15 +6,12 @@
 
 use gym_core::faults::FaultSchedule;
 use gym_core::planner::{PlanConfig, RejoinBytes, plan};
-use gym_core::{GymError, NodeData, QuorumRule, RunReport, StrategyConfig, Trainer, TrainerConfig};
-use gym_strategies::{
-    AllReduceConfig, AveragingCommunicatorConfig, DiLoCoCommunicatorConfig, DiLoCoConfig,
-    FedAvgConfig, IndexSelectorKind, SparseCommunicatorConfig, SpartaConfig, SpartaDiLoCoConfig,
-    StreamingDiLoCoConfig,
-};
-use tests::twin::{BATCH, NODES, SEED, checkpointed, cluster, mlp_plan, state_sizes};
+use gym_core::{GymError, QuorumRule, RunReport, StrategyConfig, Trainer};
+use gym_strategies::{AllReduceConfig, IndexSelectorKind, SpartaDiLoCoConfig};
+use tests::twin::{checkpointed, cluster, mlp_plan, state_sizes, twin_config};
+use tests::twin_strategies::{GRACE, diloco, diloco_quorum, fedavg_islands, sparta, streaming};
 use tests::twin_strategies::{more_strategies, overlapped_strategies, shaped_strategies};
-use tests::{Synthetic, SyntheticBatcher, small_mlp};
+use tests::{SyntheticBatcher, small_mlp, small_mlp_data};
 
 const STEPS: usize = 12;
 
@@ -26,14 +23,8 @@ fn train(
     faults: &FaultSchedule,
     dir: &std::path::Path,
 ) -> (RunReport, RejoinBytes) {
-    let data = NodeData::shared(Synthetic::new(1024, 16, 4, 1), Synthetic::new(64, 16, 4, 2));
-    let config = TrainerConfig::new(NODES)
-        .with_max_steps(Some(STEPS))
-        .with_batch_size(BATCH)
-        .with_val_size(Some(0))
-        .with_seed(SEED)
-        .with_simulation(Some(cluster()))
-        .with_faults(Some(faults.clone()));
+    let data = small_mlp_data();
+    let config = twin_config(cluster(), STEPS).with_faults(Some(faults.clone()));
     let report = Trainer::new(checkpointed(config, STEPS, dir))
         .fit(small_mlp, strategy, &data, &SyntheticBatcher)
         .expect("trains")
@@ -56,21 +47,6 @@ fn planned(
 }
 
 fn strategies() -> Vec<(&'static str, Box<dyn StrategyConfig>)> {
-    let quorum = |h: usize, codec: &str, rule: QuorumRule| {
-        DiLoCoConfig::new().with_communicator(
-            DiLoCoCommunicatorConfig::new()
-                .with_sync_interval(h)
-                .with_compression(codec.parse().unwrap())
-                .with_quorum(Some(rule)),
-        )
-    };
-    let diloco = |h: usize, codec: &str| {
-        DiLoCoConfig::new().with_communicator(
-            DiLoCoCommunicatorConfig::new()
-                .with_sync_interval(h)
-                .with_compression(codec.parse().unwrap()),
-        )
-    };
     vec![
         ("allreduce", Box::new(AllReduceConfig::new())),
         (
@@ -79,16 +55,7 @@ fn strategies() -> Vec<(&'static str, Box<dyn StrategyConfig>)> {
         ),
         ("diloco H=3", Box::new(diloco(3, "none"))),
         ("diloco H=4 top-k", Box::new(diloco(4, "topk:8/64+int8,ef"))),
-        (
-            "fedavg islands of 2",
-            Box::new(
-                FedAvgConfig::new().with_communicator(
-                    AveragingCommunicatorConfig::new()
-                        .with_sync_interval(2)
-                        .with_island_size(Some(2)),
-                ),
-            ),
-        ),
+        ("fedavg islands of 2", Box::new(fedavg_islands(2, 2))),
         (
             "sparta random",
             Box::new(sparta(0.1, 0, IndexSelectorKind::Random)),
@@ -112,36 +79,13 @@ fn strategies() -> Vec<(&'static str, Box<dyn StrategyConfig>)> {
         ),
         (
             "diloco H=3 quorum 2, grace",
-            Box::new(quorum(
-                3,
-                "none",
-                QuorumRule::Grace {
-                    min: 2,
-                    grace_s: 0.01,
-                },
-            )),
+            Box::new(diloco_quorum(3, "none", GRACE)),
         ),
         (
             "diloco H=2 fastest 2, int8",
-            Box::new(quorum(2, "int8", QuorumRule::Fastest { count: 2 })),
+            Box::new(diloco_quorum(2, "int8", QuorumRule::Fastest { count: 2 })),
         ),
     ]
-}
-
-fn sparta(p: f64, delay: usize, selector: IndexSelectorKind) -> SpartaConfig {
-    SpartaConfig::new().with_communicator(
-        SparseCommunicatorConfig::new()
-            .with_p(p)
-            .with_delay(delay)
-            .with_selector(selector),
-    )
-}
-
-fn streaming(h: usize, fragments: usize, overlap: usize) -> StreamingDiLoCoConfig {
-    StreamingDiLoCoConfig::new()
-        .with_sync_interval(h)
-        .with_fragments(fragments)
-        .with_overlap(overlap)
 }
 
 /// Schedules: a leave and its rejoin, a crash, a slow node, random failures, a cut between

@@ -6,14 +6,13 @@
 use burn::tensor::Device;
 use gym_core::faults::FaultSchedule;
 use gym_core::planner::{PlanConfig, plan};
-use gym_core::{ParamLayout, RunReport, StrategyConfig, Trainer, TrainerConfig};
+use gym_core::{ParamLayout, RunReport, StrategyConfig, Trainer};
 use gym_data::TokenBatcher;
 use gym_strategies::compress::PowerSgdCompressionConfig;
 use gym_strategies::{DeMoConfig, PowerSgdConfig};
 use std::path::Path;
 use tests::twin::{
-    BATCH, NODES, SEED, checkpointed, cluster, gpt_config, gpt_data, gpt_plan, small_gpt,
-    state_sizes,
+    checkpointed, cluster, gpt_config, gpt_data, gpt_plan, small_gpt, state_sizes, twin_config,
 };
 use tests::twin_strategies::{
     more_strategies, overlapped_strategies, shaped_strategies, strategies,
@@ -24,12 +23,7 @@ const STEPS: usize = 8;
 /// Trains the GPT twin with `strategy`, under `faults` checkpointing into their folder
 /// (for [`state_sizes`]).
 fn train(strategy: &dyn StrategyConfig, faults: Option<(&FaultSchedule, &Path)>) -> RunReport {
-    let mut config = TrainerConfig::new(NODES)
-        .with_max_steps(Some(STEPS))
-        .with_batch_size(BATCH)
-        .with_val_size(Some(0))
-        .with_seed(SEED)
-        .with_simulation(Some(cluster()));
+    let mut config = twin_config(cluster(), STEPS);
     if let Some((faults, dir)) = faults {
         config = checkpointed(config.with_faults(Some(faults.clone())), STEPS, dir);
     }

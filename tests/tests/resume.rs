@@ -4,7 +4,7 @@
 
 use gym_core::{
     ComputeModel, FitOutput, GymError, InnerOptimizerConfig, Network, NodeData, SimulationConfig,
-    StrategyConfig, TrainRecord, Trainer, TrainerConfig,
+    StrategyConfig, Trainer, TrainerConfig,
 };
 use gym_models::{Mlp, MlpConfig};
 use gym_strategies::{
@@ -14,12 +14,13 @@ use gym_strategies::{
     SparseLoCoConfig, SpartaConfig, SpartaDiLoCoConfig, StreamingDiLoCoConfig,
 };
 use std::path::{Path, PathBuf};
-use tests::{Synthetic, SyntheticBatcher, flat_params, small_mlp};
+use tests::{SyntheticBatcher, flat_params, scratch_dir, small_mlp, small_mlp_data};
+use tests::{assert_same_run, deterministic};
 
 const STEPS: usize = 20;
 
 fn data() -> NodeData<tests::Example> {
-    NodeData::shared(Synthetic::new(1024, 16, 4, 1), Synthetic::new(64, 16, 4, 2))
+    small_mlp_data()
 }
 
 /// A small run on a simulated network with a straggler, evaluated every 4 steps.
@@ -41,71 +42,6 @@ fn config() -> TrainerConfig {
 
 fn fit(config: TrainerConfig, strategy: &dyn StrategyConfig) -> gym_core::Result<FitOutput<Mlp>> {
     Trainer::new(config).fit(small_mlp, strategy, &data(), &SyntheticBatcher)
-}
-
-fn temp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("gym-resume-{name}-{}", std::process::id()));
-    std::fs::remove_dir_all(&dir).ok();
-    dir
-}
-
-/// The columns of a training record that do not depend on the machine's speed.
-type Row = (
-    usize,
-    u64,
-    u64,
-    u64,
-    u64,
-    u64,
-    Option<u64>,
-    Option<u64>,
-    Option<u64>,
-);
-
-fn deterministic(r: &TrainRecord) -> Row {
-    (
-        r.step,
-        r.examples_seen,
-        r.train_loss.to_bits(),
-        r.lr.to_bits(),
-        r.bytes_sent,
-        r.bytes_received,
-        r.sim_time_s.map(f64::to_bits),
-        r.sim_comm_s.map(f64::to_bits),
-        r.sim_idle_s.map(f64::to_bits),
-    )
-}
-
-fn assert_same_run(name: &str, a: &FitOutput<Mlp>, b: &FitOutput<Mlp>) {
-    assert_eq!(
-        flat_params(&a.model),
-        flat_params(&b.model),
-        "{name}: model"
-    );
-    assert_eq!(
-        a.master.as_ref().map(flat_params),
-        b.master.as_ref().map(flat_params),
-        "{name}: master"
-    );
-    let rows = |o: &FitOutput<Mlp>| o.report.train.iter().map(deterministic).collect::<Vec<_>>();
-    assert_eq!(rows(a), rows(b), "{name}: train records");
-    assert_eq!(
-        a.report.validation, b.report.validation,
-        "{name}: validation records"
-    );
-    assert_eq!(
-        a.report.correlation, b.report.correlation,
-        "{name}: correlation records"
-    );
-    assert_eq!(a.report.comm, b.report.comm, "{name}: traffic");
-    assert_eq!(
-        a.report.simulated, b.report.simulated,
-        "{name}: simulated clocks"
-    );
-    assert_eq!(
-        a.report.data_fingerprint, b.report.data_fingerprint,
-        "{name}: data"
-    );
 }
 
 fn checkpoint(dir: &Path, run: &str, next_step: usize) -> PathBuf {
@@ -234,7 +170,7 @@ fn strategies() -> Vec<(&'static str, Box<dyn StrategyConfig>)> {
 fn resume_every_strategy_continues_bit_for_bit_from_a_sync_step_and_from_another() {
     for (name, strategy) in strategies() {
         let alone = fit(config(), &*strategy).unwrap();
-        let dir = temp(name);
+        let dir = scratch_dir("resume", name);
         let saved = fit(
             config()
                 .with_log_dir(Some(dir.to_string_lossy().into_owned()))
@@ -274,7 +210,7 @@ fn resume_every_strategy_continues_bit_for_bit_from_a_sync_step_and_from_another
 
 #[test]
 fn resume_refuses_a_damaged_checkpoint_or_one_from_another_model_or_strategy() {
-    let dir = temp("refused");
+    let dir = scratch_dir("resume", "refused");
     let diloco = DiLoCoConfig::new()
         .with_communicator(DiLoCoCommunicatorConfig::new().with_sync_interval(5));
     fit(
@@ -333,7 +269,7 @@ fn resume_after_an_interruption_ends_where_the_run_left_alone_does() {
     let diloco = DiLoCoConfig::new()
         .with_inner(inner())
         .with_communicator(DiLoCoCommunicatorConfig::new().with_sync_interval(5));
-    let dir = temp("interrupt");
+    let dir = scratch_dir("resume", "interrupt");
     let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
     // Interrupted before it starts any step: nothing to save, nothing taken.
     let stopped = Trainer::new(
@@ -388,7 +324,7 @@ fn resume_after_an_interruption_ends_where_the_run_left_alone_does() {
 
 #[test]
 fn resume_with_a_larger_max_steps_extends_the_run_and_its_schedule_holds_its_last_rate() {
-    let dir = temp("extend");
+    let dir = scratch_dir("resume", "extend");
     let diloco = |cosine: bool| {
         DiLoCoConfig::new()
             .with_inner(

@@ -11,7 +11,7 @@ use gym_core::{InnerOptimizerConfig, Network};
 use gym_data::TokenBatcher;
 use gym_models::GptConfig;
 use gym_strategies::{AllReduceConfig, DiLoCoCommunicatorConfig, DiLoCoConfig};
-use tests::{Synthetic, SyntheticBatcher, shared_data, small_mlp};
+use tests::{SyntheticBatcher, shared_data, small_mlp, small_mlp_data};
 
 fn internet() -> Network {
     Network::switch(Link::preset("internet").unwrap())
@@ -99,7 +99,7 @@ fn a_late_node_makes_the_others_idle_for_exactly_its_delay() {
 }
 
 fn mlp_data() -> NodeData<tests::Example> {
-    NodeData::shared(Synthetic::new(1024, 16, 4, 1), Synthetic::new(64, 16, 4, 2))
+    small_mlp_data()
 }
 
 fn simulated_fit(

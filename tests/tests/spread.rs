@@ -13,13 +13,14 @@ use gym_core::{
 use gym_models::Mlp;
 use std::sync::Arc;
 use tests::{
-    ProcessShare, Synthetic, SyntheticBatcher, run_digest, small_mlp, spread_cases, spread_config,
+    ProcessShare, SyntheticBatcher, run_digest, small_mlp, small_mlp_data, spread_cases,
+    spread_config,
 };
 
 const K: usize = 4;
 
 fn data() -> NodeData<tests::Example> {
-    NodeData::shared(Synthetic::new(1024, 16, 4, 1), Synthetic::new(64, 16, 4, 2))
+    small_mlp_data()
 }
 
 /// The run of `config` spread over `processes` processes (threads), each calling

@@ -18,7 +18,7 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use tests::trace_file::{self, CATEGORIES, NodeTrack};
 use tests::twin::{BATCH, NODES, SEED, cluster, mlp_plan};
-use tests::{Synthetic, SyntheticBatcher, small_mlp};
+use tests::{Synthetic, SyntheticBatcher, small_mlp, small_mlp_data};
 
 fn streaming() -> StreamingDiLoCoConfig {
     StreamingDiLoCoConfig::new()
@@ -40,7 +40,7 @@ fn traced_fit(
     strategy: &dyn StrategyConfig,
 ) -> (RunReport, Value) {
     let dir = temp_dir(name);
-    let data = NodeData::shared(Synthetic::new(1024, 16, 4, 1), Synthetic::new(64, 16, 4, 2));
+    let data = small_mlp_data();
     let config = config
         .with_batch_size(BATCH)
         .with_val_size(Some(0))

@@ -11,7 +11,10 @@ use gym_strategies::{
     Aggregation, AsyncDiLoCoConfig, Codec, CompressionConfig, DiLoCoCommunicatorConfig,
     DiLoCoConfig, MuLoCoConfig, Quantizer, SparseLoCoConfig,
 };
-use tests::{Synthetic, SyntheticBatcher, fit_small_mlp, flat_params, max_abs_diff, small_mlp};
+use tests::{
+    Synthetic, SyntheticBatcher, fit_small_mlp, flat_params, max_abs_diff, small_mlp,
+    small_mlp_data,
+};
 
 fn adamw() -> InnerOptimizerConfig {
     InnerOptimizerConfig::new().with_lr(3e-3)
@@ -173,7 +176,7 @@ fn zoo_dynamic_local_updates_give_slower_workers_proportionally_fewer_steps() {
 }
 
 fn simulated(strategy: &dyn StrategyConfig, speeds: Vec<f64>, steps: usize) -> RunReport {
-    let data = NodeData::shared(Synthetic::new(1024, 16, 4, 1), Synthetic::new(64, 16, 4, 2));
+    let data = small_mlp_data();
     let network: Network = "datacenter".parse().unwrap();
     let config = TrainerConfig::new(4)
         .with_max_steps(Some(steps))

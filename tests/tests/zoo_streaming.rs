@@ -3,8 +3,8 @@
 
 use burn::tensor::{Device, Tensor, TensorData};
 use gym_core::{
-    ComputeModel, InProcessGroup, InnerOptimizerConfig, Link, ModelReplica, Network, NodeData,
-    NodeInfo, OptimizerConfig, ParamLayout, ReduceOp, Replica, Result, RunReport, SimulationConfig,
+    ComputeModel, InProcessGroup, InnerOptimizerConfig, Link, ModelReplica, Network, NodeInfo,
+    OptimizerConfig, ParamLayout, ReduceOp, Replica, Result, RunReport, SimulationConfig,
     StepContext, StrategyConfig, TrainModel, Trainer, TrainerConfig,
 };
 use gym_strategies::communicate::{CommunicationModule, CommunicationModuleConfig, is_sync_step};
@@ -14,8 +14,8 @@ use gym_strategies::{
 };
 use std::ops::Range;
 use tests::{
-    Synthetic, SyntheticBatcher, fit_small_mlp, flat_params, max_abs_diff, relative_error,
-    small_mlp,
+    SyntheticBatcher, fit_small_mlp, flat_params, max_abs_diff, relative_error, small_mlp,
+    small_mlp_data,
 };
 
 fn adamw() -> InnerOptimizerConfig {
@@ -445,7 +445,7 @@ fn simulated_fit(strategy: &dyn StrategyConfig) -> RunReport {
         .with_val_size(Some(0))
         .with_seed(5)
         .with_simulation(Some(sim));
-    let data = NodeData::shared(Synthetic::new(1024, 16, 4, 1), Synthetic::new(64, 16, 4, 2));
+    let data = small_mlp_data();
     Trainer::new(config)
         .fit(small_mlp, strategy, &data, &SyntheticBatcher)
         .unwrap()

@@ -293,6 +293,53 @@ pub(crate) fn scale_onto(top: f32, amax: f32) -> f32 {
     }
 }
 
+/// Writes the metadata that leads the scaled formats (int8, fp8, fp4): one f32 scale per
+/// chunk of `chunk` values, `scale_of(chunk)`; returns the scales.
+pub(crate) fn write_scales(
+    x: &[f32],
+    chunk: usize,
+    out: &mut Vec<u8>,
+    scale_of: impl Fn(&[f32]) -> f32,
+) -> Vec<f32> {
+    let scales: Vec<f32> = x.chunks(chunk).map(scale_of).collect();
+    scales.iter().for_each(|s| out.extend(s.to_le_bytes()));
+    scales
+}
+
+/// The scales [`write_scales`] wrote for `n` values, and the codes after them.
+pub(crate) fn read_scales(
+    bytes: &[u8],
+    n: usize,
+    chunk: usize,
+) -> (impl Iterator<Item = f32> + '_, &[u8]) {
+    let (scales, codes) = bytes.split_at(4 * n.div_ceil(chunk));
+    (scales.chunks_exact(4).map(read_f32), codes)
+}
+
+/// The byte-per-value formats (int8, fp8): the scales, then `code(value, its scale)`.
+pub(crate) fn encode_byte_codes(
+    x: &[f32],
+    chunk: usize,
+    out: &mut Vec<u8>,
+    scale_of: impl Fn(&[f32]) -> f32,
+    code: impl Fn(f32, f32) -> u8,
+) {
+    let scales = write_scales(x, chunk, out, scale_of);
+    for (values, &s) in x.chunks(chunk).zip(&scales) {
+        out.extend(values.iter().map(|&v| code(v, s)));
+    }
+}
+
+/// Each chunk's scale and codes in an [`encode_byte_codes`] layout of `n` values.
+pub(crate) fn byte_code_chunks(
+    bytes: &[u8],
+    n: usize,
+    chunk: usize,
+) -> impl Iterator<Item = (f32, &[u8])> {
+    let (scales, codes) = read_scales(bytes, n, chunk);
+    scales.zip(codes.chunks(chunk))
+}
+
 /// `code_bytes` plus `groups` metadata records of `record` bytes; saturating, so that an
 /// absurd `n` given to `decode` is a length mismatch rather than an overflow.
 pub(crate) fn codes_and_metadata(code_bytes: usize, groups: usize, record: usize) -> usize {

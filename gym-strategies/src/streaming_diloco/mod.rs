@@ -3,7 +3,8 @@
 //! steps, outer gradients in 4 bits.
 
 use crate::communicate::{
-    CommunicationModule, CommunicationModuleConfig, Transfer, composed_strategy,
+    CommunicationModule, CommunicationModuleConfig, Transfer, check_sync_interval,
+    composed_strategy,
 };
 use crate::compress::{Codec, CompressionConfig, Compressor, Quantizer};
 use crate::outer::OuterRecord;
@@ -86,9 +87,7 @@ impl StreamingDiLoCoConfig {
         let invalid =
             |why: String| Err(GymError::InvalidConfig(format!("Streaming DiLoCo: {why}")));
         let (h, f) = (self.sync_interval, self.fragments);
-        if h == 0 {
-            return invalid("`sync_interval` (H) must be at least 1".into());
-        }
+        check_sync_interval("Streaming DiLoCo", h)?;
         if f == 0 {
             return invalid("`fragments` (F) must be at least 1".into());
         }

@@ -463,6 +463,20 @@ impl Network {
     }
 }
 
+/// Asserts that a modelled time equals its closed form to 1e-12 relative (the tests of
+/// [`time`] and [`regions`]).
+#[cfg(test)]
+macro_rules! assert_close {
+    ($got:expr, $want:expr) => {{
+        let (g, w): (f64, f64) = ($got, $want);
+        assert!(
+            (g - w).abs() <= 1e-12 * w.abs().max(f64::MIN_POSITIVE),
+            "{} = {g:e}, want {w:e}",
+            stringify!($got)
+        );
+    }};
+}
+
 pub mod file;
 mod regions;
 mod time;

@@ -368,17 +368,6 @@ mod tests {
 
     const ALL_REDUCE: CollectiveOp = CollectiveOp::AllReduce(ReduceOp::Mean);
 
-    fn close(got: f64, want: f64) -> bool {
-        (got - want).abs() <= 1e-12 * want.abs().max(f64::MIN_POSITIVE)
-    }
-
-    macro_rules! assert_close {
-        ($got:expr, $want:expr) => {{
-            let (g, w) = ($got, $want);
-            assert!(close(g, w), "{} = {g:e}, want {w:e}", stringify!($got));
-        }};
-    }
-
     /// A protocol's efficiency η and call overhead c: every call of two or more members
     /// costs c plus its transfers at η of the links' rates (the ring all-reduce:
     /// `c + 2(k−1)α + 2(k−1)/k · n/(ηβ)`); a call of one member and a quorum cost nothing;

@@ -3,7 +3,8 @@
 
 use super::super::bits::{BitReader, BitWriter};
 use super::super::quantizer::{
-    DEFAULT_FP4_BLOCK, DenseFormat, abs_max, codes_and_metadata, read_f32, scale_onto,
+    DEFAULT_FP4_BLOCK, DenseFormat, abs_max, codes_and_metadata, read_scales, scale_onto,
+    write_scales,
 };
 use gym_core::Result;
 
@@ -19,11 +20,26 @@ impl DenseFormat for Fp4 {
     }
 
     fn encode(x: &[f32], size: usize, _seed: u64, out: &mut Vec<u8>) {
-        encode(x, size, out);
+        let scales = write_scales(x, size, out, |b| scale_onto(E2M1[7], abs_max(b)));
+        let mut codes = BitWriter::new(out);
+        for (values, s) in x.chunks(size).zip(&scales) {
+            values
+                .iter()
+                .for_each(|v| codes.push(u64::from(e2m1_encode(v * s)), 4));
+        }
+        codes.finish();
     }
 
     fn decode(bytes: &[u8], n: usize, size: usize) -> Result<Vec<f32>> {
-        Ok(decode(bytes, n, size))
+        let (scales, codes) = read_scales(bytes, n, size);
+        let mut codes = BitReader::new(codes);
+        let mut out = Vec::with_capacity(n);
+        for (b, s) in scales.enumerate() {
+            for _ in 0..size.min(n - b * size) {
+                out.push(e2m1_decode(codes.read(4) as u8) / s);
+            }
+        }
+        Ok(out)
     }
 }
 
@@ -48,34 +64,6 @@ pub(crate) fn e2m1_encode(x: f32) -> u8 {
 pub(crate) fn e2m1_decode(code: u8) -> f32 {
     let magnitude = E2M1[usize::from(code & 7)];
     if code & 8 == 0 { magnitude } else { -magnitude }
-}
-
-pub(crate) fn encode(x: &[f32], block: usize, out: &mut Vec<u8>) {
-    let scales: Vec<f32> = x
-        .chunks(block)
-        .map(|b| scale_onto(E2M1[7], abs_max(b)))
-        .collect();
-    scales.iter().for_each(|s| out.extend(s.to_le_bytes()));
-    let mut codes = BitWriter::new(out);
-    for (values, s) in x.chunks(block).zip(&scales) {
-        values
-            .iter()
-            .for_each(|v| codes.push(u64::from(e2m1_encode(v * s)), 4));
-    }
-    codes.finish();
-}
-
-pub(crate) fn decode(bytes: &[u8], n: usize, block: usize) -> Vec<f32> {
-    let blocks = n.div_ceil(block);
-    let (scales, codes) = bytes.split_at(4 * blocks);
-    let mut codes = BitReader::new(codes);
-    let mut out = Vec::with_capacity(n);
-    for (b, s) in scales.chunks_exact(4).map(read_f32).enumerate() {
-        for _ in 0..block.min(n - b * block) {
-            out.push(e2m1_decode(codes.read(4) as u8) / s);
-        }
-    }
-    out
 }
 
 #[cfg(test)]

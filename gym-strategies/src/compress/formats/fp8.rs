@@ -1,7 +1,8 @@
 //! FP8 E4M3: per chunk an f32 scale 448/max|x|, then one E4M3 byte per scaled value.
 
 use super::super::quantizer::{
-    DEFAULT_CHUNK, DenseFormat, abs_max, codes_and_metadata, read_f32, scale_onto,
+    DEFAULT_CHUNK, DenseFormat, abs_max, byte_code_chunks, codes_and_metadata, encode_byte_codes,
+    scale_onto,
 };
 use gym_core::Result;
 
@@ -17,11 +18,15 @@ impl DenseFormat for Fp8 {
     }
 
     fn encode(x: &[f32], size: usize, _seed: u64, out: &mut Vec<u8>) {
-        encode(x, size, out);
+        let scale = |chunk: &[f32]| scale_onto(E4M3_MAX, abs_max(chunk));
+        encode_byte_codes(x, size, out, scale, |v, s| e4m3_encode(v * s));
     }
 
     fn decode(bytes: &[u8], n: usize, size: usize) -> Result<Vec<f32>> {
-        Ok(decode(bytes, n, size))
+        let chunks = byte_code_chunks(bytes, n, size);
+        Ok(chunks
+            .flat_map(|(s, codes)| codes.iter().map(move |&c| e4m3_decode(c) / s))
+            .collect())
     }
 }
 
@@ -76,26 +81,6 @@ pub(crate) fn e4m3_decode(code: u8) -> f32 {
         (e, m) => f32::from_bits(((e + 120) << 23) | (m << 20)),
     };
     f32::from_bits(sign | magnitude.to_bits())
-}
-
-pub(crate) fn encode(x: &[f32], chunk: usize, out: &mut Vec<u8>) {
-    let scales: Vec<f32> = x
-        .chunks(chunk)
-        .map(|c| scale_onto(E4M3_MAX, abs_max(c)))
-        .collect();
-    scales.iter().for_each(|s| out.extend(s.to_le_bytes()));
-    for (values, s) in x.chunks(chunk).zip(&scales) {
-        out.extend(values.iter().map(|v| e4m3_encode(v * s)));
-    }
-}
-
-pub(crate) fn decode(bytes: &[u8], n: usize, chunk: usize) -> Vec<f32> {
-    let (scales, codes) = bytes.split_at(4 * n.div_ceil(chunk));
-    codes
-        .chunks(chunk)
-        .zip(scales.chunks_exact(4).map(read_f32))
-        .flat_map(|(codes, s)| codes.iter().map(move |&c| e4m3_decode(c) / s))
-        .collect()
 }
 
 #[cfg(test)]

@@ -5,17 +5,6 @@ use crate::comm::group::{CollectiveOp, Group, ReduceOp};
 
 const ALL_REDUCE: CollectiveOp = CollectiveOp::AllReduce(ReduceOp::Mean);
 
-fn close(got: f64, want: f64) -> bool {
-    (got - want).abs() <= 1e-12 * want.abs().max(f64::MIN_POSITIVE)
-}
-
-macro_rules! assert_close {
-    ($got:expr, $want:expr) => {{
-        let (g, w) = ($got, $want);
-        assert!(close(g, w), "{} = {g:e}, want {w:e}", stringify!($got));
-    }};
-}
-
 /// Regions named `r0`, `r1`, … with these matrices (seconds, bytes per second) and ranks.
 fn regions(latency_s: Vec<Vec<f64>>, bandwidth: Vec<Vec<f64>>, region_of: Vec<usize>) -> Regions {
     Regions {
