@@ -21,12 +21,12 @@ fn lookahead(h: usize, alpha: f64, lr: f64) -> CommunicateOptimizeConfig {
         "lookahead",
         h,
         |node| node.initial_params.clone(),
-        move |slow, replica, ctx| {
+        move |slow, ctx| {
             let mean = ctx
                 .collective
-                .all_reduce(replica.params(), ReduceOp::Mean)?;
+                .all_reduce(ctx.replica.params(), ReduceOp::Mean)?;
             *slow = slow.clone() + (mean - slow.clone()).mul_scalar(alpha);
-            replica.set_params(slow.clone());
+            ctx.replica.set_params(slow.clone());
             Ok(())
         },
     );

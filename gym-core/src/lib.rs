@@ -62,5 +62,6 @@ pub use strategy::optim::{
 };
 pub use strategy::schedule::{CustomSchedule, LrScheduleConfig};
 pub use strategy::{
-    ModelReplica, NodeInfo, RejoinPolicy, Replica, StepContext, Strategy, StrategyConfig, optim,
+    FlatReplica, ModelReplica, NodeInfo, RejoinPolicy, Replica, StepContext, Strategy,
+    StrategyConfig, optim,
 };

@@ -8,8 +8,8 @@ use gym_core::InnerOptimizerRecord;
 use gym_core::planner::{PlanInfo, PlannedEvent, PlannedGroups, Traffic};
 use gym_core::state::fields::Record;
 use gym_core::{
-    InnerOptimizer, InnerOptimizerConfig, NodeInfo, Replica, Result, StateDict, StepContext,
-    Strategy, StrategyConfig,
+    InnerOptimizer, InnerOptimizerConfig, NodeInfo, Result, StateDict, StepContext, Strategy,
+    StrategyConfig,
 };
 
 /// The strategy's name, on the command line and in logs.
@@ -78,15 +78,10 @@ impl StrategyConfig for AllReduceConfig {
 }
 
 impl Strategy for AllReduce {
-    fn step(
-        &mut self,
-        replica: &mut dyn Replica,
-        grads: Tensor<1>,
-        ctx: &mut StepContext<'_>,
-    ) -> Result<()> {
+    fn step(&mut self, grads: Tensor<1>, ctx: &mut StepContext<'_>) -> Result<()> {
         let world = ctx.world();
         let grads = self.compressor.mean(&world, grads, ctx)?;
-        self.optim.step(replica, grads);
+        self.optim.step(ctx.replica, grads);
         Ok(())
     }
 

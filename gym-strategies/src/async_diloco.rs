@@ -11,8 +11,8 @@ use gym_core::optim::check_learning_rate;
 use gym_core::planner::{PlanInfo, PlannedEvent, SittingOut, Traffic};
 use gym_core::state::fields::{Record, Values};
 use gym_core::{
-    GymError, InnerOptimizer, InnerOptimizerConfig, NodeInfo, Replica, Result, StateDict,
-    StepContext, Strategy, StrategyConfig,
+    GymError, InnerOptimizer, InnerOptimizerConfig, NodeInfo, Result, StateDict, StepContext,
+    Strategy, StrategyConfig,
 };
 
 /// The strategy's name, on the command line and in logs.
@@ -270,11 +270,11 @@ impl AsyncDiLoCoConfig {
 
 impl AsyncDiLoCo {
     /// The end of a round: push, apply every push in arrival order, restart from φ.
-    fn end_round(&mut self, replica: &mut dyn Replica, ctx: &mut StepContext<'_>) -> Result<()> {
+    fn end_round(&mut self, ctx: &mut StepContext<'_>) -> Result<()> {
         if !is_sync_step(ctx.step, self.sync_interval) {
             return Ok(());
         }
-        let delta = self.server.master.clone() - replica.params();
+        let delta = self.server.master.clone() - ctx.replica.params();
         let n = delta.dims()[0];
         let device = delta.device();
         // The push carries its arrival time: when this worker finished its local steps.
@@ -295,28 +295,23 @@ impl AsyncDiLoCo {
         for (_, rank) in order {
             self.server.apply(pushes[rank].clone().slice(0..n));
         }
-        replica.set_params(self.server.master.clone());
+        ctx.replica.set_params(self.server.master.clone());
         Ok(())
     }
 }
 
 impl Strategy for AsyncDiLoCo {
-    fn step(
-        &mut self,
-        replica: &mut dyn Replica,
-        grads: Tensor<1>,
-        ctx: &mut StepContext<'_>,
-    ) -> Result<()> {
-        self.optim.step(replica, grads);
-        self.end_round(replica, ctx)
+    fn step(&mut self, grads: Tensor<1>, ctx: &mut StepContext<'_>) -> Result<()> {
+        self.optim.step(ctx.replica, grads);
+        self.end_round(ctx)
     }
 
     fn computes(&self, step: usize) -> bool {
         computes_in_round(step, self.sync_interval, self.local_steps)
     }
 
-    fn idle(&mut self, replica: &mut dyn Replica, ctx: &mut StepContext<'_>) -> Result<()> {
-        self.end_round(replica, ctx)
+    fn idle(&mut self, ctx: &mut StepContext<'_>) -> Result<()> {
+        self.end_round(ctx)
     }
 
     fn lr(&self) -> f64 {

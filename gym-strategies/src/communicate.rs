@@ -32,18 +32,18 @@ pub(crate) fn check_sync_interval(strategy: &str, sync_interval: usize) -> Resul
 /// # Example: parameters quantized to 8 bits before they are averaged
 ///
 /// ```
-/// use gym_core::{NodeInfo, ReduceOp, Replica, Result, StepContext};
+/// use gym_core::{NodeInfo, ReduceOp, Result, StepContext};
 /// use gym_strategies::communicate::{CommunicationModule, CommunicationModuleConfig, is_sync_step};
 ///
 /// /// Every `every` steps, average the parameters after rounding them to 256 levels.
 /// struct QuantizedAverage { every: usize, scale: f32 }
 ///
 /// impl CommunicationModule for QuantizedAverage {
-///     fn communicate(&mut self, replica: &mut dyn Replica, ctx: &mut StepContext<'_>) -> Result<()> {
+///     fn communicate(&mut self, ctx: &mut StepContext<'_>) -> Result<()> {
 ///         if is_sync_step(ctx.step, self.every) {
-///             let q = replica.params().div_scalar(self.scale).round().clamp(-128.0, 127.0);
+///             let q = ctx.replica.params().div_scalar(self.scale).round().clamp(-128.0, 127.0);
 ///             let mean = ctx.collective.all_reduce(q, ReduceOp::Mean)?;
-///             replica.set_params(mean.mul_scalar(self.scale));
+///             ctx.replica.set_params(mean.mul_scalar(self.scale));
 ///         }
 ///         Ok(())
 ///     }
@@ -65,8 +65,8 @@ pub(crate) fn check_sync_interval(strategy: &str, sync_interval: usize) -> Resul
 /// ```
 pub trait CommunicationModule: Send {
     /// Runs after the inner step of `ctx.step`; may read and replace the replica's
-    /// parameters.
-    fn communicate(&mut self, replica: &mut dyn Replica, ctx: &mut StepContext<'_>) -> Result<()>;
+    /// parameters ([`StepContext::replica`]).
+    fn communicate(&mut self, ctx: &mut StepContext<'_>) -> Result<()>;
 
     /// Whether all of this node's work is merged into the shared model
     /// ([`Strategy::committed`]).
@@ -234,15 +234,10 @@ impl StrategyConfig for CommunicateOptimizeConfig {
 }
 
 impl Strategy for CommunicateOptimize {
-    fn step(
-        &mut self,
-        replica: &mut dyn Replica,
-        grads: Tensor<1>,
-        ctx: &mut StepContext<'_>,
-    ) -> Result<()> {
-        self.optim.step(replica, grads);
+    fn step(&mut self, grads: Tensor<1>, ctx: &mut StepContext<'_>) -> Result<()> {
+        self.optim.step(ctx.replica, grads);
         for module in &mut self.modules {
-            module.communicate(replica, ctx)?;
+            module.communicate(ctx)?;
         }
         Ok(())
     }

@@ -10,8 +10,8 @@ use gym_core::optim::{check_learning_rate, check_max_norm, clip_grad_norm};
 use gym_core::planner::{PlanInfo, PlannedEvent, Traffic};
 use gym_core::state::fields::{Record, Values};
 use gym_core::{
-    GymError, LrScheduleConfig, NodeInfo, ReduceOp, Replica, Result, StateDict, StepContext,
-    Strategy, StrategyConfig,
+    GymError, LrScheduleConfig, NodeInfo, ReduceOp, Result, StateDict, StepContext, Strategy,
+    StrategyConfig,
 };
 
 /// The strategy's name, on the command line and in logs.
@@ -223,12 +223,7 @@ impl StrategyConfig for DesLocConfig {
 }
 
 impl Strategy for DesLoc {
-    fn step(
-        &mut self,
-        replica: &mut dyn Replica,
-        grads: Tensor<1>,
-        ctx: &mut StepContext<'_>,
-    ) -> Result<()> {
+    fn step(&mut self, grads: Tensor<1>, ctx: &mut StepContext<'_>) -> Result<()> {
         let mut g = match self.max_norm {
             Some(max_norm) => clip_grad_norm(grads, max_norm),
             None => grads,
@@ -249,7 +244,7 @@ impl Strategy for DesLoc {
         let u_hat = self.u.clone().div_scalar(1.0 - b1.powi(t));
         let v_hat = self.v.clone().div_scalar(1.0 - b2.powi(t));
         let delta = u_hat / v_hat.sqrt().add_scalar(self.eps);
-        let theta = replica.params();
+        let theta = ctx.replica.params();
         let decayed = if self.weight_decay == 0.0 {
             theta
         } else {
@@ -268,7 +263,7 @@ impl Strategy for DesLoc {
         if is_sync_step(ctx.step, self.param_interval) {
             theta = mean(theta)?;
         }
-        replica.set_params(theta);
+        ctx.replica.set_params(theta);
         Ok(())
     }
 

@@ -164,13 +164,13 @@ impl DiLoCoCommunicatorConfig {
 }
 
 impl CommunicationModule for DiLoCoCommunicator {
-    fn communicate(&mut self, replica: &mut dyn Replica, ctx: &mut StepContext<'_>) -> Result<()> {
+    fn communicate(&mut self, ctx: &mut StepContext<'_>) -> Result<()> {
         if !is_sync_step(ctx.step, self.sync_interval) {
             self.uncommitted = true;
             return Ok(());
         }
         let world = ctx.world();
-        let delta = self.outer.master() - replica.params();
+        let delta = self.outer.master() - ctx.replica.params();
         let mean = match &self.quorum {
             None => self.compressor.mean(&world, delta, ctx)?,
             Some(rule) => {
@@ -192,7 +192,7 @@ impl CommunicationModule for DiLoCoCommunicator {
                 }
             }
         };
-        replica.set_params(self.outer.step(mean));
+        ctx.replica.set_params(self.outer.step(mean));
         self.uncommitted = false;
         Ok(())
     }

@@ -169,13 +169,13 @@ impl EagerDiLoCoCommunicator {
 }
 
 impl CommunicationModule for EagerDiLoCoCommunicator {
-    fn communicate(&mut self, replica: &mut dyn Replica, ctx: &mut StepContext<'_>) -> Result<()> {
+    fn communicate(&mut self, ctx: &mut StepContext<'_>) -> Result<()> {
         if !is_sync_step(ctx.step, self.sync_interval) {
             self.uncommitted = true;
             return Ok(());
         }
         let world = ctx.world();
-        let own = self.outer.master() - replica.params();
+        let own = self.outer.master() - ctx.replica.params();
         // The last round's average, which had this round's inner steps to arrive.
         let last_mean = match self.in_flight.take() {
             Some((mean, transfer)) => {
@@ -191,7 +191,7 @@ impl CommunicationModule for EagerDiLoCoCommunicator {
         self.in_flight = Some((mean, Transfer::Started(transfer)));
         let step = self.estimate(&own, last_mean, world.size() as f64);
         self.previous = Some(own);
-        replica.set_params(self.outer.step(step));
+        ctx.replica.set_params(self.outer.step(step));
         self.uncommitted = false;
         Ok(())
     }

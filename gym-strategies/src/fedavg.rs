@@ -9,9 +9,7 @@ use burn::config::Config;
 use gym_core::planner::{PlanInfo, PlannedEvent, PlannedGroups, Traffic};
 use gym_core::rng::derive_seed;
 use gym_core::state::fields::Record;
-use gym_core::{
-    Group, GymError, InnerOptimizerConfig, NodeInfo, Replica, Result, StateDict, StepContext,
-};
+use gym_core::{Group, GymError, InnerOptimizerConfig, NodeInfo, Result, StateDict, StepContext};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
@@ -145,7 +143,7 @@ impl AveragingCommunicatorConfig {
 }
 
 impl CommunicationModule for AveragingCommunicator {
-    fn communicate(&mut self, replica: &mut dyn Replica, ctx: &mut StepContext<'_>) -> Result<()> {
+    fn communicate(&mut self, ctx: &mut StepContext<'_>) -> Result<()> {
         if !is_sync_step(ctx.step, self.sync_interval) || ctx.world_size == 1 {
             self.uncommitted = ctx.world_size > 1;
             return Ok(());
@@ -161,8 +159,8 @@ impl CommunicationModule for AveragingCommunicator {
         };
         // Under a fault schedule, the island's members that are present.
         let group = group.intersect(&ctx.world());
-        let average = self.compressor.mean(&group, replica.params(), ctx)?;
-        replica.set_params(average);
+        let average = self.compressor.mean(&group, ctx.replica.params(), ctx)?;
+        ctx.replica.set_params(average);
         Ok(())
     }
 

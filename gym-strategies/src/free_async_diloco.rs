@@ -11,8 +11,8 @@ use gym_core::optim::check_learning_rate;
 use gym_core::planner::{PlanInfo, PlannedCall, PlannedEvent, PlannedGroups, SittingOut, Traffic};
 use gym_core::state::fields::{Record, Values};
 use gym_core::{
-    Group, GymError, InnerOptimizer, InnerOptimizerConfig, InnerOptimizerRecord, NodeInfo, Replica,
-    Result, StateDict, StepContext, Strategy, StrategyConfig,
+    Group, GymError, InnerOptimizer, InnerOptimizerConfig, InnerOptimizerRecord, NodeInfo, Result,
+    StateDict, StepContext, Strategy, StrategyConfig,
 };
 
 /// The strategy's name, on the command line and in logs.
@@ -228,7 +228,7 @@ impl Ticks {
 
 impl FreeAsyncDiLoCo {
     /// The exchanges of tick `ctx.step`: pushes to the server, then its replies.
-    fn exchange(&mut self, replica: &mut dyn Replica, ctx: &mut StepContext<'_>) -> Result<()> {
+    fn exchange(&mut self, ctx: &mut StepContext<'_>) -> Result<()> {
         let pushers = self.ticks.pushers(ctx.step);
         let pushing = pushers.contains(&self.rank);
         if !pushing && self.rank != SERVER {
@@ -245,20 +245,20 @@ impl FreeAsyncDiLoCo {
         let Some(server) = &mut self.server else {
             // A worker: send, then take φ as it stood after this push.
             let pair = Group::new([SERVER, self.rank]);
-            let mine = push(&self.anchor, replica.params(), ctx);
+            let mine = push(&self.anchor, ctx.replica.params(), ctx);
             ctx.collective.broadcast_in(&pair, mine, self.rank)?;
             let phi = ctx
                 .collective
                 .broadcast_in(&pair, self.anchor.clone(), SERVER)?;
             self.anchor = phi.clone();
-            replica.set_params(phi);
+            ctx.replica.set_params(phi);
             return Ok(());
         };
         // The server: every push of this tick, applied in the order they were sent.
         let mut received = Vec::with_capacity(pushers.len());
         for &k in &pushers {
             let payload = if k == SERVER {
-                push(&self.anchor, replica.params(), ctx)
+                push(&self.anchor, ctx.replica.params(), ctx)
             } else {
                 let pair = Group::new([SERVER, k]);
                 let placeholder = Tensor::zeros([n + 1], &device);
@@ -277,7 +277,7 @@ impl FreeAsyncDiLoCo {
         for (k, phi) in replies {
             if k == SERVER {
                 self.anchor = phi.clone();
-                replica.set_params(phi);
+                ctx.replica.set_params(phi);
             } else {
                 ctx.collective
                     .broadcast_in(&Group::new([SERVER, k]), phi, SERVER)?;
@@ -288,22 +288,17 @@ impl FreeAsyncDiLoCo {
 }
 
 impl Strategy for FreeAsyncDiLoCo {
-    fn step(
-        &mut self,
-        replica: &mut dyn Replica,
-        grads: Tensor<1>,
-        ctx: &mut StepContext<'_>,
-    ) -> Result<()> {
-        self.optim.step(replica, grads);
-        self.exchange(replica, ctx)
+    fn step(&mut self, grads: Tensor<1>, ctx: &mut StepContext<'_>) -> Result<()> {
+        self.optim.step(ctx.replica, grads);
+        self.exchange(ctx)
     }
 
     fn computes(&self, step: usize) -> bool {
         self.ticks.computes_at(self.rank, step)
     }
 
-    fn idle(&mut self, replica: &mut dyn Replica, ctx: &mut StepContext<'_>) -> Result<()> {
-        self.exchange(replica, ctx)
+    fn idle(&mut self, ctx: &mut StepContext<'_>) -> Result<()> {
+        self.exchange(ctx)
     }
 
     fn lr(&self) -> f64 {
@@ -390,6 +385,7 @@ mod tests {
     use crate::testing::{flat, host};
     use burn::nn::{Linear, LinearConfig};
     use burn::tensor::Device;
+    use gym_core::Replica;
     use gym_core::{Collective, InProcessGroup, ModelReplica, OptimizerConfig, ParamLayout};
 
     const N: usize = 4;
@@ -439,14 +435,15 @@ mod tests {
                         world_size: k,
                         step,
                         max_steps: ticks,
+                        replica: &mut replica,
                         collective: &comm,
                         layout: &layout,
                     };
                     if strategy.computes(step) {
-                        let g = gradient(comm.rank(), &host(replica.params()));
-                        strategy.step(&mut replica, flat(&g), &mut ctx).unwrap();
+                        let g = gradient(comm.rank(), &host(ctx.replica.params()));
+                        strategy.step(flat(&g), &mut ctx).unwrap();
                     } else {
-                        strategy.idle(&mut replica, &mut ctx).unwrap();
+                        strategy.idle(&mut ctx).unwrap();
                     }
                 }
                 (

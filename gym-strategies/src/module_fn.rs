@@ -6,7 +6,7 @@
 use crate::communicate::{CommunicationModule, CommunicationModuleConfig};
 use burn::tensor::Tensor;
 use gym_core::state::fields::{Record, Values};
-use gym_core::{NodeInfo, Replica, Result, StateDict, StepContext};
+use gym_core::{NodeInfo, Result, StateDict, StepContext};
 
 /// A communication module's configuration made of a name and a function that builds each
 /// node's module ([`module_fn`]).
@@ -50,7 +50,7 @@ where
 /// A module that acts at the end of every round of `h` steps ([`StepContext::ends_round`])
 /// with one tensor of state per node, which checkpoints save: `init` makes a node's state
 /// from its [`NodeInfo`] (its starting parameters, rank…), and `round` runs at the end of
-/// each round with the state, the replica and the step's context. With
+/// each round with the state and the step's context (the replica in it). With
 /// [`CommunicateOptimizeConfig`](crate::CommunicateOptimizeConfig) a DiLoCo-like strategy
 /// is one function: `examples/examples/lookahead.rs`, DiLoCo with a Lookahead outer step.
 ///
@@ -59,9 +59,9 @@ where
 /// use gym_strategies::{CommunicateOptimizeConfig, round_fn};
 ///
 /// // Every 10 steps, the replicas restart from their mean (DiLoCo with a plain outer step).
-/// let average = round_fn("average", 10, |node| node.initial_params.clone(), |_, replica, ctx| {
-///     let mean = ctx.collective.all_reduce(replica.params(), ReduceOp::Mean)?;
-///     replica.set_params(mean);
+/// let average = round_fn("average", 10, |node| node.initial_params.clone(), |_, ctx| {
+///     let mean = ctx.collective.all_reduce(ctx.replica.params(), ReduceOp::Mean)?;
+///     ctx.replica.set_params(mean);
 ///     Ok(())
 /// });
 /// let strategy = CommunicateOptimizeConfig::new("average", InnerOptimizerConfig::new())
@@ -83,20 +83,12 @@ where
 
 /// What [`round_fn`] runs at the end of each round: any closure of this shape.
 pub trait RoundStep:
-    Fn(&mut Tensor<1>, &mut dyn Replica, &mut StepContext<'_>) -> Result<()>
-    + Clone
-    + Send
-    + Sync
-    + 'static
+    Fn(&mut Tensor<1>, &mut StepContext<'_>) -> Result<()> + Clone + Send + Sync + 'static
 {
 }
 
 impl<R> RoundStep for R where
-    R: Fn(&mut Tensor<1>, &mut dyn Replica, &mut StepContext<'_>) -> Result<()>
-        + Clone
-        + Send
-        + Sync
-        + 'static
+    R: Fn(&mut Tensor<1>, &mut StepContext<'_>) -> Result<()> + Clone + Send + Sync + 'static
 {
 }
 
@@ -148,10 +140,10 @@ struct RoundModule<R> {
 }
 
 impl<R: RoundStep> CommunicationModule for RoundModule<R> {
-    fn communicate(&mut self, replica: &mut dyn Replica, ctx: &mut StepContext<'_>) -> Result<()> {
+    fn communicate(&mut self, ctx: &mut StepContext<'_>) -> Result<()> {
         self.uncommitted = !ctx.ends_round(self.h);
         if !self.uncommitted {
-            (self.round)(&mut self.state, replica, ctx)?;
+            (self.round)(&mut self.state, ctx)?;
         }
         Ok(())
     }

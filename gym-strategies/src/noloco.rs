@@ -13,8 +13,8 @@ use gym_core::planner::{PlanInfo, PlannedCall, PlannedEvent, PlannedGroups, Traf
 use gym_core::rng::derive_seed;
 use gym_core::state::fields::{Record, Values};
 use gym_core::{
-    Group, GymError, InnerOptimizerConfig, NodeInfo, OptimizerConfig, ReduceOp, Replica, Result,
-    StateDict, StepContext,
+    Group, GymError, InnerOptimizerConfig, NodeInfo, OptimizerConfig, ReduceOp, Result, StateDict,
+    StepContext,
 };
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
@@ -217,7 +217,7 @@ impl CommunicationModuleConfig for NoLoCoCommunicatorConfig {
 }
 
 impl CommunicationModule for NoLoCoCommunicator {
-    fn communicate(&mut self, replica: &mut dyn Replica, ctx: &mut StepContext<'_>) -> Result<()> {
+    fn communicate(&mut self, ctx: &mut StepContext<'_>) -> Result<()> {
         if !is_sync_step(ctx.step, self.sync_interval) {
             self.uncommitted = true;
             return Ok(());
@@ -228,11 +228,11 @@ impl CommunicationModule for NoLoCoCommunicator {
         let group = groups.group_of(ctx.rank).intersect(&ctx.world());
         let mean = ctx
             .collective
-            .all_reduce_in(&group, replica.params(), ReduceOp::Mean)?;
+            .all_reduce_in(&group, ctx.replica.params(), ReduceOp::Mean)?;
         self.momentum = self.momentum.clone().mul_scalar(self.outer_momentum)
             + (mean - self.phi.clone()).mul_scalar(self.outer_lr);
         self.phi = self.phi.clone() + self.momentum.clone();
-        replica.set_params(self.phi.clone());
+        ctx.replica.set_params(self.phi.clone());
         Ok(())
     }
 

@@ -28,8 +28,8 @@ use gym_core::comm::CollectiveOp;
 use gym_core::planner::{PlanInfo, PlannedCall, PlannedEvent, PlannedGroups, Traffic};
 use gym_core::state::fields::{Bytes, Record, Values};
 use gym_core::{
-    GymError, Incoming, InnerOptimizerConfig, NodeInfo, ReduceOp, Replica, Result, StateDict,
-    StepContext, TransferTiming,
+    GymError, Incoming, InnerOptimizerConfig, NodeInfo, ReduceOp, Result, StateDict, StepContext,
+    TransferTiming,
 };
 use serde::{Deserialize, Serialize};
 
@@ -237,14 +237,14 @@ impl CommunicationModuleConfig for SparseCommunicatorConfig {
 }
 
 impl CommunicationModule for SparseCommunicator {
-    fn communicate(&mut self, replica: &mut dyn Replica, ctx: &mut StepContext<'_>) -> Result<()> {
+    fn communicate(&mut self, ctx: &mut StepContext<'_>) -> Result<()> {
         if !is_sync_step(ctx.step, self.sync_interval) || ctx.world_size == 1 {
             return Ok(());
         }
         let p = self.schedule.p_at(self.p, ctx.step, self.max_steps);
         let indices = self.selector.next_with(ctx.layout, p);
         if !indices.is_empty() {
-            let flat = replica.params();
+            let flat = ctx.replica.params();
             let selected = flat
                 .clone()
                 .select(0, index_tensor(&indices, &flat.device()));
@@ -276,10 +276,11 @@ impl CommunicationModule for SparseCommunicator {
             if indices.is_empty() {
                 continue;
             }
-            let flat = replica.params();
+            let flat = ctx.replica.params();
             let idx = index_tensor(&indices, &flat.device());
             let mean = mean.into_inner()?;
-            replica.set_params(flat.select_assign(0, idx, mean, IndexingUpdateOp::Assign));
+            ctx.replica
+                .set_params(flat.select_assign(0, idx, mean, IndexingUpdateOp::Assign));
         }
         Ok(())
     }

@@ -1,30 +1,10 @@
-//! Test doubles shared by the strategies' tests: a replica that is only a flat vector, and
-//! what a node's module needs to be built and stepped by hand.
+//! Test doubles shared by the strategies' tests: what a node's module needs to be built and
+//! stepped by hand (with gym-core's [`FlatReplica`]).
 
 use burn::tensor::{Device, Tensor, TensorData};
 use gym_core::{NodeInfo, ParamLayout, Replica};
 
-/// A replica that is only its flat parameters (no model, no optimizer).
-pub(crate) struct FlatReplica(pub Tensor<1>);
-
-impl Replica for FlatReplica {
-    fn params(&mut self) -> Tensor<1> {
-        self.0.clone()
-    }
-
-    fn set_params(&mut self, params: Tensor<1>) {
-        self.0 = params;
-    }
-
-    fn optimizer_step(
-        &mut self,
-        _: &mut burn::optim::ModuleOptimizer,
-        _: burn::optim::lr_scheduler::module_lr_scheduler::ModuleLearningRate,
-        _: Tensor<1>,
-    ) {
-        unreachable!("a flat replica is stepped by hand")
-    }
-}
+pub(crate) use gym_core::FlatReplica;
 
 /// A flat tensor of `values`.
 pub(crate) fn flat(values: &[f32]) -> Tensor<1> {
@@ -135,10 +115,11 @@ pub(crate) fn run_module(
                     world_size: k,
                     step: t,
                     max_steps: steps,
+                    replica: &mut replica,
                     collective: &comm,
                     layout,
                 };
-                module.communicate(&mut replica, &mut ctx).unwrap();
+                module.communicate(&mut ctx).unwrap();
                 after.push(host(replica.0.clone()));
             }
             (after, comm.simulated_time().map_or(0.0, |t| t.comm_s))

@@ -8,7 +8,8 @@ use burn::data::dataset::{Dataset, DatasetError};
 use burn::module::Module;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use gym_core::{
-    FitOutput, ImageBatch, NodeData, ParamLayout, StrategyConfig, Trainer, TrainerConfig,
+    FitOutput, ImageBatch, NodeData, NodeInfo, ParamLayout, Strategy, StrategyConfig, Trainer,
+    TrainerConfig,
 };
 use gym_models::{Mlp, MlpConfig};
 use std::path::{Path, PathBuf};
@@ -199,6 +200,30 @@ pub fn fit_small_mlp(
     Trainer::new(config)
         .fit(small_mlp, strategy, &data, &SyntheticBatcher)
         .expect("trains")
+}
+
+/// Builds rank 0's strategy of a `world_size`-node run of `max_steps` steps on `layout`
+/// (parameters at 0, equal speeds, no faults), as [`Trainer::fit`] does before any step:
+/// what a test of the settings a strategy refuses needs.
+pub fn init_rank0(
+    config: &dyn StrategyConfig,
+    layout: &ParamLayout,
+    world_size: usize,
+    max_steps: usize,
+) -> gym_core::Result<Box<dyn Strategy>> {
+    let device = Device::default().autodiff();
+    let speeds = vec![1.0; world_size];
+    config.init(&NodeInfo {
+        rank: 0,
+        world_size,
+        max_steps,
+        seed: 1,
+        device: &device,
+        layout,
+        initial_params: Tensor::zeros([layout.num_elements()], &device.clone().inner()),
+        node_speeds: &speeds,
+        faults: false,
+    })
 }
 
 /// The trainable parameters of `model`, flat, on the host.

@@ -178,6 +178,7 @@ fn run_case(case: &Value) -> Vec<Vec<Observed>> {
                     world_size: k,
                     step: i,
                     max_steps: steps.len(),
+                    replica: &mut replica,
                     collective: &comm,
                     layout: &layout,
                 };
@@ -185,7 +186,7 @@ fn run_case(case: &Value) -> Vec<Vec<Observed>> {
                     TensorData::new(grads, [layout.num_elements()]),
                     &device.clone().inner(),
                 );
-                demo.step(&mut replica, g, &mut ctx).unwrap();
+                demo.step(g, &mut ctx).unwrap();
                 let after = comm.stats();
                 let flat = host(replica.params());
                 let mut obs = Observed {
@@ -394,11 +395,12 @@ fn full_topk_on_one_node_is_sign_sgd() {
         world_size: 1,
         step: 0,
         max_steps: 1,
+        replica: &mut replica,
         collective: &comm,
         layout: &layout,
     };
     let g = Tensor::from_data(TensorData::new(grads.clone(), [n]), &device.clone().inner());
-    demo.step(&mut replica, g, &mut ctx).unwrap();
+    demo.step(g, &mut ctx).unwrap();
     let after = host(replica.params());
     let lr32 = lr as f32;
     for i in 0..n {

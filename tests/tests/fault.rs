@@ -4,8 +4,8 @@
 use burn::module::Module;
 use burn::tensor::{Device, Tensor};
 use gym_core::{
-    GymError, ImageBatch, NodeData, NodeInfo, NonFinitePolicy, Replica, Result, StepContext,
-    Strategy, StrategyConfig, TrainModel, Trainer, TrainerConfig,
+    GymError, ImageBatch, NodeData, NodeInfo, NonFinitePolicy, Result, StepContext, Strategy,
+    StrategyConfig, TrainModel, Trainer, TrainerConfig,
 };
 use gym_models::{Mlp, MlpConfig};
 use gym_strategies::AllReduceConfig;
@@ -150,7 +150,7 @@ impl StrategyConfig for Failing {
 struct FailingNode(usize);
 
 impl Strategy for FailingNode {
-    fn step(&mut self, _: &mut dyn Replica, _: Tensor<1>, ctx: &mut StepContext<'_>) -> Result<()> {
+    fn step(&mut self, _: Tensor<1>, ctx: &mut StepContext<'_>) -> Result<()> {
         if self.0 == 3 && ctx.step == 5 {
             return Err(GymError::Strategy("link down".into()));
         }

@@ -190,16 +190,15 @@ fn train(
                     world_size: K,
                     step,
                     max_steps: total,
+                    replica: &mut replica,
                     collective: &comm,
                     layout: &layout,
                 };
                 if strategy.computes(step) {
-                    let g = gradient(rank, step, &values(replica.params()));
-                    strategy
-                        .step(&mut replica, host(&g, &host_device), &mut ctx)
-                        .unwrap();
+                    let g = gradient(rank, step, &values(ctx.replica.params()));
+                    strategy.step(host(&g, &host_device), &mut ctx).unwrap();
                 } else {
-                    strategy.idle(&mut replica, &mut ctx).unwrap();
+                    strategy.idle(&mut ctx).unwrap();
                 }
             }
             let state = strategy.save_state().expect("saves its state");
@@ -342,12 +341,12 @@ fn resume_a_round_fn_module_keeps_its_state() {
         "lookahead",
         3,
         |node| node.initial_params.clone(),
-        |slow, replica, ctx| {
+        |slow, ctx| {
             let mean = ctx
                 .collective
-                .all_reduce(replica.params(), ReduceOp::Mean)?;
+                .all_reduce(ctx.replica.params(), ReduceOp::Mean)?;
             *slow = slow.clone() + (mean - slow.clone()).mul_scalar(0.5);
-            replica.set_params(slow.clone());
+            ctx.replica.set_params(slow.clone());
             Ok(())
         },
     );

@@ -133,11 +133,12 @@ fn drive(
                 world_size: 1,
                 step: (i + 1) * every - 1,
                 max_steps: 100,
+                replica: &mut replica,
                 collective: &comm,
                 layout: &layout,
             };
-            replica.set_params(host(theta, &device));
-            m.communicate(&mut replica, &mut ctx).unwrap();
+            ctx.replica.set_params(host(theta, &device));
+            m.communicate(&mut ctx).unwrap();
             replica.params().into_data().try_to_vec::<f32>().unwrap()
         })
         .collect()
@@ -251,10 +252,11 @@ fn fedavg_islands_average_within_and_differ_across() {
                 world_size: 4,
                 step: 3,
                 max_steps: 10,
+                replica: &mut replica,
                 collective: &comm,
                 layout: &layout,
             };
-            m.communicate(&mut replica, &mut ctx).unwrap();
+            m.communicate(&mut ctx).unwrap();
             replica.params().into_data().try_to_vec::<f32>().unwrap()
         })
         .unwrap();

@@ -4,11 +4,11 @@
 use burn::tensor::{Device, Tensor, TensorData};
 use gym_core::rng::lock_backend_rng;
 use gym_core::{
-    GymError, InnerOptimizerConfig, LrScheduleConfig, NodeInfo, ParamLayout, ReduceOp, Replica,
-    Result, StepContext, Strategy, StrategyConfig,
+    GymError, InnerOptimizerConfig, LrScheduleConfig, NodeInfo, ParamLayout, ReduceOp, Result,
+    StepContext, Strategy, StrategyConfig,
 };
 use gym_strategies::{AllReduceConfig, AveragingCommunicatorConfig, DesLocConfig, FedAvgConfig};
-use tests::{fit_small_mlp, flat_params, max_abs_diff, small_mlp};
+use tests::{fit_small_mlp, flat_params, init_rank0, max_abs_diff, small_mlp};
 
 fn params(strategy: &dyn StrategyConfig, k: usize, steps: usize) -> (Vec<f32>, u64, u64) {
     let out = fit_small_mlp(k, steps, 8, 5, strategy);
@@ -67,16 +67,11 @@ impl StrategyConfig for LocalAdam {
 }
 
 impl Strategy for LocalAdamNode {
-    fn step(
-        &mut self,
-        replica: &mut dyn Replica,
-        grads: Tensor<1>,
-        ctx: &mut StepContext<'_>,
-    ) -> Result<()> {
+    fn step(&mut self, grads: Tensor<1>, ctx: &mut StepContext<'_>) -> Result<()> {
         let (b1, b2, eps, wd) = (0.9f32, 0.999f32, 1e-8f32, 0.01f32);
         let device = grads.device();
         let g = host(grads);
-        let mut theta = host(replica.params());
+        let mut theta = host(ctx.replica.params());
         let t = (ctx.step + 1) as i32;
         for i in 0..g.len() {
             self.u[i] = b1 * self.u[i] + (1.0 - b1) * g[i];
@@ -96,7 +91,8 @@ impl Strategy for LocalAdamNode {
             mean(&mut theta)?;
         }
         let n = theta.len();
-        replica.set_params(Tensor::from_data(TensorData::new(theta, [n]), &device));
+        ctx.replica
+            .set_params(Tensor::from_data(TensorData::new(theta, [n]), &device));
         Ok(())
     }
 
@@ -195,20 +191,7 @@ fn zoo_desloc_bytes_with_the_default_periods_follow_the_formula() {
 }
 
 fn refusal(config: &DesLocConfig) -> String {
-    let device = Device::default().autodiff();
-    let layout = layout();
-    let node = NodeInfo {
-        rank: 0,
-        world_size: 2,
-        max_steps: 10,
-        seed: 1,
-        device: &device,
-        layout: &layout,
-        initial_params: Tensor::zeros([layout.num_elements()], &device.clone().inner()),
-        node_speeds: &[1.0, 1.0],
-        faults: false,
-    };
-    match config.init(&node) {
+    match init_rank0(config, &layout(), 2, 10) {
         Err(GymError::InvalidConfig(why)) => why,
         Err(e) => panic!("expected InvalidConfig, got {e}"),
         Ok(_) => panic!("accepted {config:?}"),

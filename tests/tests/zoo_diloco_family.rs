@@ -3,9 +3,9 @@
 
 use burn::tensor::{Device, Tensor, TensorData};
 use gym_core::{
-    ComputeModel, Group, InProcessGroup, InnerOptimizerConfig, Network, NodeData, NodeInfo,
-    OptimizerConfig, ParamLayout, RunReport, SimulationConfig, StepContext, StrategyConfig,
-    TrainModel, Trainer, TrainerConfig,
+    ComputeModel, FlatReplica, Group, InProcessGroup, InnerOptimizerConfig, Network, NodeData,
+    NodeInfo, OptimizerConfig, ParamLayout, RunReport, SimulationConfig, StepContext,
+    StrategyConfig, TrainModel, Trainer, TrainerConfig,
 };
 use gym_strategies::{
     Aggregation, AsyncDiLoCoConfig, Codec, CompressionConfig, DiLoCoCommunicatorConfig,
@@ -272,11 +272,13 @@ fn compressed_mean(
                 faults: false,
             };
             let mut compressor = compression.init(&node, 0).unwrap();
+            let mut unused = FlatReplica(Tensor::zeros([1], &device));
             let ctx = StepContext {
                 rank,
                 world_size: k,
                 step: 0,
                 max_steps: 1,
+                replica: &mut unused,
                 collective: &comm,
                 layout: &layout,
             };

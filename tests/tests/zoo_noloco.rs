@@ -75,19 +75,19 @@ impl CommunicationModuleConfig for HeavyBallConfig {
 }
 
 impl CommunicationModule for HeavyBall {
-    fn communicate(&mut self, replica: &mut dyn Replica, ctx: &mut StepContext<'_>) -> Result<()> {
+    fn communicate(&mut self, ctx: &mut StepContext<'_>) -> Result<()> {
         if !is_sync_step(ctx.step, self.h) {
             return Ok(());
         }
         let mean = values(
             ctx.collective
-                .all_reduce(replica.params(), ReduceOp::Mean)?,
+                .all_reduce(ctx.replica.params(), ReduceOp::Mean)?,
         );
         for ((phi, m), avg) in self.phi.iter_mut().zip(&mut self.m).zip(mean) {
             *m = self.mu * *m + self.alpha * (avg - *phi);
             *phi += *m;
         }
-        replica.set_params(host(&self.phi, &Device::default()));
+        ctx.replica.set_params(host(&self.phi, &Device::default()));
         Ok(())
     }
 
@@ -195,10 +195,11 @@ fn one_sync(k: usize, n: usize, alpha: f64, seed: u64, step: usize) -> Vec<Vec<f
                 world_size: k,
                 step,
                 max_steps: step + 1,
+                replica: &mut replica,
                 collective: &comm,
                 layout: &layout,
             };
-            module.communicate(&mut replica, &mut ctx).unwrap();
+            module.communicate(&mut ctx).unwrap();
             let after = values(replica.params());
             assert_eq!(after, values(module.master_params().unwrap()));
             after

@@ -5,8 +5,9 @@ use burn::nn::LinearConfig;
 use burn::tensor::{Device, Tensor, TensorData};
 use gym_core::rng::lock_backend_rng;
 use gym_core::{
-    Collective, FitOutput, Group, GymError, InProcessGroup, InnerOptimizerConfig, NodeData,
-    NodeInfo, OptimizerConfig, ParamLayout, StepContext, StrategyConfig, Trainer, TrainerConfig,
+    Collective, FitOutput, FlatReplica, Group, GymError, InProcessGroup, InnerOptimizerConfig,
+    NodeData, NodeInfo, OptimizerConfig, ParamLayout, StepContext, StrategyConfig, Trainer,
+    TrainerConfig,
 };
 use gym_models::{Mlp, MlpConfig};
 use gym_strategies::compress::{Compressor, PowerSgdCompressionConfig, PowerSgdCompressor};
@@ -68,9 +69,11 @@ fn compressor(
         .expect("valid settings")
 }
 
+/// The context of `step` for a compressor driven by hand (its replica unused).
 fn context<'a>(
     comm: &'a Collective,
     layout: &'a ParamLayout,
+    replica: &'a mut FlatReplica,
     world_size: usize,
     step: usize,
 ) -> StepContext<'a> {
@@ -79,6 +82,7 @@ fn context<'a>(
         world_size,
         step,
         max_steps: 10,
+        replica,
         collective: comm,
         layout,
     }
@@ -123,7 +127,8 @@ fn powersgd_mean(
         .run(|comm| {
             let rank = comm.rank();
             let mut c = compressor(config, layout, rank, k);
-            let ctx = context(&comm, layout, k, 0);
+            let mut unused = FlatReplica(Tensor::zeros([1], &Device::default()));
+            let ctx = context(&comm, layout, &mut unused, k, 0);
             let x = host(&gradient(rank), &Device::default());
             values(c.mean(&Group::world(k), x, &ctx).expect("averages"))
         })
@@ -225,7 +230,8 @@ fn zoo_powersgd_error_feedback_carries_m_minus_g_hat_into_the_next_step() {
             .with_rank(1)
             .with_error_feedback(error_feedback);
         let mut c = compressor(config, &layout, 0, 1);
-        let ctx = context(&comm, &layout, 1, 0);
+        let mut unused = FlatReplica(Tensor::zeros([1], &Device::default()));
+        let ctx = context(&comm, &layout, &mut unused, 1, 0);
         let first = values(c.mean(&Group::world(1), host(&g1, &device), &ctx).unwrap());
         let second = values(c.mean(&Group::world(1), host(&g2, &device), &ctx).unwrap());
         (first, second)
@@ -276,7 +282,8 @@ fn zoo_powersgd_refuses_a_vector_that_is_not_laid_out_as_the_parameters() {
     let group = InProcessGroup::new(1);
     let comm = group.handle(0);
     let mut c = compressor(PowerSgdCompressionConfig::new(), &layout, 0, 1);
-    let ctx = context(&comm, &layout, 1, 0);
+    let mut unused = FlatReplica(Tensor::zeros([1], &Device::default()));
+    let ctx = context(&comm, &layout, &mut unused, 1, 0);
     let wrong = host(&vec![1.0; layout.num_elements() + 1], &Device::default());
     match c.mean(&Group::world(1), wrong, &ctx) {
         Err(GymError::InvalidConfig(why)) => assert!(why.contains("PowerSGD"), "{why}"),

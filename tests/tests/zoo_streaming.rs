@@ -14,8 +14,8 @@ use gym_strategies::{
 };
 use std::ops::Range;
 use tests::{
-    SyntheticBatcher, fit_small_mlp, flat_params, max_abs_diff, relative_error, small_mlp,
-    small_mlp_data,
+    SyntheticBatcher, fit_small_mlp, flat_params, init_rank0, max_abs_diff, relative_error,
+    small_mlp, small_mlp_data,
 };
 
 fn adamw() -> InnerOptimizerConfig {
@@ -138,14 +138,14 @@ impl CommunicationModuleConfig for NaiveStreamingConfig {
 }
 
 impl CommunicationModule for NaiveStreaming {
-    fn communicate(&mut self, replica: &mut dyn Replica, ctx: &mut StepContext<'_>) -> Result<()> {
+    fn communicate(&mut self, ctx: &mut StepContext<'_>) -> Result<()> {
         let f = self.ranges.len();
         let s = self.h / f;
         if !is_sync_step(ctx.step, s) {
             return Ok(());
         }
         let p = ((ctx.step + 1) / s - 1) % f;
-        let mut theta = values(replica.params());
+        let mut theta = values(ctx.replica.params());
         let idx: Vec<usize> = self.ranges[p].iter().flat_map(|r| r.clone()).collect();
         let delta: Vec<f32> = idx.iter().map(|&i| self.phi[i] - theta[i]).collect();
         let mean = values(
@@ -158,7 +158,7 @@ impl CommunicationModule for NaiveStreaming {
             self.phi[i] -= self.lr * (d + self.mu * self.m[i]);
             theta[i] = self.phi[i];
         }
-        replica.set_params(host(&theta, &Device::default()));
+        ctx.replica.set_params(host(&theta, &Device::default()));
         Ok(())
     }
 }
@@ -316,10 +316,11 @@ fn drive(config: &StreamingDiLoCoConfig, k: usize, steps: usize) -> Vec<Trace> {
                     world_size: k,
                     step,
                     max_steps: steps,
+                    replica: &mut replica,
                     collective: &comm,
                     layout: &layout,
                 };
-                module.communicate(&mut replica, &mut ctx).unwrap();
+                module.communicate(&mut ctx).unwrap();
                 theta = values(replica.params());
                 after.push(theta.clone());
             }
@@ -471,21 +472,7 @@ fn zoo_streaming_overlap_hides_communication_on_a_simulated_network() {
 }
 
 fn init_error(config: &StreamingDiLoCoConfig) -> String {
-    let device = Device::default().autodiff();
-    let layout = layout();
-    let initial = host(&vec![0.0; layout.num_elements()], &device);
-    let node = NodeInfo {
-        rank: 0,
-        world_size: 2,
-        max_steps: 100,
-        seed: 1,
-        device: &device,
-        layout: &layout,
-        initial_params: initial,
-        node_speeds: &[1.0, 1.0],
-        faults: false,
-    };
-    match StrategyConfig::init(config, &node) {
+    match init_rank0(config, &layout(), 2, 100) {
         Ok(_) => panic!("accepted {config:?}"),
         Err(e) => e.to_string(),
     }
@@ -514,18 +501,5 @@ fn zoo_streaming_refuses_bad_settings_naming_them() {
     let e = init_error(&base().with_sync_interval(0));
     assert!(e.contains("`sync_interval`"), "{e}");
     // τ = H/F − 1 is the largest overlap accepted.
-    let device = Device::default().autodiff();
-    let layout = layout();
-    let node = NodeInfo {
-        rank: 0,
-        world_size: 1,
-        max_steps: 10,
-        seed: 1,
-        device: &device,
-        layout: &layout,
-        initial_params: host(&vec![0.0; layout.num_elements()], &device),
-        node_speeds: &[1.0],
-        faults: false,
-    };
-    assert!(StrategyConfig::init(&base().with_overlap(2), &node).is_ok());
+    assert!(init_rank0(&base().with_overlap(2), &layout(), 1, 10).is_ok());
 }

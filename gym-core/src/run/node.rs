@@ -186,14 +186,6 @@ where
             view = comm.with_present(faults.members(rank, step));
             &view
         };
-        let mut ctx = StepContext {
-            rank,
-            world_size: plan.num_nodes,
-            step,
-            max_steps: plan.max_steps,
-            collective,
-            layout: &layout,
-        };
         let computed = if present && strategy.computes(step) {
             let mut work = compute_gradient(&mut replica, &layout, &mut loader, shared, device)?;
             if let Some(simulated) = plan.step_compute_s(rank, step, work.compute_s) {
@@ -226,12 +218,21 @@ where
                     > 0.0
             }
         };
+        let mut ctx = StepContext {
+            rank,
+            world_size: plan.num_nodes,
+            step,
+            max_steps: plan.max_steps,
+            replica: &mut replica,
+            collective,
+            layout: &layout,
+        };
         let strategy_start = Instant::now();
         let (loss, compute_s) = match computed {
             Some(work) if skip => (Some(work.loss), work.compute_s),
             Some(work) => {
                 let compute_before = comm.simulated_time().map_or(0.0, |t| t.compute_s);
-                strategy.step(&mut replica, work.grads, &mut ctx)?;
+                strategy.step(work.grads, &mut ctx)?;
                 let compute_after = comm.simulated_time().map_or(0.0, |t| t.compute_s);
                 let undone = (compute_before - compute_after).max(0.0);
                 ledger.computed(&mut *strategy, work.simulated_s, undone);
@@ -239,7 +240,7 @@ where
             }
             None if skip || !present => (None, 0.0),
             None => {
-                strategy.idle(&mut replica, &mut ctx)?;
+                strategy.idle(&mut ctx)?;
                 (None, 0.0)
             }
         };

@@ -15,7 +15,7 @@ pub mod replica;
 pub mod schedule;
 pub mod traffic;
 
-pub use replica::{ModelReplica, Replica};
+pub use replica::{FlatReplica, ModelReplica, Replica};
 pub use traffic::{PlanInfo, Traffic};
 
 use crate::comm::{Collective, Group};
@@ -52,7 +52,8 @@ pub struct NodeInfo<'a> {
     pub faults: bool,
 }
 
-/// What a node knows during one step.
+/// What a node has during one step: its model, its link to the other nodes, and where the
+/// run stands.
 pub struct StepContext<'a> {
     /// This node's rank.
     pub rank: usize,
@@ -62,6 +63,9 @@ pub struct StepContext<'a> {
     pub step: usize,
     /// Steps the run will take.
     pub max_steps: usize,
+    /// This node's model as the strategy updates it: its trainable parameters as one flat
+    /// buffer ([`Replica::params`], [`Replica::set_params`]).
+    pub replica: &'a mut dyn Replica,
     /// The link to the other nodes; all traffic goes through it, so it is all counted.
     /// Under a fault schedule its [`world`](Collective::world) is the nodes present.
     pub collective: &'a Collective,
@@ -113,7 +117,7 @@ pub fn is_sync_step(step: usize, sync_interval: usize) -> bool {
 /// ```
 /// use burn::tensor::Tensor;
 /// use gym_core::{InnerOptimizer, InnerOptimizerConfig, NodeInfo, OptimizerConfig, ReduceOp};
-/// use gym_core::{Replica, Result, StepContext, Strategy, StrategyConfig};
+/// use gym_core::{Result, StepContext, Strategy, StrategyConfig};
 ///
 /// struct PeriodicAverage { every: usize }
 ///
@@ -131,11 +135,11 @@ pub fn is_sync_step(step: usize, sync_interval: usize) -> bool {
 /// }
 ///
 /// impl Strategy for PeriodicAverageNode {
-///     fn step(&mut self, replica: &mut dyn Replica, grads: Tensor<1>, ctx: &mut StepContext<'_>) -> Result<()> {
-///         self.optim.step(replica, grads);
+///     fn step(&mut self, grads: Tensor<1>, ctx: &mut StepContext<'_>) -> Result<()> {
+///         self.optim.step(ctx.replica, grads);
 ///         if ctx.ends_round(self.every) {
-///             let mean = ctx.collective.all_reduce(replica.params(), ReduceOp::Mean)?;
-///             replica.set_params(mean);
+///             let mean = ctx.collective.all_reduce(ctx.replica.params(), ReduceOp::Mean)?;
+///             ctx.replica.set_params(mean);
 ///         }
 ///         Ok(())
 ///     }
@@ -146,14 +150,10 @@ pub fn is_sync_step(step: usize, sync_interval: usize) -> bool {
 /// # let _ = strategies;
 /// ```
 pub trait Strategy: Send {
-    /// Updates `replica` with this node's gradient `grads` (flat, following
-    /// [`StepContext::layout`], already averaged over gradient-accumulation minibatches).
-    fn step(
-        &mut self,
-        replica: &mut dyn Replica,
-        grads: Tensor<1>,
-        ctx: &mut StepContext<'_>,
-    ) -> Result<()>;
+    /// Updates the node's model ([`StepContext::replica`]) with its gradient `grads` (flat,
+    /// following [`StepContext::layout`], already averaged over gradient-accumulation
+    /// minibatches).
+    fn step(&mut self, grads: Tensor<1>, ctx: &mut StepContext<'_>) -> Result<()>;
 
     /// The learning rate of the last step.
     fn lr(&self) -> f64;
@@ -169,7 +169,7 @@ pub trait Strategy: Send {
 
     /// A step this node sits out ([`computes`](Self::computes) returned `false`); it may
     /// still communicate, e.g. when the step ends a round.
-    fn idle(&mut self, _replica: &mut dyn Replica, _ctx: &mut StepContext<'_>) -> Result<()> {
+    fn idle(&mut self, _ctx: &mut StepContext<'_>) -> Result<()> {
         Ok(())
     }
 

@@ -130,6 +130,29 @@ impl<M: Module> Replica for ModelReplica<M> {
     }
 }
 
+/// A [`Replica`] that is only its flat parameters, without a model: for driving a strategy,
+/// a communication module or a compressor by hand (a [`StepContext`](crate::StepContext)
+/// needs a replica), in tests and small experiments.
+///
+/// # Panics
+/// In [`optimizer_step`](Replica::optimizer_step): there is no module for Burn's optimizer
+/// to step; step the values by hand with [`set_params`](Replica::set_params).
+pub struct FlatReplica(pub Tensor<1>);
+
+impl Replica for FlatReplica {
+    fn params(&mut self) -> Tensor<1> {
+        self.0.clone()
+    }
+
+    fn set_params(&mut self, params: Tensor<1>) {
+        self.0 = params;
+    }
+
+    fn optimizer_step(&mut self, _: &mut ModuleOptimizer, _: ModuleLearningRate, _: Tensor<1>) {
+        panic!("a FlatReplica has no module for Burn's optimizer to step")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

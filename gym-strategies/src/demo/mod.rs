@@ -40,8 +40,8 @@ use gym_core::optim::{check_learning_rate, check_max_norm, clip_grad_norm};
 use gym_core::planner::{PlanInfo, PlannedEvent, Traffic};
 use gym_core::state::fields::{Bytes, Record, Values};
 use gym_core::{
-    GymError, LrScheduleConfig, NodeInfo, ParamLayout, Replica, Result, StateDict, StepContext,
-    Strategy, StrategyConfig,
+    GymError, LrScheduleConfig, NodeInfo, ParamLayout, Result, StateDict, StepContext, Strategy,
+    StrategyConfig,
 };
 
 /// The strategy's name, on the command line and in logs.
@@ -216,12 +216,7 @@ impl DeMoConfig {
 }
 
 impl Strategy for DeMo {
-    fn step(
-        &mut self,
-        replica: &mut dyn Replica,
-        grads: Tensor<1>,
-        ctx: &mut StepContext<'_>,
-    ) -> Result<()> {
+    fn step(&mut self, grads: Tensor<1>, ctx: &mut StepContext<'_>) -> Result<()> {
         let grads = match self.max_norm {
             Some(max_norm) => clip_grad_norm(grads, max_norm),
             None => grads,
@@ -235,7 +230,7 @@ impl Strategy for DeMo {
         let gathered = ctx.collective.all_gather_bytes(payload)?;
         let direction = self.aggregate(&gathered)?;
 
-        let params = replica.params();
+        let params = ctx.replica.params();
         let direction = Tensor::from_data(
             TensorData::new(direction, [params.dims()[0]]),
             &params.device(),
@@ -245,7 +240,7 @@ impl Strategy for DeMo {
         } else {
             params
         };
-        replica.set_params(params - direction.mul_scalar(lr));
+        ctx.replica.set_params(params - direction.mul_scalar(lr));
         Ok(())
     }
 

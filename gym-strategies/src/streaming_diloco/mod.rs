@@ -14,8 +14,8 @@ use burn::tensor::Tensor;
 use gym_core::planner::{PlanInfo, PlannedCall, PlannedEvent, PlannedGroups, Traffic};
 use gym_core::state::fields::{Record, Values};
 use gym_core::{
-    GymError, Incoming, InnerOptimizerConfig, NodeInfo, OptimizerConfig, Replica, Result,
-    StateDict, StepContext, TransferTiming,
+    GymError, Incoming, InnerOptimizerConfig, NodeInfo, OptimizerConfig, Result, StateDict,
+    StepContext, TransferTiming,
 };
 use std::ops::Range;
 
@@ -340,15 +340,9 @@ impl StreamingDiLoCo {
     }
 
     /// Starts the mean of fragment `p`'s outer gradient, to be applied at `sync_step`.
-    fn prepare(
-        &mut self,
-        p: usize,
-        sync_step: usize,
-        replica: &mut dyn Replica,
-        ctx: &StepContext<'_>,
-    ) -> Result<()> {
+    fn prepare(&mut self, p: usize, sync_step: usize, ctx: &mut StepContext<'_>) -> Result<()> {
         let fragment = &mut self.fragments[p];
-        let delta = fragment.outer.master() - gather(&fragment.ranges, &replica.params());
+        let delta = fragment.outer.master() - gather(&fragment.ranges, &ctx.replica.params());
         let world = ctx.world();
         // The value arrives when it does; the clock's charge stays with the transfer.
         let (mean, transfer) = fragment
@@ -367,7 +361,7 @@ impl StreamingDiLoCo {
 
     /// Applies the mean in flight if its sync step is `step`: outer step, then mixing into
     /// the replica.
-    fn sync_if_due(&mut self, replica: &mut dyn Replica, ctx: &StepContext<'_>) -> Result<()> {
+    fn sync_if_due(&mut self, ctx: &mut StepContext<'_>) -> Result<()> {
         let step = ctx.step;
         let Some(InFlight {
             fragment,
@@ -382,27 +376,28 @@ impl StreamingDiLoCo {
         let mean = mean.into_inner()??;
         let fragment = &mut self.fragments[fragment];
         let phi = fragment.outer.step(mean);
-        let theta = replica.params();
+        let theta = ctx.replica.params();
         let local = gather(&fragment.ranges, &theta);
         // (1−α)·φ + α·θ: exactly φ at α = 0 and exactly θ at α = 1.
         let mixed = phi.mul_scalar(1.0 - self.mixing) + local.mul_scalar(self.mixing);
-        replica.set_params(scatter(&fragment.ranges, theta, mixed));
+        ctx.replica
+            .set_params(scatter(&fragment.ranges, theta, mixed));
         Ok(())
     }
 }
 
 impl CommunicationModule for StreamingDiLoCo {
-    fn communicate(&mut self, replica: &mut dyn Replica, ctx: &mut StepContext<'_>) -> Result<()> {
+    fn communicate(&mut self, ctx: &mut StepContext<'_>) -> Result<()> {
         // A sync due now goes first (τ > 0: it was prepared τ steps ago), then the prepare
         // of the sync τ steps ahead, then, with τ = 0, that same sync.
-        self.sync_if_due(replica, ctx)?;
+        self.sync_if_due(ctx)?;
         let sync_step = ctx.step + self.overlap;
         if sync_step < ctx.max_steps
             && let Some(p) = self.syncing_at(sync_step)
         {
-            self.prepare(p, sync_step, replica, ctx)?;
+            self.prepare(p, sync_step, ctx)?;
         }
-        self.sync_if_due(replica, ctx)
+        self.sync_if_due(ctx)
     }
 
     fn master_params(&self) -> Option<Tensor<1>> {
