@@ -431,7 +431,7 @@ thread_local! {
 
 /// In tests: `n` values spread over ±4 with their signs mixed, from `seed` (the same on
 /// every machine).
-#[cfg(test)]
+#[cfg(all(test, feature = "flex"))]
 pub(crate) fn spread_values(n: usize, seed: u64) -> Vec<f32> {
     (0..n as u64)
         .map(|i| {
