@@ -35,9 +35,8 @@ pub fn diloco(h: usize, codec: &str) -> DiLoCoConfig {
 
 /// DiLoCo every `h` steps through `codec` whose outer steps wait for a quorum under `rule`.
 pub fn diloco_quorum(h: usize, codec: &str, rule: QuorumRule) -> DiLoCoConfig {
-    let diloco = diloco(h, codec);
-    let communicator = diloco.communicator.clone().with_quorum(Some(rule));
-    diloco.with_communicator(communicator)
+    let communicator = diloco(h, codec).communicator.with_quorum(Some(rule));
+    DiLoCoConfig::new().with_communicator(communicator)
 }
 
 /// Streaming DiLoCo every `h` steps in `fragments` fragments, each averaged over `overlap`
