@@ -65,6 +65,7 @@ fn a_checkpoint_and_the_model_are_safetensors_that_python_reads() {
     );
     let Some(py) = python() else {
         eprintln!("no Python with safetensors and numpy: the independent reader was not run");
+        std::fs::remove_dir_all(&logs).ok();
         return;
     };
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/read_checkpoint.py");
@@ -92,4 +93,5 @@ fn a_checkpoint_and_the_model_are_safetensors_that_python_reads() {
     // PyTorch's Linear layout, and AllReduce's replicas equal the exported model.
     assert_eq!(r["fc1_shape"], serde_json::json!([256, 784]));
     assert_eq!(r["model_equals_node0"], true, "{r}");
+    std::fs::remove_dir_all(&logs).ok();
 }

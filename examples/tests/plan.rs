@@ -164,6 +164,7 @@ fn a_sweep_prints_a_table_and_draws_utilisation_against_bandwidth() {
         .collect();
     assert!(d[0] < d[1] && d[1] < d[2], "{d:?}");
     assert!(cu("allreduce", "1gbit:50ms") < d[1]);
+    std::fs::remove_dir_all(&out_dir).ok();
 }
 
 #[test]

@@ -95,6 +95,7 @@ fn q_on_the_dashboard_stops_the_run_as_ctrl_c_does() {
             .starts_with("checkpoint-")),
         "a checkpoint was written"
     );
+    std::fs::remove_dir_all(&logs).ok();
 }
 
 /// Without a terminal, `--tui` says so and the run finishes with the progress bar.
@@ -112,6 +113,7 @@ fn without_a_terminal_the_run_shows_the_progress_bar() {
         "{err}"
     );
     assert!(logs.join("t/summary.json").exists());
+    std::fs::remove_dir_all(&logs).ok();
 }
 
 /// Not a check: draws the dashboard of a real run (8 nodes of the synthetic MLP, DiLoCo, a

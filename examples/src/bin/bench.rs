@@ -308,7 +308,12 @@ fn real_links_main(cli: &Cli) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match real_links::run_real_links(&cases, &inputs, &command_line()) {
+    match real_links::run_real_links(
+        &cases,
+        cli.real_links_args.real_links_repeat as usize,
+        &inputs,
+        &command_line(),
+    ) {
         Ok((result, measured)) => {
             if let Err(code) = show(&result, cli) {
                 return code;

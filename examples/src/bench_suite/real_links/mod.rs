@@ -38,7 +38,7 @@ pub const WIRE_TOLERANCE: f64 = 0.15;
 #[derive(Debug, Clone, clap::Args)]
 pub struct RealLinksArgs {
     /// Real links: which cases to run: `full` (every strategy, model, host count and rate;
-    /// about 3 minutes on 2 cores), `ci` (AllReduce of the MLP on 2 hosts at 20 Mbit/s, on
+    /// about 4 minutes on 2 cores), `ci` (AllReduce of the MLP on 2 hosts at 20 Mbit/s, on
     /// 4 at 100 Mbit/s, and 8 nodes on 4 at 20 Mbit/s), or case names, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "full")]
     pub real_links_cases: Vec<String>,
@@ -54,6 +54,11 @@ pub struct RealLinksArgs {
     /// `call_overhead_ms`, given to every run as `--link-efficiency` and `--call-overhead`.
     #[arg(long, value_name = "FILE")]
     pub real_links_protocol: Option<PathBuf>,
+    /// Real links: runs of each case, each on a fresh cluster; the table shows the run of
+    /// the median ratio and the range of all (one run's ratio moves by a few hundredths on
+    /// a shared machine).
+    #[arg(long, default_value_t = 1, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub real_links_repeat: u32,
 }
 
 /// What one case measured.
@@ -75,9 +80,23 @@ pub struct Measured {
     pub wire_bytes: f64,
     /// The transport's costs the simulated network charged.
     pub protocol: gym_core::Protocol,
+    /// Real ÷ simulated of every run of the case, in order (this one's alone until
+    /// [`Measured::median`] gathers several).
+    pub ratios: Vec<f64>,
 }
 
 impl Measured {
+    /// The run of the median ratio among `runs` of one case (of an even count, the upper
+    /// of the two middle ones), holding every run's ratio, sorted. `None` for no runs.
+    pub fn median(mut runs: Vec<Measured>) -> Option<Measured> {
+        runs.sort_by(|a, b| a.ratio().total_cmp(&b.ratio()));
+        let ratios: Vec<f64> = runs.iter().map(Measured::ratio).collect();
+        let middle = runs.len() / 2;
+        let mut median = runs.into_iter().nth(middle)?;
+        median.ratios = ratios;
+        Some(median)
+    }
+
     /// Real ÷ simulated seconds per step.
     pub fn ratio(&self) -> f64 {
         self.real_s / self.simulated_s
@@ -251,6 +270,7 @@ pub fn run_case(case: &Case, inputs: &Inputs) -> Result<Measured, BoxError> {
         observer_bytes: summary.observer_bytes_sent_per_node * nodes,
         wire_bytes: wire_bytes as f64,
         protocol: inputs.protocol,
+        ratios: vec![real_s / simulated_s],
     })
 }
 
@@ -294,9 +314,11 @@ pub fn per_step(train_csv: &Path, untimed: usize) -> Result<(f64, f64), String> 
     Ok((real, simulated))
 }
 
-/// Runs `cases` one after the other and returns the table (and every figure).
+/// Runs `cases` one after the other, each `repeat` times, and returns the table (and every
+/// figure) of each case's median run.
 pub fn run_real_links(
     cases: &[Case],
+    repeat: usize,
     inputs: &Inputs,
     command: &str,
 ) -> Result<(SuiteResult, Vec<Measured>), BoxError> {
@@ -313,14 +335,18 @@ pub fn run_real_links(
             case.hosts_label(),
             case.strategy.join(" ")
         );
-        let m = run_case(case, inputs)?;
-        eprintln!(
-            "real links:   real {:.4} s/step, simulated {:.4}: {:.3}",
-            m.real_s,
-            m.simulated_s,
-            m.ratio()
-        );
-        measured.push(m);
+        let mut runs = Vec::with_capacity(repeat);
+        for _ in 0..repeat.max(1) {
+            let m = run_case(case, inputs)?;
+            eprintln!(
+                "real links:   real {:.4} s/step, simulated {:.4}: {:.3}",
+                m.real_s,
+                m.simulated_s,
+                m.ratio()
+            );
+            runs.push(m);
+        }
+        measured.extend(Measured::median(runs));
     }
     Ok((table(&measured, &machine, command), measured))
 }
@@ -329,9 +355,9 @@ pub fn run_real_links(
 pub fn table(measured: &[Measured], machine: &MachineInfo, command: &str) -> SuiteResult {
     let mut figures = BTreeMap::new();
     let mut rows = vec![
-        "| case | model | strategy | hosts | nodes | MiB per call | real s/step | simulated s/step | real ÷ simulated | band | counted MB | wire MB | wire ÷ counted |"
+        "| case | model | strategy | hosts | nodes | MiB per call | real s/step | simulated s/step | real ÷ simulated | runs | band | counted MB | wire MB | wire ÷ counted |"
             .to_string(),
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|".to_string(),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|".to_string(),
     ];
     for m in measured {
         let c = &m.case;
@@ -341,13 +367,22 @@ pub fn table(measured: &[Measured], machine: &MachineInfo, command: &str) -> Sui
         figures.insert(format!("real_links_{key}_simulated_s"), m.simulated_s);
         figures.insert(format!("real_links_{key}_ratio"), m.ratio());
         figures.insert(format!("real_links_{key}_wire_ratio"), m.wire_ratio());
+        let (first, last) = (m.ratios.first(), m.ratios.last());
+        let runs = match (first, last) {
+            (Some(lo), Some(hi)) if m.ratios.len() > 1 => {
+                figures.insert(format!("real_links_{key}_ratio_min"), *lo);
+                figures.insert(format!("real_links_{key}_ratio_max"), *hi);
+                format!("{} ({lo:.3}–{hi:.3})", m.ratios.len())
+            }
+            _ => "1".into(),
+        };
         let wire = if m.wire_comparable() {
             format!("{:.3}", m.wire_ratio())
         } else {
             "(in memory)".into()
         };
         rows.push(format!(
-            "| {} | {} | {} | {} | {} | {:.2} | {:.4} | {:.4} | {:.3}{} | {lo}–{hi} | {:.2} | {:.2} | {wire} |",
+            "| {} | {} | {} | {} | {} | {:.2} | {:.4} | {:.4} | {:.3}{} | {runs} | {lo}–{hi} | {:.2} | {:.2} | {wire} |",
             c.name,
             match c.model {
                 Model::Mlp => "MLP",
@@ -380,7 +415,9 @@ pub fn table(measured: &[Measured], machine: &MachineInfo, command: &str) -> Sui
          node its host's link at 0 ms, {protocol}, compute measured (`--node-tflops \
          measured`). Real = the run's wall seconds per step, \
          simulated = its simulated seconds per step, both from its `train.csv` over the steps \
-         after the second (the 5 Mbit/s cases: after the 20th). Band: {}–{} where the calls carry at least 1 MiB per node, \
+         after the second (eager DiLoCo: after the fourth; the 5 Mbit/s cases: after the \
+         20th); of several runs of a case, \
+         the run of the median ratio, with the range of all under runs. Band: {}–{} where the calls carry at least 1 MiB per node, \
          {}–{} otherwise. Counted = the training and the simulator's own bytes every node \
          sent; wire = the bytes the hosts' interfaces sent (with Ethernet, IP and TCP headers \
          and MPI's start-up). {} of {} cases outside their band; {} of the comparable wire \
@@ -436,5 +473,32 @@ mod tests {
         std::fs::write(&csv, "step,step_time_s,sim_time_s\n0,1,1\n").unwrap();
         assert!(per_step(&csv, 2).unwrap_err().contains("more than 2"));
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn the_median_run_keeps_its_own_figures_and_every_ratio() {
+        let run = |real_s: f64, wire_bytes: f64| Measured {
+            case: full_grid().remove(0),
+            real_s,
+            simulated_s: 0.5,
+            bytes_per_call: 1.0,
+            counted_bytes: 1.0,
+            observer_bytes: 0.0,
+            wire_bytes,
+            protocol: gym_core::Protocol::default(),
+            ratios: vec![real_s / 0.5],
+        };
+        // Ratios 1.2, 1.0, 1.1: the median is the third run, whole.
+        let m = Measured::median(vec![run(0.6, 1.0), run(0.5, 2.0), run(0.55, 3.0)]).unwrap();
+        assert_eq!((m.real_s, m.wire_bytes), (0.55, 3.0));
+        assert_eq!(m.ratios, [1.0, 1.1, 1.2]);
+        // Of two, the upper; of one, itself; of none, nothing.
+        let m = Measured::median(vec![run(0.6, 1.0), run(0.5, 2.0)]).unwrap();
+        assert_eq!(m.real_s, 0.6);
+        assert_eq!(
+            Measured::median(vec![run(0.45, 1.0)]).unwrap().ratios,
+            [0.9]
+        );
+        assert!(Measured::median(Vec::new()).is_none());
     }
 }

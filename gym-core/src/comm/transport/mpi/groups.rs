@@ -27,9 +27,8 @@ pub(super) struct GroupComm {
 
 // SAFETY: MPI runs at `Threading::Multiple` (checked at start-up). On a lane waited for at
 // once, one thread at a time uses the communicator (a group's calls follow each other).
-// On a background lane, the thread that starts a call exchanges its headers while the
-// worker may be moving an earlier call's data: their messages have different tags, and
-// each tag is used by one of the two threads only.
+// On a background lane, only the lane's worker uses it: a call's headers and its data both
+// move there, one call after the other.
 unsafe impl Send for GroupComm {}
 unsafe impl Sync for GroupComm {}
 
