@@ -80,7 +80,7 @@ pub struct Measured {
     pub wire_bytes: f64,
     /// The transport's costs the simulated network charged.
     pub protocol: gym_core::Protocol,
-    /// Real ÷ simulated of every run of the case, in order (this one's alone until
+    /// Real ÷ simulated of every run of the case, lowest first (this run's alone until
     /// [`Measured::median`] gathers several).
     pub ratios: Vec<f64>,
 }
