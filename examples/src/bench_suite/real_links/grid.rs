@@ -49,7 +49,15 @@ impl Case {
         let words: Vec<String> = strategy.split_whitespace().map(String::from).collect();
         // Whole rounds of every period in the grid (H = 2, 4) after the two untimed steps,
         // two of the longest (four timed steps moved by a few hundredths from run to run).
-        let steps = 2 + 8;
+        // Eager DiLoCo waits for a round's transfer at the end of the next round, so its
+        // first transfer, which sets up the background lane's communicator and connections,
+        // lands in the second round (on 2 hosts that round took 1.26 of the clock, the
+        // rounds after it 0.98–1.05): it is timed after two rounds (of H = 2), over 8.
+        let (steps, untimed) = if words[0] == "eager-diloco" {
+            (4 + 16, 4)
+        } else {
+            (2 + 8, 2)
+        };
         let rates: Vec<String> = hosts
             .iter()
             .map(|h| crate::cluster::format_rate(h.up_bits_per_s).replace("bit", ""))
@@ -68,7 +76,7 @@ impl Case {
             hosts,
             nodes,
             steps,
-            untimed: 2,
+            untimed,
         }
     }
 
@@ -140,11 +148,7 @@ pub fn full_grid() -> Vec<Case> {
             // that a scheduler's time slice does not move the mean by a tenth.
             let sparse =
                 model == Model::Mlp && ["sparseloco", "demo"].contains(&case.strategy[0].as_str());
-            cases.push(if sparse {
-                case.with_steps(42, 2)
-            } else {
-                eager_warmed_up(case)
-            });
+            cases.push(if sparse { case.with_steps(42, 2) } else { case });
         }
         for hosts in [2, 3] {
             cases.push(Case::new(model, "allreduce", same(hosts, base), hosts));
@@ -161,12 +165,12 @@ pub fn full_grid() -> Vec<Case> {
     // Eager DiLoCo's back-to-back rounds on the GPT with a core per host (2 hosts on 2
     // cores), beside its 4 hosts on the same 2 cores: whether its gap is the links' or the
     // shared cores'.
-    cases.push(eager_warmed_up(Case::new(
+    cases.push(Case::new(
         Model::Gpt,
         "eager-diloco -H 2",
         same(2, 100.0),
         2,
-    )));
+    ));
     cases.push(Case::new(Model::Mlp, "allreduce", same(2, 1000.0), 2));
     // The MLP's sparse strategies on slower links: timed after 20 steps, when the links'
     // token buckets have run dry whatever their pacing.
@@ -174,19 +178,6 @@ pub fn full_grid() -> Vec<Case> {
         cases.push(Case::new(Model::Mlp, strategy, same(4, 5.0), 4).with_steps(60, 20));
     }
     cases
-}
-
-/// An eager DiLoCo case timed after its first two rounds (of H = 2), over 8 rounds: a
-/// round's transfer is waited for at the end of the next round, so the first transfer,
-/// which sets up the background lane's communicator and connections, lands in the second
-/// round (on 2 hosts that round took 1.26 of the clock, the rounds after it 0.98–1.05).
-/// Other cases are returned as they are.
-fn eager_warmed_up(case: Case) -> Case {
-    if case.strategy[0] == "eager-diloco" {
-        case.with_steps(4 + 16, 4)
-    } else {
-        case
-    }
 }
 
 /// The cases of `--real-links-cases ci`: three, under a minute together. The third runs 2

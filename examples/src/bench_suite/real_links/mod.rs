@@ -367,11 +367,10 @@ pub fn table(measured: &[Measured], machine: &MachineInfo, command: &str) -> Sui
         figures.insert(format!("real_links_{key}_simulated_s"), m.simulated_s);
         figures.insert(format!("real_links_{key}_ratio"), m.ratio());
         figures.insert(format!("real_links_{key}_wire_ratio"), m.wire_ratio());
-        let (first, last) = (m.ratios.first(), m.ratios.last());
-        let runs = match (first, last) {
-            (Some(lo), Some(hi)) if m.ratios.len() > 1 => {
-                figures.insert(format!("real_links_{key}_ratio_min"), *lo);
-                figures.insert(format!("real_links_{key}_ratio_max"), *hi);
+        let runs = match m.ratios[..] {
+            [lo, .., hi] => {
+                figures.insert(format!("real_links_{key}_ratio_min"), lo);
+                figures.insert(format!("real_links_{key}_ratio_max"), hi);
                 format!("{} ({lo:.3}–{hi:.3})", m.ratios.len())
             }
             _ => "1".into(),
